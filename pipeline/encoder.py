@@ -1,0 +1,122 @@
+"""The one sentence encoder: HF model + pooling, shared by the `embeddings` stage, the evaluator and the trainer.
+
+Poolers (SimCSE's names):
+  cls                – [CLS] after the model's pooler (dense + tanh) where it has one
+  cls_before_pooler  – [CLS] last hidden state
+  mean               – attention-masked mean of the last hidden states (sentence-transformers' default)
+  avg_first_last     – masked mean of (first layer + last layer) / 2
+  mask               – hidden state at the [MASK] token of a prompt template (PromptBERT / OssCSE)
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModel, AutoTokenizer
+
+from .models import pick_device, resolve_model
+
+POOLERS = ("cls", "cls_before_pooler", "mean", "mask", "avg_first_last")
+
+
+def pool(outputs, attention_mask: torch.Tensor, pooler: str, mask_positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Pool transformer outputs into one vector per sentence."""
+    last = outputs.last_hidden_state
+    if pooler == "cls_before_pooler":
+        return last[:, 0]
+    if pooler == "cls":
+        po = getattr(outputs, "pooler_output", None)
+        return po if po is not None else last[:, 0]
+    if pooler == "mask":
+        if mask_positions is None:
+            raise ValueError("pooler 'mask' needs mask_positions")
+        return last[torch.arange(last.shape[0], device=last.device), mask_positions]
+    m = attention_mask.unsqueeze(-1).to(last.dtype)
+    if pooler == "mean":
+        return (last * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    if pooler == "avg_first_last":
+        hs = outputs.hidden_states
+        return (((hs[1] + hs[-1]) / 2.0) * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    raise ValueError(f"unknown pooler {pooler!r}; one of {', '.join(POOLERS)}")
+
+
+class Encoder(torch.nn.Module):
+    """AutoModel + tokenizer + pooler. `encode` for inference, `forward` (with grad) for training."""
+
+    def __init__(self, model, tokenizer, pooler: str = "mean", max_length: int = 128,
+                 prompt: str = 'This sentence : "{s}" means [MASK] .'):
+        super().__init__()
+        if pooler not in POOLERS:
+            raise ValueError(f"unknown pooler {pooler!r}; one of {', '.join(POOLERS)}")
+        self.model, self.tokenizer, self.pooler, self.max_length, self.prompt = model, tokenizer, pooler, max_length, prompt
+
+    @classmethod
+    def load(cls, name: str, pooler: str = "mean", max_length: int = 128, device: str = "auto",
+             prompt: str = 'This sentence : "{s}" means [MASK] .', **model_kwargs) -> "Encoder":
+        path = resolve_model(name, "encoder")
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModel.from_pretrained(path, add_pooling_layer=True, **model_kwargs) if _has_pooler_arg(path) \
+            else AutoModel.from_pretrained(path, **model_kwargs)
+        return cls(model, tok, pooler, max_length, prompt).to(pick_device(device))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    def tokenize(self, texts: list[str], template: str | None = None, max_length: int | None = None) -> dict:
+        """Dynamic padding to the longest in the batch. With pooler 'mask', wrap each text in the prompt template
+        (truncating the sentence, never the template) and record where the [MASK] token sits."""
+        max_length = max_length or self.max_length
+        if self.pooler != "mask":
+            return dict(self.tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt"))
+        template = template or self.prompt
+        mask_tok = self.tokenizer.mask_token
+        if mask_tok is None:
+            raise ValueError("pooler 'mask' needs a tokenizer with a mask token")
+        pre, post = template.replace("[MASK]", mask_tok).split("{s}")
+        n_template = len(self.tokenizer(pre + post, add_special_tokens=True)["input_ids"])
+        budget = max(1, max_length - n_template)
+        clipped = [self.tokenizer.convert_tokens_to_string(self.tokenizer.tokenize(t)[:budget]) for t in texts]
+        batch = dict(self.tokenizer([pre + t + post for t in clipped], padding=True, truncation=True,
+                                    max_length=max_length + n_template, return_tensors="pt"))
+        is_mask = batch["input_ids"] == self.tokenizer.mask_token_id
+        batch["mask_positions"] = is_mask.int().argmax(1)
+        return batch
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        mask_positions = batch.pop("mask_positions", None)
+        out = self.model(**batch, output_hidden_states=self.pooler == "avg_first_last", return_dict=True)
+        return pool(out, batch["attention_mask"], self.pooler, mask_positions)
+
+    @torch.inference_mode()
+    def encode(self, texts: list[str], batch_size: int = 128, normalize: bool = True, progress: bool | str = False,
+               template: str | None = None) -> np.ndarray:
+        """Embed texts as float32 rows (L2-normalised by default). Batches are length-sorted, so padding is
+        minimal; rows come back in input order."""
+        was_training = self.training
+        self.eval()
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        use_amp = self.device.type == "cuda"
+        desc = progress if isinstance(progress, str) else "encode"
+        for start in tqdm(range(0, len(texts), batch_size), desc=desc, disable=not progress, unit="batch"):
+            idx = order[start:start + batch_size]
+            batch = self.tokenize([texts[i] for i in idx], template=template)
+            with torch.autocast("cuda", dtype=torch.float16, enabled=use_amp):
+                vec = self.forward(batch).float()
+            if normalize:
+                vec = torch.nn.functional.normalize(vec, dim=-1)
+            out[idx] = vec.cpu().numpy()
+        self.train(was_training)
+        return out
+
+
+def _has_pooler_arg(path: str) -> bool:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path).model_type in ("bert", "roberta", "xlm-roberta", "electra", "mpnet")

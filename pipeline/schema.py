@@ -1,0 +1,36 @@
+"""The tables every stage writes: names and column types are a contract (tests and users' SQL rely on them).
+
+Layout: artifacts/<run>/<table>/part-<i>-of-<n>.parquet (+ one `.json` sidecar per shard with its cache key and
+content hash) and artifacts/<run>/<table>/_manifest.json (config hash, input hashes, row counts, seconds).
+Per-sentence tables are sharded by the same contiguous sid ranges as `sentences`, rows sorted by sid inside
+a shard, so reading the parts in order gives the table sorted by sid whatever the shard count.
+"""
+import pyarrow as pa
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "sentences": pa.schema([("sid", pa.int64()), ("text", pa.string()), ("n_words", pa.int32()),
+                            ("line_no", pa.int64())]),
+    "rejected": pa.schema([("line_no", pa.int64()), ("text", pa.string()), ("reason", pa.string())]),
+    # emb: FLOAT[d] in DuckDB (a fixed-size list); d is set by the encoder
+    "embeddings": pa.schema([("sid", pa.int64()), ("emb", pa.list_(pa.float32()))]),
+    "neighbours": pa.schema([("sid", pa.int64()), ("cand_sid", pa.int64()), ("cos", pa.float32()),
+                             ("rank", pa.int32())]),
+    "variants": pa.schema([("sid", pa.int64()), ("variant", pa.int32()), ("text", pa.string()),
+                           ("ops", pa.string())]),
+    "backtranslations": pa.schema([("sid", pa.int64()), ("chain", pa.string()), ("variant", pa.int32()),
+                                   ("pivot_text", pa.string()), ("text", pa.string()), ("model", pa.string())]),
+    "scores": pa.schema([("sid", pa.int64()), ("kind", pa.string()), ("cand_sid", pa.int64()), ("text", pa.string()),
+                         ("source", pa.string()), ("edit", pa.float32()), ("cos", pa.float32())]),
+    "candidates": pa.schema([("sid", pa.int64()), ("kind", pa.string()), ("cand_sid", pa.int64()),
+                             ("text", pa.string()), ("source", pa.string()), ("edit", pa.float32()),
+                             ("cos", pa.float32()), ("s_sur", pa.float64()), ("s_sem", pa.float64()),
+                             ("p_tilde", pa.float64()), ("p", pa.float64()), ("chosen", pa.bool_())]),
+    "pairs": pa.schema([("sid", pa.int64()), ("anchor", pa.string()), ("positives", pa.list_(pa.string())),
+                        ("negatives", pa.list_(pa.string()))]),
+    "negations": pa.schema([("sid", pa.int64()), ("text", pa.string()), ("rule", pa.string()),
+                            ("reason", pa.string())]),
+    "paraphrases": pa.schema([("sid", pa.int64()), ("text", pa.string()), ("mer", pa.float64()),
+                              ("chain", pa.string())]),
+    "triplets": pa.schema([("sid", pa.int64()), ("anchor", pa.string()), ("paraphrase", pa.string()),
+                           ("negation", pa.string()), ("para_mer", pa.float64()), ("para_chain", pa.string())]),
+}
