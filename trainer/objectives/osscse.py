@@ -1,0 +1,107 @@
+"""OssCSE (Liu et al., "Identifying and Mitigating Surface Structure Bias in Contrastive Sentence Embeddings"
+— "surface structure bias", EMNLP 2023, §4).
+
+Inputs: rows of `sentences` joined with `triplets`: `text` (the anchor s), `paraphrase` (sᵖ, may be None) and
+`negation` (sⁿ, may be None). The encoder's pooler must be "mask": a sentence's representation is the last hidden
+state at the [MASK] token of a prompt template (`Encoder.tokenize(texts, template=...)`).
+
+    L = l_c + l_r + λ·l_m          (λ = cfg.osscse_lambda)
+
+l_c — InfoNCE whose two views are the two templates T1, T2 = cfg.osscse_templates
+      (`This sentence : "{s}" means [MASK] .`, `This sentence of "{s}" means [MASK] .`), with dropout:
+      ℓ_i = −log e^{cos(h_i, h'_i)/τ} / Σ_j e^{cos(h_i, h'_j)/τ},  h = f(T1(s)), h' = f(T2(s)),  l_c = (1/B) Σ_i ℓ_i.
+l_m — two-way max margin, for the rows that have BOTH a paraphrase and a negation (the other rows skip the term;
+      the mean is over the rows that have it, 0 when none), all three under T1, sim = cos:
+      m_i = max(sim(h,hⁿ) − sim(h,hᵖ) + α, 0) + max(sim(h,hᵖ) − sim(h,hⁿ) − β, 0)
+      (α = cfg.osscse_alpha: the paraphrase must beat the negation by α; β = cfg.osscse_beta: but not by more
+      than β, so the model does not learn to separate them by surface form alone).
+l_r — recall of the starting weights: γ/2 · Σ (θ − θ*)² over every encoder parameter (γ = cfg.osscse_gamma).
+      θ* is a detached copy of the encoder's weights taken when the objective is constructed — construct it
+      AFTER loading the start weights and BEFORE any step. It is a plain attribute, not a buffer: it is not in
+      state_dict, not broadcast by DDP, and it moves to the parameters' device on first use.
+
+Distributed: l_c uses gathered candidates with the (W/B)·Σ_local scaling, l_m the same scaling over the global
+count of rows that have it, l_r is replicated on every rank and added unscaled (trainer/dist.py).
+
+collate(rows) -> {"t1.*", "t2.*" (anchors under each template), "par.*", "negn.*" (only when some row has both),
+                  "trip_index": LongTensor[n] (the rows those triplets belong to)}
+forward(batch) -> (loss, {"l_c", "l_m", "l_r"})
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from trainer import dist
+from trainer.objectives.base import Objective
+from trainer.objectives.simcse import info_nce_terms, prefixed, sub_batch
+
+
+class OssCSE(Objective):
+    name = "osscse"
+    tables = ("sentences", "triplets")
+
+    def __init__(self, encoder, cfg):
+        super().__init__(encoder, cfg)
+        if encoder.pooler != "mask":
+            raise ValueError(f"osscse needs the encoder's pooler 'mask' (prompt [MASK] token), got {encoder.pooler!r}")
+        if len(cfg.osscse_templates) != 2:
+            raise ValueError(f"osscse needs exactly two templates, got {len(cfg.osscse_templates)}")
+        for t in cfg.osscse_templates:
+            if "{s}" not in t or "[MASK]" not in t:
+                raise ValueError(f"osscse template {t!r} must contain '{{s}}' and '[MASK]'")
+        # θ*: the starting weights (name -> detached copy), deliberately not registered as buffers.
+        self.theta_star: dict[str, torch.Tensor] = {
+            n: p.detach().clone() for n, p in self.encoder.named_parameters() if p.requires_grad}
+
+    def collate(self, rows: list[dict]) -> dict:
+        t1, t2 = self.cfg.osscse_templates
+        tok = lambda texts, t: self.encoder.tokenize(texts, template=t, max_length=self.cfg.max_length)  # noqa: E731
+        texts = [r["text"] for r in rows]
+        out = {**prefixed("t1", tok(texts, t1)), **prefixed("t2", tok(texts, t2))}
+        both = [i for i, r in enumerate(rows) if r.get("paraphrase") and r.get("negation")]
+        out["trip_index"] = torch.tensor(both, dtype=torch.long)
+        if both:
+            out.update(prefixed("par", tok([rows[i]["paraphrase"] for i in both], t1)))
+            out.update(prefixed("negn", tok([rows[i]["negation"] for i in both], t1)))
+        return out
+
+    def recall(self) -> torch.Tensor:
+        """γ/2 · Σ (θ − θ*)²."""
+        total = None
+        for n, p in self.encoder.named_parameters():
+            ref = self.theta_star.get(n)
+            if ref is None:
+                continue
+            if ref.device != p.device or ref.dtype != p.dtype:
+                ref = self.theta_star[n] = ref.to(device=p.device, dtype=p.dtype)
+            s = (p - ref).pow(2).sum()
+            total = s if total is None else total + s
+        if total is None:
+            return torch.zeros((), device=self.encoder.device)
+        return 0.5 * self.cfg.osscse_gamma * total
+
+    def forward(self, batch: dict):
+        cfg = self.cfg
+        h = self.encoder(sub_batch(batch, "t1"))
+        h2 = self.encoder(sub_batch(batch, "t2"))
+        sizes = dist.gather_sizes(len(h), h.device)
+        G2 = dist.gather_with_grad(h2, sizes)
+        sl = dist.local_slice(sizes)
+        targets = torch.arange(sl.start, sl.stop, device=h.device)
+        l_c = dist.global_mean(info_nce_terms(h, G2, targets, cfg.temperature))
+
+        trip = batch["trip_index"].to(h.device)
+        if len(trip):
+            hp = self.encoder(sub_batch(batch, "par"))
+            hn = self.encoder(sub_batch(batch, "negn"))
+            a = F.normalize(h[trip], dim=-1)
+            sp = (a * F.normalize(hp, dim=-1)).sum(-1)
+            sn = (a * F.normalize(hn, dim=-1)).sum(-1)
+            margins = torch.relu(sn - sp + cfg.osscse_alpha) + torch.relu(sp - sn - cfg.osscse_beta)
+        else:
+            margins = h.new_zeros((0,))
+        l_m = dist.global_mean(margins, h.device)
+        l_r = self.recall()
+        loss = l_c + l_r + cfg.osscse_lambda * l_m
+        return loss, {"l_c": float(l_c.detach()), "l_m": float(l_m.detach()), "l_r": float(l_r.detach())}
