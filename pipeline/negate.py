@@ -14,17 +14,22 @@ Choices the rule leaves open:
   that way; `has not a car` reads archaic. Auxiliary `have` (`has gone`, `have got`) follows the aux rule.
 - In a question (text ends in `?`) whose subject sits between the auxiliary and the verb, `not` goes after the
   subject (`Is he going?` → `Is he not going?`); `Is not he going?` is archaic.
-- Skipped, with the reason recorded, never guessed: no tokens ("empty"), a root already negated by a `neg`
+- Imperatives (VB root, no subject) are negated only when they end in . ! or ?: in wiki text a subjectless VB root
+  without final punctuation is nearly always a title or a name (`Wake Up & Ball`, `Respect Yourself (song)`).
+  `Let's go` → `Let's not go` (rule "lets"): `Do not let's go` is not English.
+- Skipped, with the reason recorded, never guessed: no tokens ("empty"); a root already negated by a `neg`
   child, a following not/n't/never, or a negative quantifier argument (`There is no dog`: negating it again
-  would give `There is not no dog`) ("already-negated"), a non-verbal root such as a noun fragment
-  ("no-verbal-root"), a VBN/VBG/to-infinitive root without a finite auxiliary ("non-finite-root"), a root glued
-  to the next word (`likes/hates`, "glued-root"), and a VBZ/VBD root whose lemma is not a base form
-  ("no-base-form").
+  would give `There is not no dog`) ("already-negated"); a non-verbal root such as a noun fragment
+  ("no-verbal-root"); a VBN/VBG/to-infinitive root without a finite auxiliary ("non-finite-root"); a VBP root
+  without a subject, which is a misparse (`Mato Grosso do Sul`), or a VB root in an unpunctuated fragment
+  ("no-subject"); a root glued to the next word (`likes/hates`, "glued-root"); a verb whose base form is not a
+  known English verb (typos, names tagged as verbs, `cordoned` → `cordone`: "no-base-form").
 
 Speed: only tok2vec, tagger and parser run on every token. The attribute ruler and the lemmatizer cost as much as
 the parser here (measured: ~0.9 s each per 2,000 wiki sentences vs 1.1 s for the parser), yet only the root's
 lemma is needed, so a small `root_lemmatizer` pipe runs spaCy's own rule lemmatizer (same tables, same
-exceptions: went → go, has → have) on the roots alone.
+exceptions: went → go, has → have) on the roots alone, and keeps a lemma only when it is in the model's own verb
+index, so a guessed base form never reaches the output.
 """
 from __future__ import annotations
 
@@ -58,17 +63,24 @@ class Negation(NamedTuple):
 
 
 class RootLemmatizer:
-    """Sets `lemma_` on sentence roots only, with the model's rule lemmatizer (full lemmatization is ~30% of cost)."""
+    """Sets `lemma_` on sentence roots only (full lemmatization costs as much as parsing), and only to a known verb."""
 
     def __init__(self, lemmatizer):
         self.lemmatizer = lemmatizer
+        self.known_verbs = set(lemmatizer.lookups.get_table("lemma_index")["verb"])
 
     def __call__(self, doc: Doc) -> Doc:
         for sent in doc.sents:
             root = sent.root
-            if root.tag_ in ("VBZ", "VBD") and not root.lemma_:
+            if root.lemma_ or root.tag_ not in DO_SUPPORT or root.lower_ in BE_FORMS:
+                continue
+            if root.tag_ in ("VBZ", "VBD"):
                 root.pos_ = "VERB"  # the rule tables are keyed by coarse POS, which the skipped attribute ruler sets
-                root.lemma_ = self.lemmatizer.rule_lemmatize(root)[0]
+                lemma = self.lemmatizer.rule_lemmatize(root)[0]
+            else:
+                lemma = CLITIC_BASE.get(root.lower_, root.lower_)  # VBP/VB are already the base form
+            if lemma in self.known_verbs:
+                root.lemma_ = lemma
         return doc
 
 
@@ -138,13 +150,12 @@ def _do_support(doc: Doc, root: Token) -> Negation:
     while (not clitic and start > sent.start and doc[start - 1].whitespace_ == ""
            and (doc[start - 1].is_alpha or doc[start - 1].text in ("-", "–"))):
         start -= 1
-    if root.tag_ in ("VBZ", "VBD"):
-        base = root.lemma_
-        # VBZ always inflects, so an unchanged lemma means the lemmatizer failed; VBD may not inflect (`put`)
-        if not base or not base.isalpha() or (root.tag_ == "VBZ" and base == root.lower_):
-            return _skip("no-base-form")
-    else:
-        base = CLITIC_BASE.get(root.lower_, root.text)
+    lemma = root.lemma_
+    # VBZ always inflects, so an unchanged lemma means the lemmatizer failed; VBD may not inflect (`put`)
+    if not lemma or not lemma.isascii() or not lemma.isalpha() or (root.tag_ == "VBZ" and lemma == root.lower_):
+        return _skip("no-base-form")
+    # VBP/VB are their own base form: keep the text as written (its case), except clitics (`'ve` → `have`)
+    base = lemma if root.tag_ in ("VBZ", "VBD") or clitic else root.text
     prefix = "".join(t.text_with_ws for t in doc[start:root.i])
     first = doc[start]
     do_word, not_word = DO_SUPPORT[root.tag_], "not"
@@ -188,6 +199,15 @@ def negate_root_verb(doc: Doc) -> Negation:
         return _skip("non-finite-root")
     if root.tag_ not in DO_SUPPORT:
         return _skip("no-verbal-root")
+    has_subject = any(c.dep_ in SUBJECT_DEPS for c in root.children)
+    if root.tag_ == "VBP" and not has_subject:
+        return _skip("no-subject")
+    if root.tag_ == "VB" and not has_subject:
+        if doc.text.rstrip()[-1:] not in ".!?\"'”’":
+            return _skip("no-subject")
+        nxt = doc[root.i + 1] if root.i + 1 < len(doc) else None
+        if root.lower_ == "let" and nxt is not None and nxt.lower_ in ("'s", "’s"):
+            return Negation(_insert_not_after(doc, nxt), "lets", None)
     return _do_support(doc, root)
 
 

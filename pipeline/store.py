@@ -79,7 +79,7 @@ class Store:
     def _sidecar(self, table: str, i: int, n: int) -> Path:
         return self.shard_path(table, i, n).with_suffix(".json")
 
-    def write_shard(self, table: str, i: int, n: int, data: pa.Table, key: str) -> ShardInfo:
+    def write_shard(self, table: str, i: int, n: int, data: pa.Table, key: str, seconds: float = 0.0) -> ShardInfo:
         check_schema(table, data)
         path = self.shard_path(table, i, n)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,7 +95,8 @@ class Store:
             Path(tmp).unlink(missing_ok=True)
             raise
         info = ShardInfo(table, i, n, key, file_hash(path), data.num_rows, cached=False)
-        atomic_write_json(self._sidecar(table, i, n), {"key": key, "hash": info.hash, "rows": info.rows})
+        atomic_write_json(self._sidecar(table, i, n),
+                          {"key": key, "hash": info.hash, "rows": info.rows, "seconds": round(seconds, 3)})
         return info
 
     def cached_shard(self, table: str, i: int, n: int, key: str) -> ShardInfo | None:
@@ -118,6 +119,16 @@ class Store:
             raise FileNotFoundError(f"{self.shard_path(table, i, n)}: shard missing; run the stage that writes `{table}`")
         meta = json.loads(side.read_text())
         return meta["hash"]
+
+    def _meta(self, table: str, i: int, n: int) -> dict:
+        side = self._sidecar(table, i, n)
+        return json.loads(side.read_text()) if side.is_file() else {}
+
+    def cached_rows(self, table: str, i: int, n: int) -> int:
+        return int(self._meta(table, i, n).get("rows", 0))
+
+    def shard_seconds(self, table: str, i: int, n: int) -> float:
+        return float(self._meta(table, i, n).get("seconds", 0.0))
 
     def table_hash(self, table: str, n: int) -> str:
         return combine(*(self.shard_hash(table, i, n) for i in range(n)))

@@ -2,7 +2,8 @@
 
     path = build_tiny_marian(tmp / "marian")   # MarianMTModel + MarianTokenizer (SentencePiece), saved by path
     path = build_tiny_fsmt(tmp / "fsmt")       # FSMTForConditionalGeneration + FSMTTokenizer (BPE + Moses)
-    python -m tests.tiny_mt OUT_DIR            # writes marian-en-xx, marian-xx-en, fsmt-en-de; prints the paths
+    path = build_tiny_m2m100(tmp / "m2m")      # M2M100 + M2M100Tokenizer: language codes, like NLLB
+    python -m tests.tiny_mt OUT_DIR            # writes marian-en-xx, marian-xx-en, fsmt-en-de, m2m100; prints paths
 
 They load through the same `AutoTokenizer` / `AutoModelForSeq2SeqLM` code as a real model. The weights are random,
 so they "translate" into junk, but deterministic junk that depends on the input (weights are initialised with a
@@ -17,8 +18,9 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import (FSMTConfig, FSMTForConditionalGeneration, FSMTTokenizer, GenerationConfig, MarianConfig,
-                          MarianMTModel, MarianTokenizer)
+from transformers import (FSMTConfig, FSMTForConditionalGeneration, FSMTTokenizer, GenerationConfig, M2M100Config,
+                          M2M100ForConditionalGeneration, M2M100Tokenizer, MarianConfig, MarianMTModel,
+                          MarianTokenizer)
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "wiki1m_head.txt"
 FALLBACK = ["The cat sat on the mat.", "A man is playing a guitar in the park.", "South Australia has a history."]
@@ -26,7 +28,7 @@ SIZE = dict(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_he
             encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=512, dropout=0.0,
             attention_dropout=0.0, activation_dropout=0.0)
 INIT_STD = 0.3  # default 0.02 gives near-uniform logits, where float noise between batchings decides argmax
-EOS_BIAS = 4.0  # so random models stop by themselves (the length limit is the backstop)
+EOS_BIAS = 5.0  # so random models stop by themselves (the length limit is the backstop)
 
 
 def corpus_lines(n: int = 400) -> list[str]:
@@ -61,6 +63,16 @@ def _randomise(model: torch.nn.Module, seed: int) -> None:
         for name, p in model.named_parameters():
             if p.dim() >= 2:
                 p.copy_(torch.randn(p.shape, generator=g) * INIT_STD)
+
+
+def _bias_eos(model: torch.nn.Module, last_norm: torch.nn.LayerNorm, eos: int) -> None:
+    """For output layers without a bias: pin hidden channel 0 of the last layer norm to 1 and let only eos read
+    it, which adds exactly EOS_BIAS to the eos logit."""
+    with torch.no_grad():
+        last_norm.weight[0], last_norm.bias[0] = 0.0, 1.0
+        lm = model.get_output_embeddings().weight
+        lm[:, 0] = 0.0
+        lm[eos, 0] = EOS_BIAS
 
 
 def build_tiny_marian(out_dir: str | Path, seed: int = 0, vocab_size: int = 400) -> Path:
@@ -124,14 +136,7 @@ def build_tiny_fsmt(out_dir: str | Path, seed: int = 0, vocab_size: int = 400) -
     torch.manual_seed(seed)
     model = FSMTForConditionalGeneration(config)
     _randomise(model, seed)
-    with torch.no_grad():
-        # FSMT's output projection has no bias: pin hidden channel 0 of the last layer norm to 1 and let only
-        # eos read it, which is exactly a logit bias of EOS_BIAS on eos
-        ln = model.model.decoder.layers[-1].final_layer_norm
-        ln.weight[0], ln.bias[0] = 0.0, 1.0
-        lm = model.get_output_embeddings().weight
-        lm[:, 0] = 0.0
-        lm[eos, 0] = EOS_BIAS
+    _bias_eos(model, model.model.decoder.layers[-1].final_layer_norm, eos)
     model.generation_config = GenerationConfig(decoder_start_token_id=eos, eos_token_id=eos, pad_token_id=pad,
                                                bos_token_id=bos, max_new_tokens=16, num_beams=1)
     model.eval().save_pretrained(out)
@@ -139,12 +144,38 @@ def build_tiny_fsmt(out_dir: str | Path, seed: int = 0, vocab_size: int = 400) -
     return out
 
 
+def build_tiny_m2m100(out_dir: str | Path, seed: int = 0, vocab_size: int = 400) -> Path:
+    """A random M2M100 (multilingual: needs target-language codes, as NLLB does) on a SentencePiece vocab."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    spm_model = _spm_bytes(corpus_lines(), vocab_size)
+    (out / "sentencepiece.bpe.model").write_bytes(spm_model)
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    pieces = [p for p in _spm_pieces(spm_model) if p not in specials]
+    (out / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(specials + pieces)}, ensure_ascii=False))
+    tok = M2M100Tokenizer(vocab_file=str(out / "vocab.json"), spm_file=str(out / "sentencepiece.bpe.model"),
+                          src_lang="en", tgt_lang="de")
+    n = len(tok.encoder) + len(tok.lang_code_to_id) + tok.num_madeup_words  # fairseq layout: langs after vocab
+    config = M2M100Config(vocab_size=n, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                          decoder_start_token_id=2, scale_embedding=True, **SIZE)
+    torch.manual_seed(seed)
+    model = M2M100ForConditionalGeneration(config)
+    _randomise(model, seed)
+    _bias_eos(model, model.model.decoder.layer_norm, 2)
+    model.generation_config = GenerationConfig(decoder_start_token_id=2, eos_token_id=2, pad_token_id=1,
+                                               bos_token_id=0, max_new_tokens=16, num_beams=1)
+    model.eval().save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 def build_all(out_dir: str | Path) -> dict[str, Path]:
-    """Both Marian directions (two seeds, so en->xx->en is a two-model chain) and one FSMT model."""
+    """Both Marian directions (two seeds, so en->xx->en is a two-model chain), one FSMT and one M2M100 model."""
     out = Path(out_dir)
     return {"marian-en-xx": build_tiny_marian(out / "marian-en-xx", seed=1),
             "marian-xx-en": build_tiny_marian(out / "marian-xx-en", seed=2),
-            "fsmt-en-de": build_tiny_fsmt(out / "fsmt-en-de", seed=3)}
+            "fsmt-en-de": build_tiny_fsmt(out / "fsmt-en-de", seed=3),
+            "m2m100": build_tiny_m2m100(out / "m2m100", seed=4)}
 
 
 if __name__ == "__main__":

@@ -20,15 +20,18 @@ may depend on the representations x of EVERY row (in-batch negatives, batch stat
 4. Terms that do not go through gathered tensors but are replicated on every rank (OssCSE's weight recall
    γ/2‖θ−θ*‖²) are added unscaled: DDP's average of W identical gradients is that gradient.
 
-`gather_with_grad` is the identity when torch.distributed is not initialised, and `global_mean` is then the
-plain mean, so objectives are written once. Shards of different sizes are padded to the largest for the
-collective and cut back afterwards.
+`gather_with_grad` / `gather_many` are the identity when torch.distributed is not initialised, and
+`global_mean` is then the plain mean, so objectives are written once. Shards of different sizes are padded to
+the largest for the collective and cut back afterwards.
 
-A collective must run on every rank: a gathered tensor that requires grad must reach the loss on every rank
-(else its backward, a collective too, runs on some ranks only and they hang) — objectives add `0 * g.sum()` where
-the use is conditional (`touch`).
+Collectives must run in the same order on every rank, the backward ones included. So an objective gathers
+everything it needs with ONE `gather_many` call per forward (its backward is one collective whatever the
+graph), and at least one gathered tensor always reaches the loss. Randomness every rank must share (permutations,
+noise vectors) is drawn on rank 0 and broadcast (`broadcast`).
 """
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -56,21 +59,61 @@ def gather_sizes(n: int, device: torch.device | str = "cpu") -> list[int]:
     return [int(s.item()) for s in out]
 
 
-def gather_with_grad(x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
-    """Concatenate every rank's `x` along dim 0 (rank order), keeping the gradient path of every slice; the
-    backward sums the gradients of all ranks into each rank's own slice. Identity when not distributed.
-    `sizes` (from `gather_sizes`) saves one collective when the caller already has them."""
+def gather_many(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[list[int]]]:
+    """Gather several tensors (same trailing shape, any first dim, possibly 0) from every rank with ONE
+    all_gather: returns each one concatenated over ranks in rank order, with the gradient path of every slice
+    kept, and each one's per-rank sizes. Identity when not distributed.
+
+    One collective, not one per tensor, on purpose: the backward of an all_gather is a collective too, and the
+    autograd engine orders backward nodes by the graph, which may differ between ranks (one rank has no
+    negatives, another has) — several gathers could then run their backward collectives in different orders on
+    different ranks and deadlock or mix up. With one gather per forward every rank runs exactly one backward
+    collective."""
     if not is_dist():
-        return x
-    sizes = sizes if sizes is not None else gather_sizes(x.shape[0], x.device)
-    m = max(sizes)
-    if m == 0:
-        return x
-    if x.shape[0] < m:
-        x = torch.cat([x, x.new_zeros((m - x.shape[0],) + tuple(x.shape[1:]))])
+        return list(tensors), [[int(t.shape[0])] for t in tensors]
+    device = tensors[0].device
+    local = torch.tensor([int(t.shape[0]) for t in tensors], dtype=torch.long, device=device)
+    every = [torch.zeros_like(local) for _ in range(world_size())]
+    dist.all_gather(every, local)
+    sizes = [[int(e[k].item()) for e in every] for k in range(len(tensors))]  # sizes[k][r]
+    maxes = [max(s) for s in sizes]
+    padded = []
+    for t, m in zip(tensors, maxes):
+        if t.shape[0] < m:
+            t = torch.cat([t, t.new_zeros((m - t.shape[0],) + tuple(t.shape[1:]))])
+        padded.append(t)
+    packed = torch.cat(padded).contiguous()
     from torch.distributed.nn.functional import all_gather
 
-    parts = all_gather(x.contiguous())
+    with warnings.catch_warnings():  # deprecated in favour of a private API; it is the documented autograd gather
+        warnings.simplefilter("ignore", FutureWarning)
+        parts = all_gather(packed)
+    out = []
+    start = 0
+    for k, m in enumerate(maxes):
+        out.append(torch.cat([p[start:start + s] for p, s in zip(parts, sizes[k])]))
+        start += m
+    return out, sizes
+
+
+def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's `x` along dim 0 (rank order), keeping the gradient path of every slice; the
+    backward sums the gradients of all ranks into each rank's own slice. Identity when not distributed.
+    (Use `gather_many` when one forward needs several gathered tensors.)"""
+    return gather_many([x])[0][0]
+
+
+def gather_nograd(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's `x` along dim 0, without gradient (lookups such as mined embeddings)."""
+    if not is_dist():
+        return x
+    sizes = gather_sizes(x.shape[0], x.device)
+    m = max(sizes)
+    x = x.detach()
+    if x.shape[0] < m:
+        x = torch.cat([x, x.new_zeros((m - x.shape[0],) + tuple(x.shape[1:]))])
+    parts = [torch.empty_like(x) for _ in sizes]
+    dist.all_gather(parts, x.contiguous())
     return torch.cat([p[:s] for p, s in zip(parts, sizes)])
 
 
@@ -112,11 +155,3 @@ def global_mean(per_item: torch.Tensor, device: torch.device | str | None = None
     if n == 0:
         return per_item.sum() * 0.0
     return per_item.sum() * (world_size() / n)
-
-
-def touch(loss: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
-    """Add 0·Σ t so that every gathered tensor is part of the graph on every rank (see the module docstring)."""
-    for t in tensors:
-        if t is not None and t.requires_grad:
-            loss = loss + 0.0 * t.sum()
-    return loss

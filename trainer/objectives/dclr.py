@@ -71,8 +71,7 @@ class DCLR(SimCSE):
         b = sub_batch(batch, "sent")
         h1 = self.head(self.encoder(b))
         h2 = self.head(self.encoder(b))
-        sizes = dist.gather_sizes(len(h1), h1.device)
-        H1, H2 = dist.gather_with_grad(h1, sizes), dist.gather_with_grad(h2, sizes)
+        (H1, H2), (sizes, _) = dist.gather_many([h1, h2])
         sl = dist.local_slice(sizes)
         targets = torch.arange(sl.start, sl.stop, device=h1.device)
 
@@ -82,8 +81,8 @@ class DCLR(SimCSE):
         d_e = dist.all_max(emb.shape[1], h1.device)
         if emb.shape[1] < d_e:  # this rank had no embeddings at all
             emb = torch.zeros((len(emb), d_e), device=h1.device)
-        E = dist.gather_with_grad(emb, sizes)
-        V = dist.gather_with_grad(valid.to(torch.float32), sizes) > 0.5
+        E = dist.gather_nograd(emb)
+        V = dist.gather_nograd(valid)
         if d_e > 0:
             sim = cos_matrix(emb, E)
             removed = (sim >= cfg.dclr_phi) & valid[:, None] & V[None, :]

@@ -42,7 +42,8 @@ BN_EPS = 1e-5
 
 
 def batch_norm(x: torch.Tensor, eps: float = BN_EPS) -> torch.Tensor:
-    """BatchNorm1d(affine=False) in training mode: batch mean, biased batch variance."""
+    """BatchNorm1d(affine=False) in training mode: batch mean, biased batch variance (at least float32)."""
+    x = x.to(torch.promote_types(x.dtype, torch.float32))
     mu = x.mean(0, keepdim=True)
     var = x.var(0, unbiased=False, keepdim=True)
     return (x - mu) / torch.sqrt(var + eps)
@@ -72,32 +73,25 @@ class DebCSE(Objective):
         tau = self.cfg.temperature
         h = self.encoder(sub_batch(batch, "anc"))
         hp = self.encoder(sub_batch(batch, "pos"))
-        sizes = dist.gather_sizes(len(h), h.device)
-        H, HP = dist.gather_with_grad(h, sizes), dist.gather_with_grad(hp, sizes)
+        neg = sub_batch(batch, "neg")
+        hn = self.encoder(neg) if neg else h.new_zeros((0, h.shape[1]))
+        (H, HP, HN), (sizes, _, nsizes) = dist.gather_many([h, hp, hn])  # one collective (trainer/dist.py)
         sl = dist.local_slice(sizes)
         z, zp = batch_norm(H)[sl], batch_norm(HP)[sl]
         targets = torch.arange(sl.start, sl.stop, device=h.device)
 
         neg_index = batch["neg_index"].to(h.device)
-        neg = sub_batch(batch, "neg")
-        hn = self.encoder(neg) if neg else h.new_zeros((0, h.shape[1]))
-        nsizes = dist.gather_sizes(len(hn), h.device)
         extra1 = extra2 = keep = None
-        HN = None
-        if max(nsizes) > 0 and neg_index.shape[1] > 0:
-            HN = dist.gather_with_grad(hn, nsizes)
+        if len(hn) and neg_index.shape[1] > 0:
+            # BatchNorm statistics over every rank's negatives; this rank's anchors see only their own negatives
             zn = batch_norm(HN)[dist.local_slice(nsizes)]
             keep = neg_index >= 0
             idx = neg_index.clamp(min=0)
-            if len(zn):
-                extra1 = cos_matrix(z, zn).gather(1, idx) / tau
-                extra2 = cos_matrix(zp, zn).gather(1, idx) / tau
-            else:  # this rank has no negatives at all; other ranks do
-                extra1 = extra2 = None
+            extra1 = cos_matrix(z, zn).gather(1, idx) / tau
+            extra2 = cos_matrix(zp, zn).gather(1, idx) / tau
         l1 = info_nce_terms(z, HP, targets, tau, extra_logits=extra1, extra_keep=keep)
         l2 = info_nce_terms(zp, H, targets, tau, extra_logits=extra2, extra_keep=keep)
         loss = dist.global_mean(l1 + l2)
-        loss = dist.touch(loss, HN)
         with torch.no_grad():
             acc = (cos_matrix(z, HP).argmax(1) == targets).float().mean().item()
         return loss, {"acc": acc}

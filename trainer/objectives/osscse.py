@@ -85,8 +85,7 @@ class OssCSE(Objective):
         cfg = self.cfg
         h = self.encoder(sub_batch(batch, "t1"))
         h2 = self.encoder(sub_batch(batch, "t2"))
-        sizes = dist.gather_sizes(len(h), h.device)
-        G2 = dist.gather_with_grad(h2, sizes)
+        (G2,), (sizes,) = dist.gather_many([h2])
         sl = dist.local_slice(sizes)
         targets = torch.arange(sl.start, sl.stop, device=h.device)
         l_c = dist.global_mean(info_nce_terms(h, G2, targets, cfg.temperature))

@@ -38,12 +38,13 @@ def group_zca(x: torch.Tensor, groups: int, eps: float) -> torch.Tensor:
     """ZCA-whiten each group of consecutive channels of x (B×d) with the batch covariance (float64 inside)."""
     B, d = x.shape
     c = d // groups
-    xg = x.double().reshape(B, groups, c).transpose(0, 1)  # G×B×c
-    xc = xg - xg.mean(1, keepdim=True)
-    cov = xc.transpose(1, 2) @ xc / B  # G×c×c
-    evals, U = torch.linalg.eigh(cov)
-    W = U @ torch.diag_embed((evals + eps).rsqrt()) @ U.transpose(1, 2)
-    return (xc @ W).transpose(0, 1).reshape(B, d).to(x.dtype)
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        xg = x.double().reshape(B, groups, c).transpose(0, 1)  # G×B×c
+        xc = xg - xg.mean(1, keepdim=True)
+        cov = xc.transpose(1, 2) @ xc / B  # G×c×c
+        evals, U = torch.linalg.eigh(cov)
+        W = U @ torch.diag_embed((evals + eps).rsqrt()) @ U.transpose(1, 2)
+        return (xc @ W).transpose(0, 1).reshape(B, d).to(x.dtype)
 
 
 class ShuffledGroupWhitening(torch.nn.Module):
@@ -85,8 +86,7 @@ class WhitenedCSE(Objective):
     def forward(self, batch: dict):
         b = sub_batch(batch, "sent")
         h1, h2 = self.encoder(b), self.encoder(b)
-        sizes = dist.gather_sizes(len(h1), h1.device)
-        H1, H2 = dist.gather_with_grad(h1, sizes), dist.gather_with_grad(h2, sizes)
+        (H1, H2), (sizes, _) = dist.gather_many([h1, h2])
         sl = dist.local_slice(sizes)
         targets = torch.arange(sl.start, sl.stop, device=h1.device)
         P = int(self.cfg.whitened_positives)

@@ -1,0 +1,138 @@
+"""contramine's command line (what the Makefile calls).
+
+    python -m flows.cli mine   [--profile P] [--run R] [--corpus FILE] [--set k=v ...] [--force [STAGE ...]]
+    python -m flows.cli stage  NAME [same options]
+    python -m flows.cli sql    [--run R] [--query "SELECT ..."]
+    python -m flows.cli report [--run R]
+
+Settings, the corpus and the models are checked before Prefect starts or anything is written; a problem is one
+line on stderr naming the key, file or model, and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from . import env  # noqa: F401
+from pipeline.config import Config, ConfigError
+from pipeline.models import ModelUnavailable
+from pipeline.sentences import CorpusError
+from pipeline.stages import ORDER, STAGES
+from pipeline.store import Store
+
+
+class InputMissing(RuntimeError):
+    """A stage run alone before the stages it reads from."""
+
+
+def preflight(cfg: Config, stages: list[str]) -> list[str]:
+    """Fail fast on what would fail later; return the plain-words notes about generators."""
+    from pipeline.generators import generator_notes
+    from pipeline.models import resolve_model
+
+    if "sentences" in stages and not Path(cfg.data.corpus).is_file():
+        raise CorpusError(f"corpus {cfg.data.corpus}: no such file (set data.corpus or CORPUS=...)")
+    if {"embeddings", "scores"} & set(stages):
+        resolve_model(cfg.encoder.model, "encoder")
+    if "negate" in stages:
+        import spacy.util
+
+        if not spacy.util.is_package(cfg.negate.model) and not Path(cfg.negate.model).is_dir():
+            raise ModelUnavailable(f"spaCy pipeline {cfg.negate.model!r} is not installed (pip install it, or set negate.model)")
+    return generator_notes(cfg) if {"backtranslate", "scores", "paraphrases"} & set(stages) else []
+
+
+def check_inputs(cfg: Config, stage: str) -> None:
+    store = Store(cfg.run.dir)
+    for table in (*STAGES[stage].shard_inputs, *STAGES[stage].whole_inputs):
+        if not store.exists(table):
+            writer = next(s for s in ORDER if table in STAGES[s].outputs)
+            raise InputMissing(f"stage {stage} reads table `{table}`, which run {cfg.run.name!r} does not have yet: "
+                               f"run `make stage STAGE={writer} RUN={cfg.run.name}` (or `make mine`) first")
+        man = store.manifest(table)
+        if man and man.get("shards") != cfg.run.shards:
+            raise InputMissing(f"table `{table}` of run {cfg.run.name!r} has {man.get('shards')} shards but run.shards "
+                               f"is {cfg.run.shards}: rerun from its stage, or set run.shards={man.get('shards')}")
+
+
+def cmd_mine(args, cfg: Config) -> None:
+    from .mine import mine_flow
+
+    for note in preflight(cfg, ORDER):
+        print(f"note: {note}", file=sys.stderr)
+    t0 = time.perf_counter()
+    rows = mine_flow(profile=args.profile, run=args.run, corpus=args.corpus, overrides=args.set,
+                     force=ORDER if args.force == [] else (args.force or []))
+    print(f"\nmined run {cfg.run.name!r} in {time.perf_counter() - t0:.0f}s → {cfg.run.dir}")
+    for stage, counts in rows.items():
+        print(f"  {stage:<14} " + ", ".join(f"{t}={n}" for t, n in counts.items()))
+    print(f"look at it: make sql RUN={cfg.run.name}   |   report: make report RUN={cfg.run.name}")
+
+
+def cmd_stage(args, cfg: Config) -> None:
+    from .mine import run_stage_flow
+
+    if args.name not in STAGES:
+        raise ConfigError(f"unknown stage {args.name!r}; stages: {', '.join(ORDER)}")
+    for note in preflight(cfg, [args.name]):
+        print(f"note: {note}", file=sys.stderr)
+    if not STAGES[args.name].global_job:
+        check_inputs(cfg, args.name)
+    manifest = run_stage_flow(args.name, cfg, profile=args.profile, run=args.run, corpus=args.corpus,
+                              overrides=args.set, force=args.force is not None)
+    print(f"{args.name}: {manifest['shards_computed']} shards computed, {manifest['shards_cached']} reused, "
+          f"rows {manifest['rows']}")
+
+
+def cmd_sql(args, cfg: Config) -> None:
+    from .sql import connect, repl
+
+    con = connect(cfg.run.dir)
+    if args.query:
+        con.sql(args.query).show(max_rows=args.max_rows, max_width=200)
+    else:
+        repl(con, cfg.run.dir)
+
+
+def cmd_report(args, cfg: Config) -> None:
+    from pipeline.report import write_report
+
+    print(write_report(cfg.run.dir))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="contramine", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("mine", "stage", "sql", "report"):
+        s = sub.add_parser(name)
+        if name == "stage":
+            s.add_argument("name", help=f"one of: {', '.join(ORDER)}")
+        s.add_argument("--profile", default="default", help="configs/<profile>.toml (or a path to a .toml)")
+        s.add_argument("--run", default=None, help="run name: tables go to artifacts/<run>/")
+        s.add_argument("--corpus", default=None, help="text file (one sentence a line) or Parquet with `text`")
+        s.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
+        if name == "mine":
+            s.add_argument("--force", nargs="*", default=None, metavar="STAGE",
+                           help="recompute these stages (all when none named) even where shards are intact")
+        elif name == "stage":
+            s.add_argument("--force", nargs="*", default=None, help="recompute even where shards are intact")
+        if name == "sql":
+            s.add_argument("--query", "-q", default=None)
+            s.add_argument("--max-rows", type=int, default=40)
+    args = p.parse_args(argv)
+    args.set = [kv for item in args.set for kv in item.split()]  # make passes SET="a=1 b=2" as one word
+    try:
+        from .mine import configure
+
+        cfg = configure(args.profile, args.run, args.corpus, args.set)
+        {"mine": cmd_mine, "stage": cmd_stage, "sql": cmd_sql, "report": cmd_report}[args.cmd](args, cfg)
+    except (ConfigError, ModelUnavailable, CorpusError, InputMissing) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Prefect flows: one flow per stage (each deployable on its own) and `mine`, which composes them.
+
+The flows hold no logic: each stage flow maps `shard_task` over the shards and records the manifest; the work
+and the caching (verified shard keys, see pipeline/store.py) live in pipeline/. Tasks pass paths and settings,
+never tables, so they run the same on threads or on a Dask cluster.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+
+from . import env  # noqa: F401  (Prefect settings before Prefect)
+from prefect import flow, get_run_logger, task, unmapped
+from prefect.cache_policies import NO_CACHE
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from pipeline.config import Config, load_config
+from pipeline.stages import ORDER, STAGES, finish_stage, run_global, run_shard
+
+
+def configure(profile: str = "default", run: str | None = None, corpus: str | None = None,
+              overrides: list[str] | None = None) -> Config:
+    sets = list(overrides or [])
+    if run:
+        sets.append(f"run.name={run}")
+    if corpus:
+        sets.append(f"data.corpus={corpus}")
+    return load_config(profile, sets)
+
+
+@task(name="shard", cache_policy=NO_CACHE, task_run_name="{stage}[{i}]")
+def shard_task(stage: str, cfg_json: str, i: int, force: bool, progress: bool) -> dict:
+    return run_shard(stage, Config.model_validate_json(cfg_json), i, force, progress)
+
+
+@task(name="global", cache_policy=NO_CACHE, task_run_name="{stage}")
+def global_task(stage: str, cfg_json: str, force: bool, progress: bool) -> list[dict]:
+    return run_global(stage, Config.model_validate_json(cfg_json), force, progress)
+
+
+def task_runner(cfg: Config):
+    if cfg.runner.kind == "threads":
+        return ThreadPoolTaskRunner(max_workers=cfg.runner.workers)
+    from prefect_dask import DaskTaskRunner
+
+    if cfg.runner.kind == "dask":
+        return DaskTaskRunner(address=cfg.runner.address)
+    return DaskTaskRunner(cluster_kwargs={"n_workers": cfg.runner.workers, "threads_per_worker": 1,
+                                          "processes": True, "dashboard_address": None})
+
+
+def execute_stage(stage: str, cfg: Config, force: bool = False) -> dict:
+    """Run every shard of one stage (cached ones are verified and skipped), then write its manifest."""
+    log = get_run_logger()
+    cfg_json, progress = cfg.model_dump_json(), cfg.runner.workers == 1 and cfg.runner.kind == "threads"
+    t0 = time.perf_counter()
+    if STAGES[stage].global_job:
+        results = global_task(stage, cfg_json, force, progress)
+    else:
+        futures = shard_task.map(stage, unmapped(cfg_json), list(range(cfg.run.shards)), unmapped(force),
+                                 unmapped(progress))
+        results = [f.result() for f in futures]
+    manifest = finish_stage(stage, cfg, results, time.perf_counter() - t0)
+    log.info(f"{stage}: {manifest['shards_computed']} shards computed, {manifest['shards_cached']} reused; "
+             f"rows {manifest['rows']}; {time.perf_counter() - t0:.1f}s")
+    return manifest
+
+
+def make_stage_flow(stage: str):
+    @flow(name=stage, log_prints=True)
+    def stage_flow(profile: str = "default", run: str | None = None, corpus: str | None = None,
+                   overrides: list[str] | None = None, force: bool = False) -> dict:
+        cfg = configure(profile, run, corpus, overrides)
+        return execute_stage(stage, cfg, force)
+
+    stage_flow.__name__ = f"{stage}_flow"
+    return stage_flow
+
+
+STAGE_FLOWS = {s: make_stage_flow(s) for s in ORDER}
+# Module attributes so that deployments can name them: flows/mine.py:neighbours_flow
+sentences_flow, embeddings_flow, neighbours_flow, noise_flow, backtranslate_flow, negate_flow, scores_flow, \
+    ipw_flow, pairs_flow, paraphrases_flow, triplets_flow = (STAGE_FLOWS[s] for s in ORDER)
+
+
+def run_stage_flow(stage: str, cfg: Config, **params) -> dict:
+    """A stage flow with the task runner the config asks for."""
+    return STAGE_FLOWS[stage].with_options(task_runner=task_runner(cfg))(**params)
+
+
+@flow(name="mine", log_prints=True)
+def mine_flow(profile: str = "default", run: str | None = None, corpus: str | None = None,
+              overrides: list[str] | None = None, force: list[str] | None = None) -> dict:
+    """Every stage in order; `force` names stages to recompute even when their shards are intact."""
+    cfg = configure(profile, run, corpus, overrides)
+    overrides = list(overrides or [])
+    with ExitStack() as stack:
+        if cfg.runner.kind == "dask-local":  # one local cluster for all stages, not one per stage
+            from distributed import LocalCluster
+
+            cluster = stack.enter_context(LocalCluster(n_workers=cfg.runner.workers, threads_per_worker=1,
+                                                       processes=True, dashboard_address=None))
+            overrides += ["runner.kind=dask", f"runner.address={cluster.scheduler_address}"]
+            cfg = configure(profile, run, corpus, overrides)
+        return {s: run_stage_flow(s, cfg, profile=profile, run=run, corpus=corpus, overrides=overrides,
+                                  force=s in (force or []))["rows"] for s in ORDER}

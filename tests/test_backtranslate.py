@@ -1,0 +1,197 @@
+"""Back-translation on tiny random Marian / FSMT / M2M100 models loaded by path, as a real model would be."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+import torch
+
+from pipeline import models
+from pipeline.backtranslate import (backtranslate, chain_name, load_chain, load_translator, stable_seed)
+from pipeline.config import BacktranslateCfg
+from pipeline.models import ModelUnavailable
+from pipeline.schema import SCHEMAS
+from tests.tiny_mt import build_all, corpus_lines
+
+# Small limits keep random models (which rarely stop on their own) fast; a spread of lengths makes some rows hit
+# their own cap, which is what batching could otherwise change.
+SMALL = dict(max_new_tokens_factor=1.0, max_new_tokens_min=4, max_length=48)
+LINES = corpus_lines(120)[:40] + ["  The   cat\tsat on\n the mat.  ", "Short.", ""]
+
+
+def cfg(**kw) -> BacktranslateCfg:
+    return BacktranslateCfg(**{**SMALL, **kw})
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return {k: str(v) for k, v in build_all(tmp_path_factory.mktemp("tiny_mt")).items()}
+
+
+@pytest.fixture(scope="module")
+def marian_chain(tiny):
+    return [tiny["marian-en-xx"], tiny["marian-xx-en"]]
+
+
+def rows(n_variants: int = 1) -> list[tuple[int, int, str]]:
+    return [(10 + i, v, s) for i, s in enumerate(LINES) for v in range(n_variants)]
+
+
+def run(names, seed=0, row_list=None, **kw) -> pa.Table:
+    return backtranslate(row_list or rows(), chain_name(names), load_chain(names, cfg(**kw)), seed=seed)
+
+
+def test_output_identical_for_any_batch_size(marian_chain):
+    tables = [run(marian_chain, batch_size=bs) for bs in (1, 3, 64)]
+    assert tables[0].equals(tables[1]) and tables[0].equals(tables[2])
+    pivots = tables[0].column("pivot_text").to_pylist()  # junk fed to junk collapses; the first hop varies
+    assert len(set(pivots)) > len(pivots) // 4, "outputs should depend on the input, else order is untested"
+
+
+def test_translate_keeps_input_order(tiny):
+    tr = load_translator(tiny["marian-en-xx"], cfg(batch_size=4))
+    together = tr.translate(LINES)
+    alone = [tr.translate([s])[0] for s in LINES]
+    assert together == alone
+    assert tr.translate(LINES[::-1]) == together[::-1]
+
+
+def test_one_row_per_sentence_variant_chain(marian_chain):
+    rs = rows(n_variants=3)
+    t = run(marian_chain, row_list=rs)
+    assert t.num_rows == len(rs)
+    assert list(zip(t.column("sid").to_pylist(), t.column("variant").to_pylist())) == [(s, v) for s, v, _ in rs]
+    assert set(t.column("chain").to_pylist()) == {"marian-en-xx>marian-xx-en"}
+    assert set(t.column("model").to_pylist()) == {" > ".join(marian_chain)}
+
+
+def test_pivot_is_first_hop_output(tiny, marian_chain):
+    t = run(marian_chain)
+    first = load_translator(tiny["marian-en-xx"], cfg())
+    seeds = [stable_seed(stable_seed(0, sid, v), "hop", 0) for sid, v, _ in rows()]
+    assert t.column("pivot_text").to_pylist() == [o[0] for o in first.translate(LINES, seeds)]
+
+
+@pytest.mark.parametrize("kw", [dict(do_sample=True, num_return_sequences=3),
+                                dict(num_beams=3, num_return_sequences=2)])
+def test_num_return_sequences_rows(marian_chain, kw):
+    k = kw["num_return_sequences"]
+    rs = rows(n_variants=2)
+    t = run(marian_chain, row_list=rs, batch_size=5, **kw)
+    assert t.num_rows == k * len(rs)
+    keys = list(zip(t.column("sid").to_pylist(), t.column("variant").to_pylist()))
+    assert keys == [(s, v) for s, v, _ in rs for _ in range(k)]
+    pivots = t.column("pivot_text").to_pylist()
+    assert all(len(set(pivots[i:i + k])) == 1 for i in range(0, len(pivots), k))  # returns share one pivot
+    assert t.equals(run(marian_chain, row_list=rs, batch_size=64, **kw))
+
+
+def test_sampling_is_deterministic_per_row(tiny):
+    tr = load_translator(tiny["marian-en-xx"], cfg(do_sample=True, batch_size=3))
+    seeds = [stable_seed(7, i) for i in range(len(LINES))]
+    full = tr.translate(LINES, seeds)
+    for j in (0, 7, 20, 40):  # the row alone, and among different neighbours
+        assert tr.translate([LINES[j]], [seeds[j]]) == [full[j]]
+        assert tr.translate([LINES[j], *LINES[25:31]], [seeds[j], *seeds[25:31]])[0] == full[j]
+    other = tr.translate(LINES, [s + 1 for s in seeds])
+    assert other != full, "a different seed should change some samples"
+    greedy = load_translator(tiny["marian-en-xx"], cfg()).translate(LINES)
+    assert full != greedy, "sampling should differ from greedy somewhere"
+
+
+def test_sampling_leaves_global_rng_alone(tiny):
+    tr = load_translator(tiny["marian-en-xx"], cfg(do_sample=True))
+    torch.manual_seed(5)
+    tr.translate(LINES[:5], list(range(5)))
+    after = torch.rand(3)
+    torch.manual_seed(5)
+    assert torch.equal(after, torch.rand(3))
+
+
+def test_seed_changes_samples_in_backtranslate(marian_chain):
+    a, b = run(marian_chain, seed=1, do_sample=True), run(marian_chain, seed=2, do_sample=True)
+    assert a.equals(run(marian_chain, seed=1, do_sample=True, batch_size=2))
+    assert a.column("text").to_pylist() != b.column("text").to_pylist()
+
+
+@pytest.mark.parametrize("name", ["fsmt-en-de", "marian-en-xx"])
+def test_fsmt_and_marian_load_by_path(tiny, name):
+    tr = load_translator(tiny[name], cfg())
+    assert type(tr.model).__name__ == {"fsmt-en-de": "FSMTForConditionalGeneration",
+                                       "marian-en-xx": "MarianMTModel"}[name]
+    assert tr.model.dtype == torch.float32 and not tr.model.training
+    out = tr.translate(LINES)
+    assert len(out) == len(LINES) and all(len(o) == 1 and isinstance(o[0], str) for o in out)
+    assert any(o[0] for o in out)
+    assert tr.translate(LINES, None) == out  # text-derived seeds: stable when none are given
+
+
+def test_fsmt_chain_batching(tiny):
+    names = [tiny["fsmt-en-de"], tiny["marian-xx-en"]]
+    assert run(names, batch_size=1).equals(run(names, batch_size=64))
+
+
+def test_m2m100_needs_and_uses_language_codes(tiny):
+    path = tiny["m2m100"]
+    with pytest.raises(ValueError, match="target_lang"):
+        load_translator(path, cfg())
+    with pytest.raises(ValueError, match="xx-nope"):
+        load_translator(path, cfg(target_lang={path: "xx-nope"}))
+    tr = load_translator(path, cfg(target_lang={path: "de"}, source_lang={path: "en"}))
+    assert tr.gen.forced_bos_token_id == tr.tokenizer.get_lang_id("de")
+    assert tr.tokenizer.src_lang == "en"
+    out = tr.translate(LINES)
+    assert all("__de__" not in o[0] for o in out)  # the forced language token is not part of the text
+    assert tr.translate(LINES[::-1]) == out[::-1]
+
+
+def test_missing_hub_id_raises_model_unavailable(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    models.hub_reachable.cache_clear()
+    try:
+        with pytest.raises(ModelUnavailable, match="nobody-here/no-such-mt-model"):
+            load_chain(["nobody-here/no-such-mt-model"], cfg())
+    finally:
+        models.hub_reachable.cache_clear()
+
+
+def test_missing_path_raises_model_unavailable(tmp_path, marian_chain):
+    missing = str(tmp_path / "no-model-here")
+    with pytest.raises(ModelUnavailable, match="no-model-here"):
+        load_chain([marian_chain[0], missing], cfg())
+
+
+def test_schema_exact(marian_chain):
+    t = run(marian_chain, row_list=rows()[:5])
+    assert t.schema.equals(SCHEMAS["backtranslations"])
+    empty = backtranslate([], "c", load_chain(marian_chain, cfg()))
+    assert empty.num_rows == 0 and empty.schema.equals(SCHEMAS["backtranslations"])
+
+
+def test_whitespace_normalised(tiny, marian_chain):
+    t = run(marian_chain)
+    for col in ("text", "pivot_text"):
+        assert all(s == " ".join(s.split()) for s in t.column(col).to_pylist())
+    fsmt = load_translator(tiny["fsmt-en-de"], cfg()).translate(LINES)
+    assert all(o[0] == " ".join(o[0].split()) for o in fsmt)
+
+
+def test_length_cap_follows_the_row(tiny):
+    tr = load_translator(tiny["marian-en-xx"], cfg(max_new_tokens_min=2, max_new_tokens_factor=0.25))
+    short = "Short."
+    assert tr.translate([short]) == tr.translate([short, LINES[1]])[:1]
+    n_in = len(tr.tokenizer([short])["input_ids"][0])
+    out_ids = tr.tokenizer(text_target=tr.translate([short])[0][0])["input_ids"]
+    assert len(out_ids) <= max(2, n_in) + 1  # + eos the target tokenizer appends
+
+
+def test_invalid_generation_settings(tiny):
+    with pytest.raises(ValueError, match="num_beams"):
+        load_translator(tiny["marian-en-xx"], cfg(do_sample=True, num_beams=2))
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        load_translator(tiny["marian-en-xx"], cfg(num_return_sequences=2))
+
+
+def test_stable_seed_and_chain_name():
+    assert stable_seed(1, 2, 3) == stable_seed(1, 2, 3) != stable_seed(1, 2, 4)
+    assert stable_seed(0, 5, 1) == 4355740682372217018  # pinned: a change would silently re-sample every stored table
+    assert chain_name(["Helsinki-NLP/opus-mt-en-zh", "/a/b/opus-mt-zh-en/"]) == "opus-mt-en-zh>opus-mt-zh-en"
