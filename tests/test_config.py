@@ -1,0 +1,48 @@
+"""One typed config: profiles, per-key overrides, and one-line errors that name the key."""
+import pytest
+
+from pipeline.config import ConfigError, load_config
+
+
+def test_profiles_validate_including_paper_ones():
+    for name in ("default", "debcse-paper", "osscse-paper"):
+        cfg = load_config(name)
+        assert cfg.profile == name
+    paper = load_config("debcse-paper")
+    assert paper.encoder.model == "princeton-nlp/unsup-simcse-bert-base-uncased"
+    assert paper.encoder.pooler == "cls_before_pooler"
+    assert (paper.neighbours.lo, paper.neighbours.hi, paper.ipw.lambda_neg, paper.ipw.m_pos) == (0.25, 0.75, 0.8, 2)
+
+
+def test_overrides_parse_toml_values():
+    cfg = load_config("default", ["neighbours.pool_size=32", "ipw.temperature=0.5", "run.name=x",
+                                  'scores.positives=["noise"]', "backtranslate.fallback=false"])
+    assert cfg.neighbours.pool_size == 32 and cfg.ipw.temperature == 0.5 and cfg.run.name == "x"
+    assert cfg.scores.positives == ["noise"] and cfg.backtranslate.fallback is False
+
+
+@pytest.mark.parametrize("override, names", [
+    ("neighbours.pool_sise=3", "neighbours.pool_sise: unknown key"),
+    ("nosuch.key=1", "nosuch: unknown key"),
+    ("neighbours.pool_size=abc", "neighbours.pool_size"),
+    ("neighbours.lo=0.9", "neighbours.lo (0.9) > neighbours.hi"),
+    ("ipw.temperature=0", "ipw.temperature"),
+    ("ipw.m_neg=100", "ipw.m_neg (100) > neighbours.pool_size"),
+    ("encoder.pooler=max", "encoder.pooler"),
+])
+def test_bad_values_fail_with_one_line_naming_the_key(override, names):
+    with pytest.raises(ConfigError) as e:
+        load_config("default", [override])
+    msg = str(e.value)
+    assert names in msg and "\n" not in msg
+
+
+def test_unknown_profile_lists_known_ones():
+    with pytest.raises(ConfigError, match="known profiles: .*default"):
+        load_config("no-such-profile")
+
+
+def test_section_hash_changes_only_with_its_section():
+    a, b = load_config("default"), load_config("default", ["ipw.temperature=0.5"])
+    assert a.section_hash("neighbours") == b.section_hash("neighbours")
+    assert a.section_hash("ipw") != b.section_hash("ipw")

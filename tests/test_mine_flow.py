@@ -1,0 +1,105 @@
+"""`mine` end to end through Prefect on a small real corpus with the offline MiniLM encoder."""
+import numpy as np
+import pytest
+
+from flows.mine import configure, mine_flow
+from pipeline.embeddings import table_vectors
+from pipeline.ipw import ipw_probabilities
+from pipeline.sentences import count_lines
+from pipeline.stages import ORDER
+from pipeline.store import Store
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+SMALL = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=2",
+         "backtranslate.chains=[]"]
+
+
+def _mine(corpus, root, name, *extra):
+    sets = SMALL + [f"run.root={root}", *extra]
+    mine_flow(profile="default", run=name, corpus=str(corpus), overrides=sets)
+    return configure("default", name, str(corpus), sets)
+
+
+def _computed(cfg):
+    store = Store(cfg.run.dir)
+    return {s: store.manifest(next(iter(_outputs(s))))["shards_computed"] for s in ORDER}
+
+
+def _outputs(stage):
+    from pipeline.stages import STAGES
+    return STAGES[stage].outputs
+
+
+def _tables(cfg):
+    store = Store(cfg.run.dir)
+    return {t: store.read(t) for s in ORDER for t in _outputs(s)}
+
+
+@pytest.fixture(scope="module")
+def mined(small_corpus, tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    return _mine(small_corpus, root, "base"), root
+
+
+def test_every_line_accounted_for(mined, small_corpus):
+    cfg, _ = mined
+    t = _tables(cfg)
+    assert t["sentences"].num_rows + t["rejected"].num_rows == count_lines(small_corpus)
+    reasons = dict(zip(t["rejected"].column("line_no").to_pylist(), t["rejected"].column("reason").to_pylist()))
+    assert {reasons[6], reasons[10], reasons[18]} == {"empty", "too_short", "duplicate"}  # the lines conftest spoiled
+
+
+def test_neighbours_equal_brute_force(mined):
+    cfg, _ = mined
+    t = _tables(cfg)
+    sids, x = table_vectors(t["embeddings"])
+    assert np.allclose(np.linalg.norm(x, axis=1), 1, atol=1e-5)
+    sims = x.astype(np.float64) @ x.astype(np.float64).T
+    want = []
+    for i, s in enumerate(sids):
+        band = [(-sims[i, j], sids[j]) for j in range(len(sids)) if j != i and 0.25 <= sims[i, j] <= 0.75]
+        want += [(s, c, r + 1) for r, (_, c) in enumerate(sorted(band)[:8])]
+    got = list(zip(*(t["neighbours"].column(c).to_pylist() for c in ("sid", "cand_sid", "rank"))))
+    assert got == want
+
+
+def test_candidates_p_equals_equations_and_m_chosen(mined):
+    cfg, _ = mined
+    cand = _tables(cfg)["candidates"].to_pylist()
+    pools = {}
+    for r in cand:
+        pools.setdefault((r["sid"], r["kind"]), []).append(r)
+    assert {k for _, k in pools} == {"pos", "neg"}
+    for (sid, kind), rows in pools.items():
+        lam = cfg.ipw.lambda_neg if kind == "neg" else cfg.ipw.lambda_pos
+        p = ipw_probabilities([r["edit"] for r in rows], [r["cos"] for r in rows], kind, lam,
+                              cfg.ipw.temperature, cfg.ipw.normalize)[3]
+        assert np.allclose([r["p"] for r in rows], p, rtol=1e-9)
+        assert sum(r["chosen"] for r in rows) == min(2, len(rows))
+
+
+def test_generators_and_pairs_tables(mined):
+    cfg, _ = mined
+    t = _tables(cfg)
+    assert t["pairs"].num_rows == t["sentences"].num_rows
+    assert t["negations"].num_rows == t["sentences"].num_rows
+    assert t["triplets"].num_rows > 0.5 * t["sentences"].num_rows
+    assert t["backtranslations"].num_rows == 0 and t["paraphrases"].num_rows == 0
+
+
+def test_rerun_recomputes_nothing_and_temperature_only_ipw_and_pairs(mined, small_corpus):
+    cfg, root = mined
+    again = _mine(small_corpus, root, "base")
+    assert set(_computed(again).values()) == {0}
+    hot = _mine(small_corpus, root, "base", "ipw.temperature=0.5")
+    assert {s for s, n in _computed(hot).items() if n} == {"ipw", "pairs"}
+
+
+def test_same_tables_whatever_the_shards_and_workers(mined, small_corpus):
+    cfg, root = mined
+    base = _tables(cfg)
+    for name, extra in [("one-shard", ["run.shards=1"]), ("seven-two-workers", ["run.shards=7", "runner.workers=2"])]:
+        other = _tables(_mine(small_corpus, root, name, *extra))
+        for table, data in base.items():
+            assert other[table].equals(data), f"{table} differs with {extra}"

@@ -1,0 +1,71 @@
+"""Stage `neighbours`: exactly the top pool_size in-band neighbours, checked against brute force."""
+import numpy as np
+import pytest
+
+from pipeline.config import NeighboursCfg
+from pipeline.neighbours import band_neighbours, build_index, exact_band_neighbours, recall_at_pool
+
+
+def _unit(x):
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _search(x, sids, lo, hi, pool, kind="flat", **kw):
+    cfg = NeighboursCfg(lo=lo, hi=hi, pool_size=pool, index=kind, **kw)
+    index, cpu = build_index(x, kind, cfg)
+    return band_neighbours(x, sids, x, sids, index, cpu, lo, hi, pool, cfg.slack, cfg.max_block_elems)
+
+
+def _brute(x, sids, lo, hi, pool):
+    """Independent reference: full float64 similarity matrix, sort every row."""
+    sims = x.astype(np.float64) @ x.astype(np.float64).T
+    rows = []
+    for i in range(len(x)):
+        cands = [(-sims[i, j], sids[j]) for j in range(len(x)) if j != i and lo <= sims[i, j] <= hi]
+        rows += [(sids[i], s, r + 1) for r, (_, s) in enumerate(sorted(cands)[:pool])]
+    return rows
+
+
+@pytest.mark.parametrize("pool", [1, 5, 40])
+def test_matches_brute_force_with_near_duplicates(pool):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 16))
+    x[50:120] = x[:70] + 0.05 * rng.normal(size=(70, 16))  # many neighbours above the band: k must widen
+    x = _unit(x)
+    sids = rng.permutation(10_000)[:400].astype(np.int64) - 5000
+    got = _search(x, sids, 0.25, 0.75, pool)
+    assert list(zip(*(got.column(c).to_pylist() for c in ("sid", "cand_sid", "rank")))) == _brute(x, sids, 0.25, 0.75, pool)
+
+
+def test_band_edges_are_inclusive():
+    # 2-d unit vectors with exact cosines 0.25 and 0.75 (in float32 and float64) to the first one
+    def at(c):
+        return [c, np.sqrt(1 - c * c)]
+    x = np.array([[1.0, 0.0], at(0.25), at(0.75), at(0.2), at(0.8)], dtype=np.float32)
+    sids = np.arange(5, dtype=np.int64)
+    got = _search(x, sids, 0.25, 0.75, 10)
+    first = got.filter(got.column("sid").to_numpy() == 0)
+    assert sorted(first.column("cand_sid").to_pylist()) == [1, 2]
+    assert first.column("cos").to_pylist() == pytest.approx([0.75, 0.25], abs=1e-7)
+
+
+def test_fewer_than_pool_in_band_and_none_in_band():
+    x = np.array([[1, 0], [0.6, 0.8], [0, 1]], dtype=np.float32)  # cos: 0.6, 0, 0.8
+    got = _search(x, np.arange(3, dtype=np.int64), 0.25, 0.75, 64)
+    assert got.num_rows == 2 and set(zip(got.column("sid").to_pylist(), got.column("cand_sid").to_pylist())) == {(0, 1), (1, 0)}
+    same = np.ones((6, 4), dtype=np.float32) / 2  # identical embeddings: every cosine is 1 > hi
+    assert _search(same, np.arange(6, dtype=np.int64), 0.25, 0.75, 3).num_rows == 0
+
+
+def test_single_sentence_and_empty():
+    assert _search(np.ones((1, 4), np.float32) / 2, np.array([7]), 0.25, 0.75, 8).num_rows == 0
+
+
+def test_ivf_recall_against_exact():
+    rng = np.random.default_rng(1)
+    x = _unit(rng.normal(size=(3000, 16)) + 0.8 * rng.normal(size=(1, 16)))
+    sids = np.arange(3000, dtype=np.int64)
+    approx = _search(x, sids, 0.25, 0.75, 10, kind="ivf", nlist=16, nprobe=8)
+    exact = exact_band_neighbours(x, sids, x, sids, 0.25, 0.75, 10)
+    assert recall_at_pool(approx, exact) > 0.9
+    assert recall_at_pool(exact, exact) == 1.0

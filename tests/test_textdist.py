@@ -1,0 +1,49 @@
+"""Surface scores: MER equals jiwer per pair; normalised edit distance; lexical overlap."""
+import random
+
+import jiwer
+import numpy as np
+
+from pipeline.sentences import normalise
+from pipeline.textdist import edit_distance, lexical_overlap, mer
+
+WIKI = "../shared/data/wiki1m_head.txt"
+
+
+def test_mer_equals_jiwer_on_1000_random_pairs():
+    lines = [normalise(x).lower() for x in open(WIKI, encoding="utf-8").read().splitlines()[:2000]]
+    rng = random.Random(0)
+    a, b = [], []
+    for _ in range(1000):
+        x = rng.choice(lines)
+        w = x.split()
+        for _ in range(rng.randint(0, 8)):  # deletions, insertions, substitutions, and unrelated sentences
+            op = rng.random()
+            if op < 0.3 and w:
+                w.pop(rng.randrange(len(w)))
+            elif op < 0.6:
+                w.insert(rng.randrange(len(w) + 1), rng.choice(["the", "a", "of", "zz"]))
+            elif op < 0.95 and w:
+                w[rng.randrange(len(w))] = "qq"
+            else:
+                w = rng.choice(lines).split()
+        a.append(x)
+        b.append(" ".join(w))
+    ours = mer(a, b)
+    theirs = [jiwer.mer(x, y) for x, y in zip(a, b)]
+    assert np.array_equal(ours, np.array(theirs))
+
+
+def test_mer_edge_cases():
+    assert mer(["", "a b"], ["", "a b"]).tolist() == [0.0, 0.0]
+    assert mer(["a b c d"], ["a x c d"]).tolist() == [0.25]  # S=1, C=3
+
+
+def test_edit_distance_char_and_word_levels():
+    assert edit_distance(["kitten"], ["sitting"]).tolist() == np.float32([3 / 7]).tolist()
+    assert edit_distance(["the cat sat", "a b"], ["the dog sat", "a b"], level="word").tolist() == \
+        np.float32([1 / 3, 0.0]).tolist()
+
+
+def test_lexical_overlap():
+    assert lexical_overlap(["The cat sat down"], ["the cat ran"]).tolist() == [0.5]
