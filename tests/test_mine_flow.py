@@ -92,8 +92,12 @@ def test_rerun_recomputes_nothing_and_temperature_only_ipw_and_pairs(mined, smal
     cfg, root = mined
     again = _mine(small_corpus, root, "base")
     assert set(_computed(again).values()) == {0}
+    before = _tables(cfg)
     hot = _mine(small_corpus, root, "base", "ipw.temperature=0.5")
     assert {s for s, n in _computed(hot).items() if n} == {"ipw", "pairs"}
+    back = _mine(small_corpus, root, "base")  # and back: the same bytes as before
+    assert {s for s, n in _computed(back).items() if n} == {"ipw", "pairs"}
+    assert all(_tables(back)[t].equals(data) for t, data in before.items())
 
 
 def test_same_tables_whatever_the_shards_and_workers(mined, small_corpus):
