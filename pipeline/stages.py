@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from . import embeddings as emb_mod
 from . import ipw, neighbours, noise, pairs, paraphrases, scores, sentences
 from .config import Config
-from .store import ShardInfo, Store, combine, file_hash
+from .store import ShardInfo, Store, atomic_write_json, combine, file_hash
 
 FORMAT = "contramine-1"
 
@@ -154,8 +154,10 @@ def finish_stage(name: str, cfg: Config, results: list[dict], wall: float) -> di
     if name == "backtranslate":
         from .generators import available_chains
         manifest["chains_used"], manifest["chains_skipped"] = available_chains(cfg)
-    if name == "neighbours":
-        manifest.update(NEIGHBOUR_FACTS.get(str(cfg.run.dir), {}))
+    if name == "neighbours":  # per-shard facts files: written where the shard ran (a Dask worker, too)
+        for i in range(n):
+            if (facts := _facts_path(store, i, n)).is_file():
+                manifest.update(json.loads(facts.read_text()))
     for t in stage.outputs:
         store.finish(t, n, manifest)
     return manifest
@@ -176,7 +178,9 @@ def _embeddings(ctx: Ctx, progress: bool) -> dict[str, pa.Table]:
                                                   progress=progress and f"embeddings {ctx.i + 1}/{ctx.n}")}
 
 
-NEIGHBOUR_FACTS: dict[str, dict] = {}
+def _facts_path(store: Store, i: int, n: int) -> Path:
+    """Index kind and sampled recall of neighbours shard i, beside the shard (kept when the shard is reused)."""
+    return store.dir("neighbours") / f"facts-{i:05d}-of-{n:05d}.json"
 
 
 @functools.lru_cache(maxsize=1)
@@ -202,7 +206,7 @@ def _neighbours(ctx: Ctx, progress: bool) -> dict[str, pa.Table]:
         ref = neighbours.exact_band_neighbours(q[pick], q_sids[pick], base, base_sids, c.lo, c.hi, c.pool_size)
         sub = table.filter(pc.is_in(table.column("sid"), pa.array(q_sids[pick])))
         facts[f"recall_shard_{ctx.i}"] = neighbours.recall_at_pool(sub, ref)
-    NEIGHBOUR_FACTS.setdefault(str(ctx.store.root), {}).update(facts)
+    atomic_write_json(_facts_path(ctx.store, ctx.i, ctx.n), facts)
     return {"neighbours": table}
 
 

@@ -177,7 +177,6 @@ def test_cont_oppn_rule_by_hand():
 
 def test_cont_oppn_splits_and_weighted_average():
     a, b = hand_built_subset("T", "a"), hand_built_subset("T", "b")
-    a.gold = a.gold.copy()
     high = PairSet("T", "high", a.s1, a.s2, np.array([4.0, 4.5, 5.0, 4.8, 4.2]))  # median 4.8: not split
     cos = {"T/a": np.array([0.9, 0.1, 0.5, 0.2, 0.3]), "T/b": np.array([0.1, 0.2, 0.9, 0.8, 0.7]),
            "T/high": np.zeros(5)}

@@ -226,6 +226,36 @@ def test_resume_with_another_config_starts_fresh(tmp_path, bert, senteval, capsy
     assert len([m for m in read_metrics(Path(res["metrics"])) if "loss" in m]) == 4
 
 
+@pytest.fixture(scope="module")
+def all_tables(tmp_path_factory) -> Path:
+    """Every table an objective reads, for one run: sentences, triplets (half the sentences), embeddings, pairs."""
+    run = tmp_path_factory.mktemp("all") / "r"
+    sents = sentences_rows(16)
+    write_table(run, "sentences", sents)
+    write_table(run, "triplets", [{"sid": r["sid"], "anchor": r["text"], "paraphrase": r["text"] + " again",
+                                   "negation": "not " + r["text"], "para_mer": 0.3, "para_chain": "de"}
+                                  for r in sents if r["sid"] % 2])
+    emb = np.random.default_rng(0).normal(size=(16, 32)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    write_table(run, "embeddings", [{"sid": r["sid"], "emb": e.tolist()} for r, e in zip(sents, emb)])
+    write_table(run, "pairs", [{"sid": r["sid"], "anchor": r["text"], "positives": [r["text"] + " too"],
+                                "negatives": ["a dog", "the cat"]} for r in sents])
+    return run
+
+
+@pytest.mark.parametrize("objective", ["simcse", "debcse", "osscse", "whitenedcse", "dclr"])
+def test_every_objective_trains_on_its_tables(all_tables, bert, senteval, objective):
+    root = all_tables.parent
+    cfg = load_config(str(write_profile(root / f"{objective}.toml", root, all_tables.name, bert, senteval,
+                                        objective=objective, max_steps=3, eval_every=2, whitened_groups=4)))
+    res = train(cfg)
+    assert res["steps"] == 3 and res["best_step"] in (2, 3)
+    meta = json.loads((Path(res["best_dir"]) / "train_config.json").read_text())
+    assert meta["pooler"] == ("mask" if objective == "osscse" else "cls_before_pooler")
+    losses = [m["loss"] for m in read_metrics(Path(res["metrics"])) if "loss" in m]
+    assert len(losses) == 3 and all(np.isfinite(losses))
+
+
 KILLER = """
 import os, sys, time
 import trainer.checkpoint as ckpt

@@ -95,7 +95,8 @@ class MinedRows:
                 # One dense matrix: a list column would build a Python list of floats per row per batch.
                 flat = other.column("emb").combine_chunks()
                 dim = len(flat[0]) if len(flat) else 0
-                values = flat.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+                # a writable copy (Arrow's buffers are read-only, and torch warns on read-only arrays)
+                values = np.array(flat.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
                 if len(values) != dim * len(flat):
                     raise ValueError(f"embeddings under {run_dir}: rows of different lengths")
                 self.joins.append((values.reshape(len(flat), dim), where))
@@ -116,7 +117,7 @@ class MinedRows:
             have = np.flatnonzero(at >= 0)
             if isinstance(other, np.ndarray):
                 for i in have:
-                    out[i]["emb"] = other[at[i]]
+                    out[i]["emb"] = other[at[i]].copy()  # the caller may modify its row, not ours
                 continue
             for name, values in other.take(pa.array(at[have])).to_pydict().items():
                 for i, v in zip(have, values):

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer import dist
-from trainer.objectives.simcse import SimCSE, cos_matrix, info_nce_terms, sub_batch
+from trainer.objectives.simcse import SimCSE, cos_matrix, info_nce_terms, sub_batch, two_views
 
 
 class DCLR(SimCSE):
@@ -69,8 +69,7 @@ class DCLR(SimCSE):
     def forward(self, batch: dict):
         cfg = self.cfg
         b = sub_batch(batch, "sent")
-        h1 = self.head(self.encoder(b))
-        h2 = self.head(self.encoder(b))
+        h1, h2 = self.head(self.encoder(two_views(b))).chunk(2)
         (H1, H2), (sizes, _) = dist.gather_many([h1, h2])
         sl = dist.local_slice(sizes)
         targets = torch.arange(sl.start, sl.stop, device=h1.device)

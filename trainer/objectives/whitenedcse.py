@@ -31,7 +31,7 @@ import torch
 
 from trainer import dist
 from trainer.objectives.base import Objective
-from trainer.objectives.simcse import cos_matrix, info_nce_terms, prefixed, sub_batch
+from trainer.objectives.simcse import cos_matrix, info_nce_terms, prefixed, sub_batch, two_views
 
 
 def group_zca(x: torch.Tensor, groups: int, eps: float) -> torch.Tensor:
@@ -85,7 +85,7 @@ class WhitenedCSE(Objective):
 
     def forward(self, batch: dict):
         b = sub_batch(batch, "sent")
-        h1, h2 = self.encoder(b), self.encoder(b)
+        h1, h2 = self.encoder(two_views(b)).chunk(2)
         (H1, H2), (sizes, _) = dist.gather_many([h1, h2])
         sl = dist.local_slice(sizes)
         targets = torch.arange(sl.start, sl.stop, device=h1.device)

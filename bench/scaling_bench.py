@@ -1,0 +1,102 @@
+"""Scaling of `make mine` (default profile): wall seconds per stage and peak memory at growing corpus sizes.
+
+    SCALE_MAX=12000 python -m bench.scaling_bench        # sizes 3000, 6000, 12000 (default for `make bench`)
+    SCALE_MAX=100000 python -m bench.scaling_bench       # adds 25000, 50000, 100000 (hours on 2 cores)
+
+Each size runs `python -m flows.cli mine --run scale-<N> --corpus <file> --set run.root=<tmp>` as a child process
+(fresh run folder: nothing cached; Prefect's ephemeral server start is included in the total), and reads
+the per-stage wall seconds from the tables' manifests and the child's peak RSS from `os.wait4` (ru_maxrss, which
+covers the child and the processes it waited for). Corpora: the first N lines of the shared wiki1m head (12000 =
+all 11,914 lines); beyond that, the 11,914 lines plus new sentences made by joining the first half of one line's
+words with the second half of another line's (seeded, two different lines, duplicates skipped).
+
+Ratio per doubling: time(2N) / time(N) of the whole mine, lower is better, goal <= 2.2 (linear would be 2.0).
+Where two sizes are not exactly 2x apart (11,914 kept sentences vs 25,000), the ratio is scaled to one doubling:
+(t2 / t1) ** (1 / log2(n2 / n1)) over the sentence counts the runs kept. Details: artifacts/bench/scaling.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import ROOT, SHARED_DATA
+from pipeline.stages import ORDER, STAGES
+from pipeline.store import Store
+
+GOAL = 2.2
+SIZES = (3000, 6000, 12000, 25000, 50000, 100000)
+OUT = ROOT / "artifacts" / "bench"
+
+
+def corpus(n: int, dst: Path, seed: int = 0) -> Path:
+    lines = [x for x in (SHARED_DATA / "wiki1m_head.txt").read_text(encoding="utf-8").splitlines() if x.strip()]
+    if n <= 12000:
+        out = lines[:n]
+    else:
+        rng, seen, out = np.random.default_rng(seed), set(lines), list(lines)
+        while len(out) < n:
+            i, j = rng.integers(len(lines), size=2)
+            a, b = lines[i].split(), lines[j].split()
+            if i == j or len(a) < 2 or len(b) < 2:
+                continue
+            s = " ".join(a[: len(a) // 2] + b[len(b) // 2:])
+            if s not in seen:
+                seen.add(s)
+                out.append(s)
+    dst.write_text("\n".join(out) + "\n", encoding="utf-8")
+    return dst
+
+
+def mine(n: int, work: Path) -> dict:
+    run = f"scale-{n}"
+    shutil.rmtree(work / run, ignore_errors=True)
+    path = corpus(n, work / f"corpus-{n}.txt")
+    cmd = [sys.executable, "-m", "flows.cli", "mine", "--run", run, "--corpus", str(path), "--set", f"run.root={work}"]
+    log = open(work / f"{run}.log", "wb")
+    t0 = time.perf_counter()
+    child = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - t0
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode:
+        raise RuntimeError(f"mine at {n} failed (exit {child.returncode}); see {work / f'{run}.log'}")
+    store = Store(work / run)
+    stages = {s: store.manifest(STAGES[s].outputs[0])["wall_seconds_last_run"] for s in ORDER}
+    sentences = store.manifest("sentences")["rows"]["sentences"]
+    res = {"n": n, "sentences": sentences, "wall_s": round(wall, 1), "stages_s": stages,
+           "peak_rss_mb": round(usage.ru_maxrss / 1024), "load_avg": os.getloadavg()[0]}
+    print(f"scaling n={n}: {sentences} sentences, {wall:.0f}s, peak RSS {res['peak_rss_mb']} MB, "
+          + ", ".join(f"{s} {t:.0f}s" for s, t in stages.items()), flush=True)
+    shutil.rmtree(work / run, ignore_errors=True)
+    return res
+
+
+def run(max_n: int | None = None) -> list[dict]:
+    max_n = max_n or int(os.environ.get("SCALE_MAX", "12000"))
+    work = OUT / "scale"
+    work.mkdir(parents=True, exist_ok=True)
+    results = [mine(n, work) for n in SIZES if n <= max_n]
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "scaling.json").write_text(json.dumps(results, indent=1))
+    rows = []
+    for a, b in zip(results, results[1:]):
+        per_doubling = (b["wall_s"] / a["wall_s"]) ** (1 / math.log2(b["sentences"] / a["sentences"]))
+        rows.append({"name": f"scaling_mine_{a['n'] // 1000}k_to_{b['n'] // 1000}k", "ours": b["wall_s"],
+                     "peer": a["wall_s"], "unit": "s", "ratio": round(per_doubling, 3), "goal": GOAL,
+                     "better": "lower"})
+    return rows
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--max", type=int, default=None, help="largest size (default: $SCALE_MAX or 12000)")
+    print(json.dumps(run(ap.parse_args().max), indent=1))

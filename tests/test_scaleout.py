@@ -1,0 +1,258 @@
+"""Scale-out: the mine flow on a 2-worker local Dask cluster equals the threads runner; the stage flows deploy to a
+Prefect server (prefect.yaml, process work pool, worker subprocess); the neighbours index switches, records its
+recall where the shard ran, uses a GPU when FAISS has one, and bounds its search memory."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flows.mine import configure, mine_flow, run_stage_flow
+from pipeline import neighbours as nb
+from pipeline.config import NeighboursCfg
+from pipeline.stages import ORDER, STAGES
+from pipeline.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"
+SMALL = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=3",
+         "backtranslate.chains=[]"]
+IVF = ["neighbours.ivf_threshold=20", "neighbours.recall_sample=10"]  # 50-odd sentences: auto picks IVF
+
+
+@pytest.fixture(scope="module")
+def corpus60(tmp_path_factory) -> Path:
+    lines = WIKI.read_text(encoding="utf-8").splitlines()[:60]
+    lines[7], lines[12] = "", lines[11]  # one empty line, one duplicate
+    p = tmp_path_factory.mktemp("corpus") / "c60.txt"
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return p
+
+
+def _tables(cfg) -> dict:
+    store = Store(cfg.run.dir)
+    return {t: store.read(t) for s in ORDER for t in STAGES[s].outputs}
+
+
+def _mine(corpus, root, name, *extra):
+    sets = SMALL + [f"run.root={root}", *extra]
+    mine_flow(profile="default", run=name, corpus=str(corpus), overrides=sets)
+    return configure("default", name, str(corpus), sets)
+
+
+@pytest.fixture(scope="module")
+def mined(prefect_harness, corpus60, tmp_path_factory):
+    """The same small run on 2 threads and on a 2-worker local Dask cluster, neighbours through IVF (index auto
+    past a tiny ivf_threshold) so that the sampled recall has to travel from the worker processes."""
+    root = tmp_path_factory.mktemp("runs")
+    threads = _mine(corpus60, root, "threads", *IVF, "runner.workers=2")
+    dask = _mine(corpus60, root, "dask", *IVF, "runner.kind=dask-local", "runner.workers=2")
+    return corpus60, root, threads, dask
+
+
+@pytest.mark.slow
+def test_dask_local_two_workers_equals_threads(mined):
+    _, _, threads, dask = mined
+    a, b = _tables(threads), _tables(dask)
+    assert a["sentences"].num_rows > 40 and a["neighbours"].num_rows > 0 and a["candidates"].num_rows > 0
+    for table, data in a.items():
+        assert b[table].equals(data), f"table {table}: dask-local differs from threads"
+
+
+@pytest.mark.slow
+def test_ivf_recall_reaches_manifest_from_dask_workers_and_survives_reuse(mined):
+    corpus, root, threads, dask = mined
+    facts = {}
+    for cfg in (threads, dask):
+        man = Store(cfg.run.dir).manifest("neighbours")
+        assert man["index"] == "ivf" and man["exact"] is False
+        facts[cfg.run.name] = [man[f"recall_shard_{i}"] for i in range(3)]
+        assert all(r == 1.0 for r in facts[cfg.run.name])  # one IVF list, probed whole: as exact as flat
+    assert facts["dask"] == facts["threads"]
+    sets = SMALL + [f"run.root={root}", *IVF, "runner.workers=2"]
+    again = run_stage_flow("neighbours", configure("default", "dask", str(corpus), sets), profile="default",
+                           run="dask", corpus=str(corpus), overrides=sets)
+    assert again["shards_cached"] == 3 and [again[f"recall_shard_{i}"] for i in range(3)] == facts["dask"]
+
+
+# ---- Prefect server + process work pool + worker + deployment from prefect.yaml ----
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(predicate, timeout: float, what: str, procs=()):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        for p in procs:
+            if p.poll() is not None:
+                raise AssertionError(f"{what}: a subprocess exited early with {p.returncode}")
+        try:
+            if predicate():
+                return
+        except OSError:
+            pass
+        time.sleep(1.0)
+    raise AssertionError(f"{what}: not ready after {timeout:.0f}s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+@pytest.mark.slow
+def test_sentences_deployment_runs_on_a_process_worker(tmp_path, corpus60):
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": api,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "PREFECT_UI_ENABLED": "false",
+           "PREFECT_CLI_PROMPT": "false", "PREFECT_WORKER_QUERY_SECONDS": "2", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": str(ROOT)}
+    env.pop("PREFECT_PROFILES_PATH", None)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs: list[subprocess.Popen] = []
+
+    def start(name, *args):
+        out = open(logs / f"{name}.log", "wb")
+        procs.append(subprocess.Popen([prefect, *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                      start_new_session=True))
+        return procs[-1]
+
+    def cli(*args, timeout=180):
+        r = subprocess.run([prefect, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        assert r.returncode == 0, f"prefect {' '.join(args)}: {r.stdout[-2000:]}{r.stderr[-2000:]}"
+        return r.stdout
+
+    def tail():
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(logs.iterdir()))
+
+    run_root = tmp_path / "runs"
+    try:
+        server = start("server", "server", "start", "--host", "127.0.0.1", "--port", str(port))
+        _wait(lambda: urllib.request.urlopen(f"{api}/health", timeout=5).status == 200, 180, "prefect server",
+              [server])
+        cli("work-pool", "create", "contramine-process", "--type", "process")
+        cli("deploy", "--no-prompt", "--name", "sentences-default", "--prefect-file", str(ROOT / "prefect.yaml"))
+        worker = start("worker", "worker", "start", "--pool", "contramine-process", "--limit", "1")
+        params = ["-p", "run=deployed", "-p", f"corpus={corpus60}",
+                  "--params", json.dumps({"overrides": [f"run.root={run_root}", "run.shards=2"]})]
+        out = cli("deployment", "run", "sentences/sentences-default", *params)
+        run_id = next(w for line in out.splitlines() if "UUID" in line for w in line.split() if w.count("-") == 4)
+
+        def finished():
+            with urllib.request.urlopen(f"{api}/flow_runs/{run_id}", timeout=5) as r:
+                state = json.load(r)["state"]["type"]
+            assert state not in ("FAILED", "CRASHED", "CANCELLED"), f"flow run {state}\n{tail()}"
+            return state == "COMPLETED"
+
+        _wait(finished, 240, f"flow run {run_id}", [server, worker])
+        store = Store(run_root / "deployed")
+        assert store.manifest("sentences")["shards"] == 2
+        assert store.read("sentences").num_rows + store.read("rejected").num_rows == 60
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{tail()}") from None
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+
+
+def test_prefect_yaml_has_one_deployment_per_stage_flow():
+    import yaml
+
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    entry = {d["entrypoint"] for d in spec["deployments"]}
+    assert entry == {f"flows/mine.py:{s}_flow" for s in ORDER} | {"flows/mine.py:mine_flow"}
+    for d in spec["deployments"]:
+        assert {"profile", "run", "overrides"} <= set(d["parameters"])
+        assert d["work_pool"]["name"] == "contramine-process"
+    import flows.mine as mine
+    assert all(hasattr(mine, e.split(":")[1]) for e in entry)
+
+
+# ---- neighbours at scale: index choice, GPU path, memory bound (fast, no Prefect) ----
+
+def test_auto_index_switches_to_ivf_past_threshold():
+    cfg = NeighboursCfg(ivf_threshold=1000)
+    assert nb.choose_index(1000, cfg) == "flat" and nb.choose_index(1001, cfg) == "ivf"
+    assert nb.choose_index(10, NeighboursCfg(index="hnsw")) == "hnsw"
+
+
+def _unit(n, d=32, seed=0):
+    x = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32) + 0.6  # clustered-ish: cos ~0.2-0.7
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_gpu_index_used_when_faiss_sees_a_gpu(monkeypatch):
+    moved = []
+
+    class FakeGpuIndex:
+        def __init__(self, cpu):
+            self.cpu = cpu
+
+        def search(self, q, k):
+            moved.append(k)
+            return self.cpu.search(q, k)
+
+    monkeypatch.setattr(nb.faiss, "get_num_gpus", lambda: 1)
+    monkeypatch.setattr(nb.faiss, "index_cpu_to_all_gpus", lambda index: FakeGpuIndex(index))
+    x = _unit(300)
+    index, cpu = nb.build_index(x, "flat", NeighboursCfg(), 0)
+    assert isinstance(index, FakeGpuIndex) and index.cpu is cpu
+    sids = np.arange(300, dtype=np.int64)
+    got = nb.band_neighbours(x, sids, x, sids, index, cpu, 0.25, 0.75, 8)
+    assert moved and got.equals(nb.exact_band_neighbours(x, sids, x, sids, 0.25, 0.75, 8))
+    index, cpu = nb.build_index(x, "flat", NeighboursCfg(gpu="never"), 0)
+    assert index is cpu
+    monkeypatch.setattr(nb.faiss, "get_num_gpus", lambda: 0)
+    with pytest.raises(RuntimeError, match="no GPU"):
+        nb.build_index(x, "flat", NeighboursCfg(gpu="always"), 0)
+
+
+def test_search_blocks_bounded_by_max_block_elems_and_exact():
+    x = _unit(2000, seed=1)
+    sids = np.arange(2000, dtype=np.int64)
+    index, cpu = nb.build_index(x, "flat", NeighboursCfg(), 0)
+    seen = []
+
+    class Spy:
+        def search(self, q, k):
+            seen.append(len(q) * k)
+            return index.search(q, k)
+
+    cap = 4096
+    got = nb.band_neighbours(x, sids, x, sids, Spy(), Spy(), 0.25, 0.75, 64, max_block_elems=cap)
+    assert seen and max(seen) <= cap
+    assert got.equals(nb.exact_band_neighbours(x, sids, x, sids, 0.25, 0.75, 64))
+
+
+def test_ivf_index_recall_against_exact_is_high():
+    rng = np.random.default_rng(2)
+    centres = rng.standard_normal((20, 32))  # topics: IVF lists follow them, as with real sentence embeddings
+    x = (centres[rng.integers(20, size=3000)] + 0.5 * rng.standard_normal((3000, 32))).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    sids = np.arange(3000, dtype=np.int64)
+    recall = {}
+    for nprobe in (4, 32):
+        index, cpu = nb.build_index(x, "ivf", NeighboursCfg(index="ivf", nprobe=nprobe), 0)
+        got = nb.band_neighbours(x[:200], sids[:200], x, sids, index, cpu, 0.25, 0.75, 16)
+        recall[nprobe] = nb.recall_at_pool(got, nb.exact_band_neighbours(x[:200], sids[:200], x, sids, 0.25, 0.75, 16))
+    assert recall[4] < recall[32] and recall[32] > 0.99
