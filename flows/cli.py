@@ -56,6 +56,11 @@ def check_inputs(cfg: Config, stage: str) -> None:
         if man and man.get("shards") != cfg.run.shards:
             raise InputMissing(f"table `{table}` of run {cfg.run.name!r} has {man.get('shards')} shards but run.shards "
                                f"is {cfg.run.shards}: rerun from its stage, or set run.shards={man.get('shards')}")
+        damaged = [i for i in range(cfg.run.shards) if not store.intact(table, i, cfg.run.shards)]
+        if damaged:
+            writer = next(s for s in ORDER if table in STAGES[s].outputs)
+            raise InputMissing(f"table `{table}` of run {cfg.run.name!r}: shards {damaged} are missing or changed since "
+                               f"written: run `make stage STAGE={writer} RUN={cfg.run.name}` (it recomputes them) first")
 
 
 def cmd_mine(args, cfg: Config) -> None:
@@ -77,10 +82,11 @@ def cmd_stage(args, cfg: Config) -> None:
 
     if args.name not in STAGES:
         raise ConfigError(f"unknown stage {args.name!r}; stages: {', '.join(ORDER)}")
-    for note in preflight(cfg, [args.name]):
-        print(f"note: {note}", file=sys.stderr)
+    notes = preflight(cfg, [args.name])
     if not STAGES[args.name].global_job:
-        check_inputs(cfg, args.name)
+        check_inputs(cfg, args.name)  # before the notes: a missing input is the one line the user gets
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     manifest = run_stage_flow(args.name, cfg, profile=args.profile, run=args.run, corpus=args.corpus,
                               overrides=args.set, force=args.force is not None)
     print(f"{args.name}: {manifest['shards_computed']} shards computed, {manifest['shards_cached']} reused, "

@@ -124,6 +124,14 @@ class Store:
         side = self._sidecar(table, i, n)
         return json.loads(side.read_text()) if side.is_file() else {}
 
+    def intact(self, table: str, i: int, n: int) -> bool:
+        """The shard and its sidecar exist and the shard's bytes still hash to the recorded hash."""
+        path = self.shard_path(table, i, n)
+        try:
+            return path.is_file() and self._meta(table, i, n).get("hash") == file_hash(path)
+        except (json.JSONDecodeError, OSError):
+            return False
+
     def cached_rows(self, table: str, i: int, n: int) -> int:
         return int(self._meta(table, i, n).get("rows", 0))
 

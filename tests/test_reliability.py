@@ -24,11 +24,14 @@ E = exit code 2 and one line on stderr naming the key / path / stage, nothing wr
 | Arabic, Hebrew with direction marks, emoji, ZWJ sequences    | S: kept, embedded, mined                              |
 | decomposed vs composed é; whitespace variant; exact copy     | S: rejected `duplicate` (NFC + whitespace-normalised) |
 | two words                                                    | S: rejected `too_short`                               |
-| corpus of one sentence (2 shards: one empty)                 | S: no neighbours, noise positives only                |
-| every line the same (12 lines)                               | S: 1 sentence + 11 `duplicate`                        |
-| fewer sentences (5) than pool_size (8)                       | S: pools = brute-force band neighbours (< pool_size)  |
-| distinct lines with identical embeddings (max_length=4: [CLS] the cat [SEP]) | S: ties ranked by sid, = brute force; default band: none |
-| empty file (0 bytes); only blank lines                       | S: every table empty (0 + 0 = 0; 0 + 5 = 5)           |
+| every line the same (12 lines, 6 with extra spaces)          | S: 1 sentence + 11 `duplicate`; shard 0 of 2 empty;   |
+|                                                              |    no neighbours, noise positives only                |
+| corpus of one sentence                                       | S: the same `sentences` shards as the case above, so  |
+|                                                              |    the same keys and tables (checked at the stage)    |
+| distinct lines with identical embeddings (encoder.max_length | S: every pair in band at hi = 1, ties ranked by sid,  |
+|   = 4 reads each as [CLS] the cat [SEP]), 10 < pool_size 12  |    9 per pool = brute force; default band: none       |
+| empty file (0 bytes)                                         | S: every table empty, corpus_lines 0                  |
+| only blank lines                                             | S: 5 `empty`; the same empty `sentences` shards       |
 | missing corpus file; corpus path is a directory              | E (names the path)                                    |
 | unknown key, wrong type, lo > hi, m_neg > pool_size, T <= 0, other out-of-range values, bad run name, unknown profile, override without `=` | E (names the key) |
 | encoder.model=/nonexistent/path; hub id with HF_HUB_OFFLINE=1; dir without config.json; missing spaCy pipeline; missing translation model | E (names the model) |
@@ -67,13 +70,15 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from flows.cli import main as cli_main
 from flows.mine import configure, mine_flow
 from pipeline.embeddings import table_vectors
-from pipeline.neighbours import band_neighbours, build_index, exact_band_neighbours
 from pipeline.config import NeighboursCfg
+from pipeline.neighbours import band_neighbours, build_index, exact_band_neighbours
+from pipeline.sentences import split_sentences
 from pipeline.stages import ORDER, STAGES
 from pipeline.store import Store, file_hash
 
@@ -196,6 +201,7 @@ def test_hostile_lines_each_end_where_expected(reference, rows, corpus):
     sids, vecs = table_vectors(t["embeddings"])
     assert np.isfinite(vecs).all() and np.allclose(np.linalg.norm(vecs, axis=1), 1, atol=1e-5)
     assert t["pairs"].num_rows == sentences.num_rows
+    assert t["neighbours"].num_rows > 0 and t["neighbours"].equals(_brute_force(t, 0.25, 0.75, 8))
 
 
 # ---------------------------------------------------------------- degenerate corpora, each mined end to end
@@ -214,66 +220,65 @@ def _brute_force(t, lo, hi, pool):
     return exact_band_neighbours(x, sids, x, sids, lo, hi, pool)
 
 
-def test_one_sentence_corpus(tmp_path):
-    cfg, t = _degenerate(tmp_path, "one", plain_rows(wiki_lines(1)))
-    assert t["sentences"].num_rows == 1 and t["rejected"].num_rows == 0
-    assert Store(cfg.run.dir).read_shard("sentences", 0, 2).num_rows == 0  # an empty shard went through too
+def test_every_line_the_same_is_a_one_sentence_corpus(tmp_path):
+    """12 copies of one line (6 with extra spaces): one sentence, 11 duplicates; shard 0 of 2 is empty. A corpus
+    of that one line alone gives the very same `sentences` shards (checked here), hence the same cache keys and
+    the same tables downstream: this run is the one-sentence corpus's run too."""
+    line = wiki_lines(1, skip=1)[0]
+    cfg, t = _degenerate(tmp_path, "same", plain_rows([line] * 6 + ["  " + line] * 6))
+    assert t["sentences"].column("text").to_pylist() == [line]
+    assert t["sentences"].column("line_no").to_pylist() == [1]
+    assert t["rejected"].column("reason").to_pylist() == ["duplicate"] * 11
+    store = Store(cfg.run.dir)
+    assert store.read_shard("sentences", 0, 2).num_rows == 0  # an empty shard went through every stage
     assert t["neighbours"].num_rows == 0
     assert t["variants"].num_rows == 2
     pair = t["pairs"].to_pylist()[0]
     assert pair["negatives"] == [] and len(pair["positives"]) == 2
+    one = write_corpus(tmp_path / "one.txt", plain_rows([line]))
+    kept, rejected = split_sentences(one, cfg.sentences.min_words, cfg.sentences.max_words, cfg.sentences.max_chars)
+    assert rejected.num_rows == 0 and kept.equals(t["sentences"])
 
 
-def test_every_line_the_same(tmp_path):
-    line = wiki_lines(1, skip=1)[0]
-    _, t = _degenerate(tmp_path, "same", plain_rows([line] * 6 + ["  " + line] * 6))
-    assert t["sentences"].column("text").to_pylist() == [line]
-    assert t["sentences"].column("line_no").to_pylist() == [1]
-    assert t["rejected"].column("reason").to_pylist() == ["duplicate"] * 11
-    assert t["neighbours"].num_rows == 0 and t["pairs"].to_pylist()[0]["negatives"] == []
-
-
-def test_fewer_sentences_than_pool_size(tmp_path):
-    _, t = _degenerate(tmp_path, "few", plain_rows(wiki_lines(5, skip=2)))
-    assert t["sentences"].num_rows == 5
-    assert t["neighbours"].equals(_brute_force(t, 0.25, 0.75, 8))
-    assert t["neighbours"].num_rows > 0
-    per_anchor = t["neighbours"].group_by("sid").aggregate([("cand_sid", "count")])
-    assert max(per_anchor.column("cand_sid_count").to_pylist()) <= 4 < 8
-
-
-def test_distinct_lines_with_identical_embeddings(tmp_path):
-    """With encoder.max_length=4 a line is read as [CLS] the cat [SEP]: ten distinct lines, one vector. Every
-    cosine is 1 (0.99999994 in float32): with hi = 1 every pair is in band and the tie is broken by sid."""
+def test_identical_embeddings_and_fewer_sentences_than_pool_size(tmp_path):
+    """With encoder.max_length=4 a line is read as [CLS] the cat [SEP]: ten distinct lines, one vector, every
+    cosine 0.99999994. With hi = 1 every pair is in band, the ties are ranked by sid, and 10 sentences are fewer
+    than pool_size = 12: each pool holds the 9 others. With the default band (hi = 0.75) there is no neighbour."""
     words = "really quietly slowly happily never always often then later first".split()
     lines = [f"The cat {w} sat on a mat number {i}" for i, w in enumerate(words)]
-    cfg, t = _degenerate(tmp_path, "same-vectors", plain_rows(lines), "encoder.max_length=4", "neighbours.hi=1.0")
+    _, t = _degenerate(tmp_path, "same-vectors", plain_rows(lines), "encoder.max_length=4", "neighbours.hi=1.0",
+                       "neighbours.pool_size=12")
     sids, x = table_vectors(t["embeddings"])
     assert len(sids) == 10 and (x == x[0]).all()
     nb = t["neighbours"]
-    assert nb.equals(_brute_force(t, 0.25, 1.0, 8))
-    assert nb.num_rows == 10 * 8
-    for sid in sids.tolist():  # the 8 smallest other sids, in sid order
-        got = nb.filter(pa.compute.equal(nb.column("sid"), sid)).column("cand_sid").to_pylist()
-        assert got == sorted(s for s in sids.tolist() if s != sid)[:8]
-    cand = t["candidates"].filter(pa.compute.equal(t["candidates"].column("kind"), "neg"))
-    assert np.isfinite(cand.column("p").to_numpy()).all()
-    assert sum(cand.column("chosen").to_pylist()) == 10 * 2
-    # The default band (hi = 0.75) leaves identical vectors no neighbour at all, with the flat index as mined:
-    nc = NeighboursCfg(pool_size=8)
+    assert nb.equals(_brute_force(t, 0.25, 1.0, 12))
+    assert nb.num_rows == 10 * 9
+    for sid in sids.tolist():
+        got = nb.filter(pc.equal(nb.column("sid"), sid)).column("cand_sid").to_pylist()
+        assert got == sorted(s for s in sids.tolist() if s != sid)
+    neg = t["candidates"].filter(pc.equal(t["candidates"].column("kind"), "neg"))
+    assert np.isfinite(neg.column("p").to_numpy()).all()
+    assert np.allclose(neg.column("s_sem").to_numpy(), 1 / 9)  # one cosine: S_sem is uniform, edit decides
+    assert sum(neg.column("chosen").to_pylist()) == 10 * 2
+    nc = NeighboursCfg(pool_size=12)
     index, cpu_index = build_index(x, "flat", nc)
     none = band_neighbours(x, sids, x, sids, index, cpu_index, nc.lo, nc.hi, nc.pool_size, nc.slack)
-    assert none.num_rows == 0 and none.equals(exact_band_neighbours(x, sids, x, sids, nc.lo, nc.hi, 8))
+    assert none.num_rows == 0 and none.equals(exact_band_neighbours(x, sids, x, sids, nc.lo, nc.hi, 12))
 
 
-@pytest.mark.parametrize("name,data,n_lines", [("empty-file", b"", 0), ("blank-lines", b"\n \n\t\n\r\n\r", 5)])
-def test_corpus_without_a_sentence(tmp_path, name, data, n_lines):
-    corpus = tmp_path / f"{name}.txt"
-    corpus.write_bytes(data)
-    cfg = _mine(corpus, tmp_path / "runs", name)
+def test_empty_corpus_file(tmp_path):
+    """0 bytes: succeeds with every table empty. A file of blank lines gives the same (empty) `sentences`
+    shards, so the same run downstream; checked at the sentences stage."""
+    corpus = tmp_path / "empty.txt"
+    corpus.write_bytes(b"")
+    cfg = _mine(corpus, tmp_path / "runs", "empty")
     t = _tables(cfg.run.dir)
-    assert t["rejected"].num_rows == n_lines and set(t["rejected"].column("reason").to_pylist()) <= {"empty"}
-    assert all(t[tb].num_rows == 0 for tb in TABLES if tb != "rejected")
+    assert all(t[tb].num_rows == 0 for tb in TABLES)
+    assert _manifest(cfg.run.dir, "sentences")["corpus_lines"] == 0
+    blank = tmp_path / "blank.txt"
+    blank.write_bytes(b"\n \n\t\n\r\n\r")
+    kept, rejected = split_sentences(blank, 3, 128, 2000)
+    assert kept.equals(t["sentences"]) and rejected.column("reason").to_pylist() == ["empty"] * 5
 
 
 # ---------------------------------------------------------------- determinism
@@ -516,3 +521,24 @@ def test_single_stage_before_its_inputs(capsys, reference, tmp_path):
     line = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in line and "has 2 shards but run.shards is 3" in line
     assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "copy").rglob("*")) == before
+
+
+def test_single_stage_on_a_damaged_input_then_repair(capsys, reference, tmp_path):
+    """`make stage` after an input shard was damaged: one line naming table, shard and the stage that repairs it;
+    running that stage alone repairs it (same bytes), and the next stage then reuses its own shards."""
+    root, run_dir = tmp_path / "copy", tmp_path / "copy" / "ref"
+    shutil.copytree(reference[0], run_dir)
+    p = run_dir / "embeddings" / "part-00000-of-00002.parquet"
+    p.write_bytes(p.read_bytes()[:100])
+    (run_dir / "embeddings" / "part-00001-of-00002.parquet").unlink()
+    sets = ["--set", *SMALL, f"run.root={root}", "neighbours.lo=0.3"]  # neighbours must recompute: it reads them
+    capsys.readouterr()
+    code = cli_main(["stage", "neighbours", "--run", "ref", *sets])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err, err
+    assert "table `embeddings`" in err and "[0, 1]" in err and "STAGE=embeddings" in err
+    assert cli_main(["stage", "embeddings", "--run", "ref", *sets]) == 0
+    assert _counts(run_dir)["embeddings"] == (2, 0)
+    assert Store(run_dir).read("embeddings").equals(reference[1]["embeddings"])
+    assert cli_main(["stage", "neighbours", "--run", "ref", *sets]) == 0
+    assert _counts(run_dir)["neighbours"] == (2, 0)

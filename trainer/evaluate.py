@@ -86,12 +86,12 @@ def alignment_uniformity(pairs: PairSet, emb: Embedded, positive_above: float = 
     pos = pairs.gold > positive_above
     a = emb([t for t, keep in zip(pairs.s1, pos) if keep]).astype(np.float64)
     b = emb([t for t, keep in zip(pairs.s2, pos) if keep]).astype(np.float64)
-    alignment = float(((a - b) ** 2).sum(1).mean()) if len(a) else float("nan")
+    alignment = round(float(((a - b) ** 2).sum(1).mean()), 4) if len(a) else None
     vecs = emb(list(dict.fromkeys(pairs.s1 + pairs.s2))).astype(np.float64)
     i, j = np.triu_indices(len(vecs), k=1)
     sq_dist = np.maximum(2.0 - 2.0 * np.einsum("ij,ij->i", vecs[i], vecs[j]), 0.0)  # unit vectors
     uniformity = float(np.log(np.exp(-2.0 * sq_dist).mean()))
-    return {"alignment": round(alignment, 4), "uniformity": round(uniformity, 4),
+    return {"alignment": alignment, "uniformity": round(uniformity, 4),
             "n_positive_pairs": int(pos.sum()), "n_sentences": len(vecs)}
 
 
@@ -189,7 +189,8 @@ def evaluate_all(encoder, senteval_dir, probe_path=None, batch_size: int = 128, 
         sts[task] = x100(spearman(np.concatenate([cos[p.name] for p in sets]), np.concatenate([p.gold for p in sets])))
         for p in sets:
             subsets[p.name] = {"spearman": x100(spearman(cos[p.name], p.gold)), "n": len(p)}
-    sts["avg"] = round(sum(sts[t] for t in tasks) / len(tasks), 2)  # mean of the printed numbers, as SimCSE
+    seven = [sts[t] for t in tasks]  # mean of the printed numbers, as SimCSE; undefined if any task is
+    sts["avg"] = round(sum(seven) / len(seven), 2) if None not in seven else None
     return {
         "model": model_name(encoder), "pooler": getattr(encoder, "pooler", None),
         "max_length": getattr(encoder, "max_length", None),
