@@ -19,7 +19,7 @@ from pathlib import Path
 from . import env  # noqa: F401
 from pipeline.config import Config, ConfigError
 from pipeline.models import ModelUnavailable
-from pipeline.sentences import CorpusError
+from pipeline.sentences import CorpusError, check_corpus
 from pipeline.stages import ORDER, STAGES
 from pipeline.store import Store
 
@@ -33,8 +33,8 @@ def preflight(cfg: Config, stages: list[str]) -> list[str]:
     from pipeline.generators import generator_notes
     from pipeline.models import resolve_model
 
-    if "sentences" in stages and not Path(cfg.data.corpus).is_file():
-        raise CorpusError(f"corpus {cfg.data.corpus}: no such file (set data.corpus or CORPUS=...)")
+    if "sentences" in stages:
+        check_corpus(cfg.data.corpus)
     if {"embeddings", "scores"} & set(stages):
         resolve_model(cfg.encoder.model, "encoder")
     if "negate" in stages:

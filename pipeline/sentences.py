@@ -61,6 +61,20 @@ def read_lines(path: Path) -> Iterator[tuple[int, str | None, str]]:
             yield no, None, raw.decode("utf-8", errors="replace")
 
 
+def check_corpus(path: Path) -> None:
+    """Raise CorpusError when the corpus cannot be read at all (before any work starts)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CorpusError(f"corpus {path}: no such file (set data.corpus or CORPUS=...)")
+    if path.suffix == ".parquet":
+        try:
+            field = pq.read_schema(path).field("text")
+        except (KeyError, pa.ArrowInvalid, OSError) as e:
+            raise CorpusError(f"corpus {path}: expected a Parquet file with a string column `text` ({e})") from None
+        if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
+            raise CorpusError(f"corpus {path}: column `text` is {field.type}, expected a string column")
+
+
 def count_lines(path: Path) -> int:
     return sum(1 for _ in read_lines(path))
 

@@ -8,45 +8,54 @@ starts no server of its own and a kill leaves no orphan behind.
 Hostile inputs (S = succeeds, every line ends in `sentences` or `rejected`, |sentences| + |rejected| = lines;
 E = exit code 2 and one line on stderr naming the key / path / stage, nothing written under the run dir):
 
-| input                                                        | outcome                                               |
-|--------------------------------------------------------------|-------------------------------------------------------|
-| UTF-8 BOM before the first line                              | S: BOM dropped, line kept as written                  |
-| empty line; spaces/tabs only; NBSP/EM/ideographic spaces only| S: rejected `empty`                                   |
-| control characters only (NUL, BEL, ESC, DEL)                 | S: rejected `empty`                                   |
-| control chars / form feed / vertical tab inside a sentence   | S: kept, each becomes a space; no extra line          |
-| NEL, U+2028, U+2029 inside a line                            | S: one line (only \\n, \\r\\n, \\r break lines), kept    |
-| BOM (U+FEFF) inside a line                                   | S: kept, becomes a space                              |
-| 50,000-character line (8,334 words; and one 50,000-char word)| S: rejected `too_long`, full text kept in `rejected`  |
-| 1,999 characters / 100 words; 128 words                      | S: kept (the encoder truncates to max_length)         |
-| 129 words                                                    | S: rejected `too_long`                                |
-| invalid UTF-8 (Latin-1 byte, cut sequence, surrogate, 0xFF)  | S: rejected `undecodable`, text with U+FFFD           |
-| mixed \\n, \\r\\n, \\r endings, no final newline               | S: every line counted once                            |
-| Arabic, Hebrew with direction marks, emoji, ZWJ sequences    | S: kept, embedded, mined                              |
-| decomposed vs composed é; whitespace variant; exact copy     | S: rejected `duplicate` (NFC + whitespace-normalised) |
-| two words                                                    | S: rejected `too_short`                               |
-| every line the same (12 lines, 6 with extra spaces)          | S: 1 sentence + 11 `duplicate`; shard 0 of 2 empty;   |
-|                                                              |    no neighbours, noise positives only                |
-| corpus of one sentence                                       | S: the same `sentences` shards as the case above, so  |
-|                                                              |    the same keys and tables (checked at the stage)    |
-| distinct lines with identical embeddings (encoder.max_length | S: every pair in band at hi = 1, ties ranked by sid,  |
-|   = 4 reads each as [CLS] the cat [SEP]), 10 < pool_size 12  |    9 per pool = brute force; default band: none       |
-| empty file (0 bytes)                                         | S: every table empty, corpus_lines 0                  |
-| only blank lines                                             | S: 5 `empty`; the same empty `sentences` shards       |
-| missing corpus file; corpus path is a directory              | E (names the path)                                    |
-| unknown key, wrong type, lo > hi, m_neg > pool_size, T <= 0, other out-of-range values, bad run name, unknown profile, override without `=` | E (names the key) |
-| encoder.model=/nonexistent/path; hub id with HF_HUB_OFFLINE=1; dir without config.json; missing spaCy pipeline; missing translation model | E (names the model) |
-| `stage neighbours` on a fresh run; `stage embeddings` on a fresh run; `stage scores` without neighbours; input with another shard count | E (names the stage to run first / the setting) |
-| input shard damaged (truncated, deleted) before `stage <next>` | E (names the table, shard and the stage to rerun)  |
+| input                                                            | outcome                                       |
+|------------------------------------------------------------------|-----------------------------------------------|
+| UTF-8 BOM before the first line                                  | S: BOM dropped, line kept as written          |
+| empty line; spaces/tabs only; NBSP/EM/ideographic spaces only    | S: rejected `empty`                           |
+| control characters only (NUL, BEL, ESC, DEL)                     | S: rejected `empty`                           |
+| control chars, form feed, vertical tab inside a sentence         | S: kept, each a space; no extra line          |
+| NEL, U+2028, U+2029 inside a line                                | S: kept as one line (\\n \\r\\n \\r break)    |
+| BOM (U+FEFF) inside a line                                       | S: kept, becomes a space                      |
+| 50,000-character line (8,334 words; one 50,000-char word)        | S: `too_long`, full text kept in `rejected`   |
+| 1,999 characters / 100 words; 128 words                          | S: kept (the encoder truncates)               |
+| 129 words                                                        | S: rejected `too_long`                        |
+| invalid UTF-8 (Latin-1 byte, cut sequence, surrogate, 0xFF)      | S: `undecodable`, text with U+FFFD            |
+| mixed \\n, \\r\\n, \\r endings, no final newline                 | S: every line counted once                    |
+| Arabic, Hebrew with direction marks, emoji, ZWJ sequences        | S: kept, embedded, mined                      |
+| decomposed vs composed é; whitespace variant; exact copy         | S: `duplicate` (after NFC, whitespace)        |
+| two words                                                        | S: rejected `too_short`                       |
+| every line the same (12 lines, 6 with extra spaces)              | S: 1 sentence + 11 `duplicate`; shard 0       |
+|                                                                  |    of 2 empty; no neighbours, noise positives |
+| corpus of one sentence                                           | S: the `sentences` shards of the case above,  |
+|                                                                  |    so the same keys and tables (checked)      |
+| distinct lines, identical embeddings (encoder.max_length=4       | S: all pairs in band at hi = 1, ties ranked   |
+|    reads each as [CLS] the cat [SEP]); 10 < pool_size = 12       |    by sid, 9 a pool = brute force; hi = 0.75: |
+|                                                                  |    no neighbour at all                        |
+| empty file (0 bytes)                                             | S: every table empty, corpus_lines = 0        |
+| only blank lines                                                 | S: 5 `empty`; the same empty `sentences`      |
+| missing corpus file (and folder); corpus path is a folder        | E: names the path                             |
+| .parquet corpus: no `text`; `text` int64; not Parquet at all     | E: names the path and what is wrong           |
+| unknown key or section, wrong type, lo > hi, m_neg > pool_size,  | E: names the key                              |
+|    temperature <= 0, other out-of-range values, dask without     |                                               |
+|    address, bad run name, override without `=`, no such profile  |                                               |
+| encoder.model=/nonexistent/path, a hub id with HF_HUB_OFFLINE=1, | E: names the model                            |
+|    a folder without config.json, spaCy pipeline not installed,   |                                               |
+|    translation model missing (fallback = false)                  |                                               |
+| `stage neighbours` / `stage embeddings` on a fresh run;          | E: names the stage to run first               |
+|    `stage scores` without neighbours                             |                                               |
+| `stage neighbours` with run.shards unlike its input's            | E: names both shard counts                    |
+| `stage neighbours` after an embeddings shard was truncated and   | E: names table, shards and the stage that     |
+|    another deleted                                               |    repairs them; running it does (same bytes) |
 
 Faults (one mining run killed with SIGKILL at each point, the next run resumes; the last run completes):
 
-| kill point                                                   | after the rerun                                        |
-|--------------------------------------------------------------|-------------------------------------------------------|
-| embeddings, shard 1 computing (shard 0 written)              | shard 0 reused (sidecar untouched), shard 1 computed   |
-| neighbours, shard 1 written to its temp file, not renamed    | temp file removed, shard 0 reused                      |
-| random moment after negate's first shard was written         | every shard intact at the kill reused                  |
-| ipw, candidates shard 0 renamed into place, sidecar missing  | shard recomputed (no sidecar = no trust)               |
-| completion                                                   | every table equals an uninterrupted run                |
+| kill point                                                      | after the rerun                              |
+|-----------------------------------------------------------------|----------------------------------------------|
+| embeddings, shard 1 computing (shard 0 written)                 | shard 0 reused (untouched), shard 1 computed |
+| neighbours, shard 1 in its temp file, not yet renamed           | temp file removed, shard 0 reused            |
+| a moment the test does not choose, after negate's first shard   | every shard intact at the kill reused        |
+| ipw, candidates shard 0 renamed into place, sidecar not written | shard recomputed (no sidecar, no trust)      |
+| completion (in-process)                                         | every table equals an uninterrupted run      |
 
 Damaged caches between runs (each recomputed, never reused; the tables equal a clean run; the recomputed shard has
 the same bytes, so nothing downstream is recomputed): truncated Parquet shard, deleted shard whose sidecar survived,
@@ -71,6 +80,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from flows.cli import main as cli_main
@@ -475,6 +485,14 @@ def test_input_errors_name_the_path_or_model(capsys, tmp_path):
     assert str(missing) in _cli_error(capsys, root, ["mine", "--corpus", str(missing)])
     assert str(tmp_path) in _cli_error(capsys, root, ["mine", "--corpus", str(tmp_path)])  # a directory
     assert "profile 'no-such-profile' not found" in _cli_error(capsys, root, ["mine", "--profile", "no-such-profile"])
+    no_text, int_text, fake = tmp_path / "no-text.parquet", tmp_path / "int-text.parquet", tmp_path / "fake.parquet"
+    pq.write_table(pa.table({"sentence": ["one two three"]}), no_text)
+    pq.write_table(pa.table({"text": [1, 2, 3]}), int_text)
+    fake.write_bytes(corpus.read_bytes())  # a text file named .parquet
+    for path, message in [(no_text, "string column `text`"), (int_text, "column `text` is int64"),
+                          (fake, "Parquet magic bytes not found")]:
+        line = _cli_error(capsys, root, ["mine", "--corpus", str(path)])
+        assert str(path) in line and message in line, line
     (tmp_path / "not-a-model").mkdir()
     assert os.environ["HF_HUB_OFFLINE"] == "1"  # conftest: the hub id below must fail fast, offline
     cases = [
@@ -482,7 +500,8 @@ def test_input_errors_name_the_path_or_model(capsys, tmp_path):
         (["encoder.model=contramine-test/no-such-model"], "encoder 'contramine-test/no-such-model' is not available"),
         ([f"encoder.model={tmp_path / 'not-a-model'}"], "not-a-model: directory has no config.json"),
         (["negate.model=xx_no_such_pipeline"], "spaCy pipeline 'xx_no_such_pipeline' is not installed"),
-        (['backtranslate.chains=[["contramine-test/no-mt", "contramine-test/no-mt-back"]]', "backtranslate.fallback=false"],
+        (['backtranslate.chains=[["contramine-test/no-mt", "contramine-test/no-mt-back"]]',
+          "backtranslate.fallback=false"],
          "translation model 'contramine-test/no-mt'"),
     ]
     for sets, message in cases:
