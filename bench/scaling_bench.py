@@ -84,9 +84,10 @@ def run(max_n: int | None = None) -> list[dict]:
     max_n = max_n or int(os.environ.get("SCALE_MAX", "12000"))
     work = OUT / "scale"
     work.mkdir(parents=True, exist_ok=True)
-    results = [mine(n, work) for n in SIZES if n <= max_n]
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "scaling.json").write_text(json.dumps(results, indent=1))
+    results = []
+    for n in (n for n in SIZES if n <= max_n):
+        results.append(mine(n, work))
+        (OUT / "scaling.json").write_text(json.dumps(results, indent=1))  # after each size: long runs keep partials
     rows = []
     for a, b in zip(results, results[1:]):
         per_doubling = (b["wall_s"] / a["wall_s"]) ** (1 / math.log2(b["sentences"] / a["sentences"]))

@@ -51,6 +51,7 @@ def read_lines(path: Path) -> Iterator[tuple[int, str | None, str]]:
             yield no, value if value is not None else "", value if value is not None else ""
         return
     data = path.read_bytes()
+    _check_not_utf16(path, data[:2])
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     for no, raw in enumerate(data.splitlines(), start=1):
@@ -59,6 +60,11 @@ def read_lines(path: Path) -> Iterator[tuple[int, str | None, str]]:
             yield no, text, text
         except UnicodeDecodeError:
             yield no, None, raw.decode("utf-8", errors="replace")
+
+
+def _check_not_utf16(path: Path, head: bytes) -> None:
+    if head in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16/32 BOM: read as UTF-8, every line would be garbage
+        raise CorpusError(f"corpus {path}: UTF-16/UTF-32 text (byte order mark {head.hex()}); convert it to UTF-8")
 
 
 def check_corpus(path: Path) -> None:
@@ -73,6 +79,9 @@ def check_corpus(path: Path) -> None:
             raise CorpusError(f"corpus {path}: expected a Parquet file with a string column `text` ({e})") from None
         if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
             raise CorpusError(f"corpus {path}: column `text` is {field.type}, expected a string column")
+    else:
+        with open(path, "rb") as f:
+            _check_not_utf16(path, f.read(2))
 
 
 def count_lines(path: Path) -> int:
