@@ -27,14 +27,21 @@ DOC = ROOT / "BENCHMARKS.md"
 BEGIN, END = "<!-- bench:results:begin (written by `python -m bench.run`) -->", "<!-- bench:results:end -->"
 
 
-def met(r: dict) -> bool:
+def met(r: dict) -> bool | None:
+    if not isinstance(r.get("goal"), (int, float)) or not isinstance(r.get("ratio"), (int, float)):
+        return None  # a row without a goal (context for another row)
     return r["ratio"] <= r["goal"] if r.get("better") == "lower" else r["ratio"] >= r["goal"]
 
 
+def _num(x, fmt: str) -> str:
+    return format(x, fmt) if isinstance(x, (int, float)) else str(x)
+
+
 def line(r: dict) -> str:
-    goal = ("<= " if r.get("better") == "lower" else ">= ") + f"{r['goal']:g}"
-    return (f"{r['name']:<34} {r['ours']:>10g} {r['peer']:>10g}  {r['unit']:<12} {r['ratio']:>7.3f}  {goal:<8} "
-            f"{'yes' if met(r) else 'NO'}")
+    ok = met(r)
+    goal = ("<= " if r.get("better") == "lower" else ">= ") + _num(r["goal"], "g") if ok is not None else "-"
+    return (f"{r['name']:<34} {_num(r.get('ours'), 'g'):>10} {_num(r.get('peer'), 'g'):>10}  {str(r.get('unit')):<12} "
+            f"{_num(r.get('ratio'), '.3f'):>7}  {goal:<8} {'-' if ok is None else 'yes' if ok else 'NO'}")
 
 
 HEADER = f"{'name':<34} {'ours':>10} {'peer':>10}  {'unit':<12} {'ratio':>7}  {'goal':<8} met?"
