@@ -21,6 +21,7 @@ MODEL   ?=
 POOLER  ?=
 NAME    ?=
 OBJECTIVE ?=
+PYTEST_ARGS ?= -q
 
 # Everything passed on to the CLI, only when set.
 ARGS = --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(CORPUS),--corpus $(CORPUS)) $(if $(SET),--set $(SET)) $(if $(FORCE),--force)
@@ -58,7 +59,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.run
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:
 	rm -rf artifacts
