@@ -19,3 +19,9 @@ DEFAULTS = {
 }
 for key, value in DEFAULTS.items():
     os.environ.setdefault(key, value)
+# Prefect creates only the last path component of its home: on a fresh clone artifacts/ does not exist yet, and
+# its warning would break the one-line error contract of the CLI.
+try:
+    Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
+except OSError:
+    pass
