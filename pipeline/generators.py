@@ -58,14 +58,13 @@ def generator_notes(cfg) -> list[str]:
     return notes
 
 
+@functools.lru_cache(maxsize=4)
 def _load_chain(names: tuple[str, ...], cfg_json: str):
     from .backtranslate import load_chain
     from .config import BacktranslateCfg
 
     return load_chain(list(names), BacktranslateCfg.model_validate_json(cfg_json))
 
-
-_load_chain_cached = functools.lru_cache(maxsize=4)(_load_chain)
 
 
 def backtranslate_shard(sentences: pa.Table, variants: pa.Table, cfg, progress: bool = False) -> pa.Table:
@@ -81,7 +80,7 @@ def backtranslate_shard(sentences: pa.Table, variants: pa.Table, cfg, progress: 
     parts = []
     for names in cfg.backtranslate.chains:
         if chain_name(names) in used and rows:
-            translators = _load_chain_cached(tuple(names), cfg.backtranslate.model_dump_json())
+            translators = _load_chain(tuple(names), cfg.backtranslate.model_dump_json())
             parts.append(backtranslate(rows, chain_name(names), translators, seed=cfg.run.seed, progress=progress))
     if not parts:
         return SCHEMAS["backtranslations"].empty_table()
