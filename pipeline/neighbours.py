@@ -4,8 +4,9 @@ For each sentence: the top `pool_size` sentences by cosine among those with lo â
 identical texts share a sid, so they are excluded too). Exact by construction with a flat index:
 
   1. k-NN with k = pool_size + slack + a margin for neighbours above the band.
-  2. Recompute the cosine of every returned candidate in float64 from the stored vectors (FAISS scores are
-     float32 with ~1e-6 error; ranking and band edges use the exact values).
+  2. Recompute in float64 from the stored vectors the cosine of every returned candidate that could be in the
+     band and in the pool (FAISS scores are float32 with ~1e-6 error; ranking, band edges and the stored `cos` use
+     the exact values; `_resolve_block` says which candidates the float32 score already rules out).
   3. A query is finished when (a) every sentence was returned, or (b) the smallest returned FAISS score + eps is
      below lo (nothing unseen can be in the band), or (c) it has pool_size in-band candidates and the
      pool_size-th exact cosine is above the smallest returned score + eps (nothing unseen can outrank it).
@@ -85,14 +86,14 @@ def band_neighbours(q_vecs: np.ndarray, q_sids: np.ndarray, base_vecs: np.ndarra
         for start in range(0, len(pending), block):
             rows = pending[start:start + block]
             scores, ids = search_index.search(q_vecs[rows], k)
-            for r, s_row, i_row in zip(rows, scores, ids):
-                res = _resolve(q_vecs[r], q_sids[r], s_row, i_row, base_vecs, base_sids, lo, hi, pool_size,
-                               k >= n_base)
-                if res is None:
-                    unfinished.append(r)
+            finished, cands, coss = _resolve_block(q_vecs[rows], q_sids[rows], scores, ids, base_vecs, base_sids,
+                                                   lo, hi, pool_size, k >= n_base)
+            for r, ok, cand, cos in zip(rows.tolist(), finished.tolist(), cands, coss):
+                if ok:
+                    done[r] = (cand, cos)
                 else:
-                    done[int(r)] = res
-                    bar.update(1)
+                    unfinished.append(r)
+            bar.update(int(finished.sum()))
         pending = np.array(unfinished, dtype=np.int64)
         k = min(n_base, 2 * k)
     bar.close()
@@ -105,23 +106,53 @@ def band_neighbours(q_vecs: np.ndarray, q_sids: np.ndarray, base_vecs: np.ndarra
     return _table(out_sid, out_cand, out_cos, out_rank)
 
 
-def _resolve(q, q_sid, s_row, i_row, base_vecs, base_sids, lo, hi, pool_size, seen_all):
-    """(cand_sids, exact cos) of one query's in-band top pool_size, or None when k must widen."""
-    valid = i_row >= 0
-    exhausted = seen_all or not valid.all()  # approximate indexes return -1 once their reachable set is spent
-    ids = i_row[valid]
-    s_min = float(s_row[valid][-1]) if valid.any() else -np.inf
-    cand = base_sids[ids]
-    keep = cand != q_sid
-    ids, cand = ids[keep], cand[keep]
-    cos = base_vecs[ids].astype(np.float64) @ q.astype(np.float64)
-    band = (cos >= lo) & (cos <= hi)
-    cand, cos = cand[band], cos[band]
-    order = np.lexsort((cand, -cos))[:pool_size]
-    cand, cos = cand[order], cos[order]
-    if exhausted or s_min + EPS < lo or (len(cos) == pool_size and cos[-1] > s_min + EPS):
-        return cand, cos
-    return None
+def exact_cosines(q: np.ndarray, base_vecs: np.ndarray, ids: np.ndarray, pairs_per_step: int = 4096) -> np.ndarray:
+    """cos(q[i], base_vecs[ids[i]]) in float64 for pairs of row indices (q: (n, d), ids: (n,)), a few thousand
+    pairs at a time so the gathered block stays in cache. Per pair, so a value never depends on the batch."""
+    out = np.empty(len(ids), dtype=np.float64)
+    for a in range(0, len(ids), pairs_per_step):
+        left = q[a:a + pairs_per_step].astype(np.float64)
+        right = base_vecs[ids[a:a + pairs_per_step]].astype(np.float64)
+        out[a:a + pairs_per_step] = np.einsum("pd,pd->p", left, right)
+    return out
+
+
+def _resolve_block(q, q_sids, scores, ids, base_vecs, base_sids, lo, hi, pool_size, seen_all):
+    """For a block of queries: (finished mask, per-query cand_sids, per-query exact cos) of each in-band top
+    pool_size; a query is unfinished when k must widen (rule 3 of the module docstring).
+
+    Exact cosines are recomputed only where the float32 FAISS score s (|s - cos| <= EPS) cannot decide: entries
+    with s within EPS of the band, and, among those, only the ones with s >= t - 2 EPS, where t is the pool_size-th
+    largest s of the entries surely in band (lo + EPS <= s <= hi - EPS). An entry below t - 2 EPS has
+    cos < t - EPS, below each of those pool_size sure ones, so it cannot make the pool."""
+    n_q, k = ids.shape
+    valid = ids >= 0
+    cand = np.where(valid, base_sids[np.maximum(ids, 0)], -1)
+    other = valid & (cand != q_sids[:, None])
+    s = scores.astype(np.float64)
+    sure = other & (s >= lo + EPS) & (s <= hi - EPS)
+    if k > pool_size:
+        t = -np.partition(-np.where(sure, s, -np.inf), pool_size - 1, axis=1)[:, pool_size - 1]
+    else:
+        t = np.full(n_q, -np.inf)
+    need = other & (s >= lo - EPS) & (s <= hi + EPS) & (s >= t[:, None] - 2 * EPS)
+    rows, cols = np.nonzero(need)
+    cos = np.full(ids.shape, np.nan)
+    cos[rows, cols] = exact_cosines(q[rows], base_vecs, ids[rows, cols])
+    band = need & (cos >= lo) & (cos <= hi)
+    # in-band first by descending exact cos, ties by sid; everything else last
+    order = np.lexsort((cand, np.where(band, -cos, np.inf)), axis=1)[:, :pool_size]
+    cand_sorted = np.take_along_axis(cand, order, axis=1)
+    cos_sorted = np.take_along_axis(cos, order, axis=1)
+    n_band = np.minimum(band.sum(axis=1), pool_size)
+    n_valid = valid.sum(axis=1)
+    # smallest returned FAISS score (approximate indexes pad with -1 ids once their reachable set is spent)
+    s_min = np.where(n_valid > 0, s[np.arange(n_q), np.maximum(n_valid - 1, 0)], -np.inf)
+    exhausted = seen_all | (n_valid < k)
+    last = cos_sorted[np.arange(n_q), np.maximum(n_band - 1, 0)]
+    finished = exhausted | (s_min + EPS < lo) | ((n_band == pool_size) & (last > s_min + EPS))
+    n_list = n_band.tolist()
+    return finished, [cand_sorted[i, :n] for i, n in enumerate(n_list)], [cos_sorted[i, :n] for i, n in enumerate(n_list)]
 
 
 def exact_band_neighbours(q_vecs, q_sids, base_vecs, base_sids, lo, hi, pool_size) -> pa.Table:

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from rapidfuzz import process
-from rapidfuzz.distance import Levenshtein
+from rapidfuzz.distance import Indel, Levenshtein
 
 
 class _WordCodes:
@@ -67,11 +67,40 @@ def mer_counts(a: str, b: str, _enc: _WordCodes | None = None) -> tuple[int, int
     return s, d, i, len(ra) - s - d
 
 
-def _word_code_strings(texts: list[str]) -> list[str] | None:
+Texts = "list[str] | pa.Array | pa.ChunkedArray"
+CHUNK_PAIRS = 4096  # pairs tokenised together: small dictionaries (code points below the surrogates, 2-byte strings)
+
+
+def _as_arrow(texts) -> pa.Array:
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    if isinstance(texts, pa.Array):
+        return texts.cast(pa.large_string())
+    return pa.array(list(texts), pa.large_string())
+
+
+def _lower_split(texts: pa.Array) -> pa.LargeListArray:
+    """Lower-cased whitespace words of each text, exactly as `[t.lower().split() for t in texts]`. ASCII texts stay
+    in Arrow's C++ kernels; a text with any other character is lower-cased by Python (whose full case mapping
+    Arrow's does not replicate). `utf8_split_whitespace` splits where `str.split()` does (every code point is
+    checked in tests/test_textdist.py) but keeps an empty word for leading or trailing whitespace: those are dropped."""
+    lowered = pc.ascii_lower(texts)
+    other = pc.invert(pc.string_is_ascii(texts))
+    if pc.any(other).as_py():
+        by_python = [t.lower() for t in texts.filter(other).to_pylist()]
+        lowered = pc.replace_with_mask(lowered, other, pa.array(by_python, pa.large_string()))
+    lists = pc.utf8_split_whitespace(lowered)
+    flat = lists.flatten()
+    keep = pc.greater(pc.binary_length(flat), 0)
+    kept_before = np.concatenate([[0], np.cumsum(keep.to_numpy(zero_copy_only=False))])
+    offsets = lists.offsets.to_numpy()
+    return pa.LargeListArray.from_arrays(kept_before[offsets - offsets[0]], flat.filter(keep))
+
+
+def _word_code_strings(texts: pa.Array) -> list[str] | None:
     """Each text as a string with one code point per lower-cased whitespace word (equal words, equal code points),
-    tokenised and dictionary-encoded by Arrow in C++. `utf8_split_whitespace` splits exactly where `str.split()`
-    does (compared over every code point); None when the distinct words outnumber the code points."""
-    lists = pc.utf8_split_whitespace(pa.array([t.lower() for t in texts], pa.large_string()))
+    tokenised and dictionary-encoded by Arrow in C++. None when the distinct words outnumber the code points."""
+    lists = _lower_split(texts)
     codes = pc.dictionary_encode(lists.flatten()).indices.to_numpy().astype(np.uint32) + 1
     codes[codes >= 0xD800] += 0x800  # skip the surrogates
     if len(codes) and int(codes.max()) > 0x10FFFF:
@@ -81,31 +110,47 @@ def _word_code_strings(texts: list[str]) -> list[str] | None:
     return [joined[i:j] for i, j in zip(off[:-1], off[1:])]
 
 
-def mer(a: list[str], b: list[str]) -> np.ndarray:
+def mer(a: Texts, b: Texts) -> np.ndarray:
     """Match error rate per pair (a[i], b[i]), equal to `jiwer.mer(a[i], b[i])` on lower-cased text.
 
-    With n, m the two word counts, E the Levenshtein distance and I the insertions of rapidfuzz's alignment
-    (jiwer's): MER = E / (E + hits) = E / (n + I). E comes from one multi-threaded `cpdist` call. When
-    E - |m - n| <= 1 every optimal alignment has no deletion-insertion pair, so I = max(m - n, 0); only the other
-    pairs (whose alignments can trade two substitutions for a deletion and an insertion) need their editops."""
+    a and b: lists of strings or Arrow string arrays (the pipeline's tables pass their columns without a round trip
+    through Python objects). With n, m the two word counts, E the Levenshtein distance and I the insertions of
+    rapidfuzz's alignment (jiwer's): MER = E / (E + hits) = E / (n + I). E comes from one multi-threaded `cpdist`
+    call. Every optimal alignment has I = max(m - n, 0) + k, where k (its deletion-insertion pairs) is at most
+    LCS - C0, C0 = min(n, m) - (E - |m - n|) being the hits of the alignment without such pairs and LCS (from the
+    Indel distance) the most hits any alignment can have. Only pairs with LCS > C0 can have two optimal alignments
+    with different I; for those alone the insertions of rapidfuzz's own alignment are counted from its editops."""
     if len(a) != len(b):
         raise ValueError(f"mer: {len(a)} left vs {len(b)} right texts")
-    coded = _word_code_strings(list(a) + list(b)) if len(a) else []
+    a, b = _as_arrow(a), _as_arrow(b)
+    out = np.zeros(len(a), dtype=np.float64)
+    for start in range(0, len(a), CHUNK_PAIRS):
+        out[start:start + CHUNK_PAIRS] = _mer_chunk(a.slice(start, CHUNK_PAIRS), b.slice(start, CHUNK_PAIRS))
+    return out
+
+
+def _mer_chunk(a: pa.Array, b: pa.Array) -> np.ndarray:
+    coded = _word_code_strings(pa.concat_arrays([a, b]))
     if coded is None:  # more distinct words than code points: halve
         h = len(a) // 2
-        return np.concatenate([mer(a[:h], b[:h]), mer(a[h:], b[h:])])
+        return np.concatenate([_mer_chunk(a.slice(0, h), b.slice(0, h)), _mer_chunk(a.slice(h), b.slice(h))])
     ra, hb = coded[:len(a)], coded[len(a):]
-    out = np.zeros(len(a), dtype=np.float64)
-    if not len(a):
-        return out
     e = process.cpdist(ra, hb, scorer=Levenshtein.distance, workers=-1, dtype=np.int64)
     n = np.fromiter(map(len, ra), np.int64, len(ra))
     m = np.fromiter(map(len, hb), np.int64, len(hb))
     ins = np.maximum(m - n, 0)
-    editops = Levenshtein.editops
-    ambiguous = np.flatnonzero(e - np.abs(m - n) >= 2).tolist()
-    ins[ambiguous] = [[op[0] for op in editops(ra[k], hb[k]).as_list()].count("insert") for k in ambiguous]
+    maybe = np.flatnonzero(e - np.abs(m - n) >= 2)  # a deletion-insertion pair needs two edits beyond |m - n|
+    if len(maybe):
+        sub_a, sub_b = [ra[k] for k in maybe.tolist()], [hb[k] for k in maybe.tolist()]
+        indel = process.cpdist(sub_a, sub_b, scorer=Indel.distance, workers=-1, dtype=np.int64)
+        nm, mm, em = n[maybe], m[maybe], e[maybe]
+        lcs = (nm + mm - indel) // 2
+        c0 = np.minimum(nm, mm) - (em - np.abs(mm - nm))
+        editops = Levenshtein.editops
+        for k in np.flatnonzero(lcs > c0).tolist():
+            ins[maybe[k]] = [op[0] for op in editops(sub_a[k], sub_b[k]).as_list()].count("insert")
     den = n + ins
+    out = np.zeros(len(a), dtype=np.float64)
     nz = den > 0
     out[nz] = e[nz] / den[nz]
     return out

@@ -210,6 +210,23 @@ def test_alignment_uniformity_direct_formula():
     assert out["n_positive_pairs"] == 3 and out["n_sentences"] == 6
 
 
+def test_uniformity_memory_stays_quadratic_in_sentences_not_times_width():
+    """STS-B test has 2.7k distinct sentences: gathering every pair's vectors took 20 GB for MiniLM. 1,200 sentences
+    of width 384 must stay under 60 MB of numpy allocations (a Gram matrix is 11.5 MB)."""
+    import tracemalloc
+
+    n = 1200
+    texts = [f"s{i}" for i in range(n)]
+    p = PairSet("STSBenchmark", "test", texts[: n // 2], texts[n // 2:], np.full(n // 2, 4.5))
+    emb = ev.Embedded(FakeEncoder(dim=384), texts)
+    tracemalloc.start()
+    out = ev.alignment_uniformity(p, emb)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 60e6, f"{peak / 1e6:.0f} MB"
+    assert out["n_sentences"] == n and np.isfinite(out["uniformity"])
+
+
 def test_probe(tmp_path):
     path = tmp_path / "probe.tsv"
     path.write_text("kind\tsentence\nanchor\tthe cat sat\nparaphrase\ta cat was sitting\nparaphrase\tthe  cat rested\n"

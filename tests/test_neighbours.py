@@ -69,3 +69,43 @@ def test_ivf_recall_against_exact():
     exact = exact_band_neighbours(x, sids, x, sids, 0.25, 0.75, 10)
     assert recall_at_pool(approx, exact) > 0.9
     assert recall_at_pool(exact, exact) == 1.0
+
+
+class _NoisyFlatIndex:
+    """A flat inner-product index whose scores carry errors up to 0.9 EPS (the bound the stage assumes for FAISS's
+    float32 scores): it ranks by the noisy scores, as a float32 index ranks by its rounded ones."""
+
+    def __init__(self, x, seed=0):
+        self.x, self.rng = x.astype(np.float64), np.random.default_rng(seed)
+
+    def search(self, q, k):
+        from pipeline.neighbours import EPS
+
+        s = q.astype(np.float64) @ self.x.T + self.rng.uniform(-0.9 * EPS, 0.9 * EPS, (len(q), len(self.x)))
+        ids = np.argsort(-s, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(s, ids, axis=1).astype(np.float32), ids
+
+
+@pytest.mark.parametrize("edges", [False, True])
+def test_near_ties_at_the_pool_cutoff_and_band_edges_follow_exact_cosines(edges):
+    """Cosines 1e-6 apart, closer than the float32 scores' error, around the pool cutoff (and both band edges): the
+    index's order may be wrong there, the stage's must not (it recomputes exactly where the score cannot decide)."""
+    rng = np.random.default_rng(3)
+    target = [0.5 + 1e-6 * rng.permutation(60), 0.9 + 1e-6 * np.arange(10)]
+    if edges:
+        target += [0.25 + 1e-6 * (np.arange(20) - 10), 0.75 + 1e-6 * (np.arange(20) - 10)]
+    target = np.concatenate(target)
+    d = 64
+    base = np.zeros((len(target) + 1, d))
+    base[0, 0] = 1.0  # the query
+    noise = _unit(rng.normal(size=(len(target), d - 2))).astype(np.float64)
+    base[1:, 0] = target
+    base[1:, 2:] = noise * np.sqrt(1 - target ** 2)[:, None]
+    rotation, _ = np.linalg.qr(rng.normal(size=(d, d)))
+    x = (base @ rotation).astype(np.float32)
+    sids = np.arange(len(x), dtype=np.int64)
+    for pool in (5, 10, 30, 70):
+        for seed in range(5):
+            index = _NoisyFlatIndex(x, seed)
+            got = band_neighbours(x[:1], sids[:1], x, sids, index, index, 0.25, 0.75, pool)
+            assert got.equals(exact_band_neighbours(x[:1], sids[:1], x, sids, 0.25, 0.75, pool)), (pool, seed)

@@ -47,3 +47,31 @@ def test_edit_distance_char_and_word_levels():
 
 def test_lexical_overlap():
     assert lexical_overlap(["The cat sat down"], ["the cat ran"]).tolist() == [0.5]
+
+
+def test_mer_tokenises_like_python_split_and_lower_for_every_code_point():
+    """Arrow's whitespace split and lower-casing stand in for `str.lower().split()`: every code point as a
+    separator candidate, plus letters whose lower case differs between Unicode implementations (İ, Σ, ẞ)."""
+    import sys
+
+    import pyarrow as pa
+
+    from pipeline.textdist import _lower_split
+
+    seps = [chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF]
+    texts = [f"{c}Ab{c}cD{c}{c}e{c}" for c in seps] + ["İstanbul ΣΑΣ ẞ straße", "\x1cA\x1fb\x85c\u2028d\u3000E"]
+    got = _lower_split(pa.array(texts, pa.large_string())).to_pylist()
+    assert got == [t.lower().split() for t in texts]
+
+
+def test_mer_takes_arrow_columns_and_chunks_without_changing_results(monkeypatch):
+    import pyarrow as pa
+
+    import pipeline.textdist as td
+
+    a = ["the cat sat on the mat", "A b C", "", "ΣΑΣ went home", "x y z w"] * 7
+    b = ["the dog sat on a mat", "a B c d", "", "σας went away home", "w x y z"] * 7
+    want = np.array([jiwer.mer(x.lower(), y.lower()) if x or y else 0.0 for x, y in zip(a, b)])
+    assert np.array_equal(mer(a, b), want)
+    monkeypatch.setattr(td, "CHUNK_PAIRS", 3)  # chunk edges inside the batch, ASCII and non-ASCII chunks mixed
+    assert np.array_equal(mer(pa.chunked_array([a[:10], a[10:]]), pa.array(b)), want)
