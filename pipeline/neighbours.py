@@ -19,6 +19,7 @@ measured on a sample against exact search) and GPU indexes are settings.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import faiss
 import numpy as np
@@ -106,14 +107,25 @@ def band_neighbours(q_vecs: np.ndarray, q_sids: np.ndarray, base_vecs: np.ndarra
     return _table(out_sid, out_cand, out_cos, out_rank)
 
 
-def exact_cosines(q: np.ndarray, base_vecs: np.ndarray, ids: np.ndarray, pairs_per_step: int = 4096) -> np.ndarray:
-    """cos(q[i], base_vecs[ids[i]]) in float64 for pairs of row indices (q: (n, d), ids: (n,)), a few thousand
-    pairs at a time so the gathered block stays in cache. Per pair, so a value never depends on the batch."""
+def exact_cosines(q: np.ndarray, q_rows: np.ndarray, base_vecs: np.ndarray, ids: np.ndarray,
+                  pairs_per_step: int = 1024) -> np.ndarray:
+    """cos(q[q_rows[p]], base_vecs[ids[p]]) in float64 for each pair p. Per pair (float32 inputs, float64
+    products and sums), so a value never depends on the batch. Chunks of a thousand pairs keep the gathered rows in
+    cache; numpy releases the GIL in the gather and the einsum, so the chunks run on FAISS's threads' cores."""
     out = np.empty(len(ids), dtype=np.float64)
-    for a in range(0, len(ids), pairs_per_step):
-        left = q[a:a + pairs_per_step].astype(np.float64)
-        right = base_vecs[ids[a:a + pairs_per_step]].astype(np.float64)
-        out[a:a + pairs_per_step] = np.einsum("pd,pd->p", left, right)
+
+    def chunk(a: int) -> None:
+        b = a + pairs_per_step
+        out[a:b] = np.einsum("pd,pd->p", q[q_rows[a:b]], base_vecs[ids[a:b]], dtype=np.float64)
+
+    starts = range(0, len(ids), pairs_per_step)
+    workers = max(1, min(len(starts), faiss.omp_get_max_threads()))
+    if workers == 1:
+        for a in starts:
+            chunk(a)
+    else:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(chunk, starts))
     return out
 
 
@@ -138,7 +150,7 @@ def _resolve_block(q, q_sids, scores, ids, base_vecs, base_sids, lo, hi, pool_si
     need = other & (s >= lo - EPS) & (s <= hi + EPS) & (s >= t[:, None] - 2 * EPS)
     rows, cols = np.nonzero(need)
     cos = np.full(ids.shape, np.nan)
-    cos[rows, cols] = exact_cosines(q[rows], base_vecs, ids[rows, cols])
+    cos[rows, cols] = exact_cosines(q, rows, base_vecs, ids[rows, cols])
     band = need & (cos >= lo) & (cos <= hi)
     # in-band first by descending exact cos, ties by sid; everything else last
     order = np.lexsort((cand, np.where(band, -cos, np.inf)), axis=1)[:, :pool_size]
