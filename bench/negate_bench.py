@@ -3,7 +3,7 @@ a per-sentence `nlp(text)` loop with the full pipeline (NER, attribute ruler, le
 
 The two sides run in alternating chunks (ours first, then peer first, ...) so that load from other processes on
 a shared machine hits both alike; with n_process > 1 ours runs as one call, so worker start-up is paid once.
-Run: `python -m bench.negate_bench [--n 3000] [--batch-size 256] [--n-process 1]`.
+Run: `python -m bench.negate_bench [--n 3000] [--batch-size 256] [--n-process 1 2]` (one row per process count).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def timed(fn, texts: list[str]) -> tuple[float, float, list]:
     return time.perf_counter() - wall, time.process_time() - cpu, out
 
 
-def run(n: int = 3000, batch_size: int = 256, n_process: int = 1, chunk: int = 500) -> list[dict]:
+def one(n: int = 3000, batch_size: int = 256, n_process: int = 1, chunk: int = 500) -> list[dict]:
     texts = wiki_sentences(n)
     lean, full = load_nlp(DEFAULT_MODEL), spacy.load(DEFAULT_MODEL)
     ours_fn = lambda ts: negate_texts(ts, lean, batch_size, n_process)  # noqa: E731
@@ -54,13 +54,19 @@ def run(n: int = 3000, batch_size: int = 256, n_process: int = 1, chunk: int = 5
     if n_process == 1:
         print(f"        by CPU time of this process: ours {n / cpu['ours']:.0f}/s vs {n / cpu['peer']:.0f}/s = "
               f"{cpu['peer'] / cpu['ours']:.2f}x")
-    return [{"name": "negate", "ours": ours, "peer": peer, "unit": "sentences/s", "ratio": ours / peer, "goal": GOAL}]
+    name = "negate" if n_process == 1 else f"negate_{n_process}proc"
+    return [{"name": name, "ours": ours, "peer": peer, "unit": "sentences/s", "ratio": ours / peer, "goal": GOAL}]
+
+
+def run(n: int = 3000, batch_size: int = 256, procs: tuple[int, ...] = (1, 2)) -> list[dict]:
+    """The stage's default (one process) and `negate.n_process=2` (spaCy worker processes: both cores)."""
+    return [row for p in procs for row in one(n, batch_size, p)]
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=3000)
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--n-process", type=int, default=1)
+    parser.add_argument("--n-process", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
-    print(json.dumps(run(args.n, args.batch_size, args.n_process), indent=1))
+    print(json.dumps(run(args.n, args.batch_size, tuple(args.n_process)), indent=1))
