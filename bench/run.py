@@ -75,7 +75,7 @@ def run_module(name: str) -> tuple[list[dict], str | None, float, list[float]]:
 def write_doc(results: list[dict], failures: dict, facts: dict) -> None:
     lines = [BEGIN, "", f"Last run: {facts['date']}; {facts['nproc']} CPUs ({facts['cpu']}), torch threads "
              f"{facts['torch_threads']}, torch {facts['torch']}, Python {facts['python']}; load average at start "
-             f"{facts['load_avg']} (shared machine: other engineers' jobs run alongside).", "", "```", HEADER]
+             f"{facts['load_avg']} (anything else running on the machine shows in this load).", "", "```", HEADER]
     lines += [line(r) for r in results]
     lines += [f"{m + '_bench':<34} FAILED: {e}" for m, e in failures.items()]
     lines += ["```", "", "| module | ran at | seconds | load avg start→end |", "|---|---|---|---|"]

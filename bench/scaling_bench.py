@@ -2,6 +2,7 @@
 
     SCALE_MAX=12000 python -m bench.scaling_bench        # sizes 3000, 6000, 12000 (default for `make bench`)
     SCALE_MAX=100000 python -m bench.scaling_bench       # adds 25000, 50000, 100000 (hours on 2 cores)
+    SCALE_RESUME=1 SCALE_MAX=100000 python -m bench.run --only scaling   # keep the sizes a killed run finished
 
 Each size runs `python -m flows.cli mine --run scale-<N> --corpus <file> --set run.root=<tmp>` as a child process
 (fresh run folder: nothing cached; Prefect's ephemeral server start is included in the total), and reads
@@ -80,14 +81,21 @@ def mine(n: int, work: Path) -> dict:
     return res
 
 
-def run(max_n: int | None = None) -> list[dict]:
+def run(max_n: int | None = None, resume: bool | None = None) -> list[dict]:
+    """Sizes up to max_n ($SCALE_MAX, default 12000). resume ($SCALE_RESUME=1): keep the sizes an interrupted run
+    already wrote to artifacts/bench/scaling.json (same code and machine assumed) and measure only the others."""
     max_n = max_n or int(os.environ.get("SCALE_MAX", "12000"))
+    resume = os.environ.get("SCALE_RESUME", "") == "1" if resume is None else resume
     work = OUT / "scale"
     work.mkdir(parents=True, exist_ok=True)
+    saved = OUT / "scaling.json"
+    kept = {r["n"]: r for r in json.loads(saved.read_text())} if resume and saved.is_file() else {}
     results = []
     for n in (n for n in SIZES if n <= max_n):
-        results.append(mine(n, work))
-        (OUT / "scaling.json").write_text(json.dumps(results, indent=1))  # after each size: long runs keep partials
+        if n in kept:
+            print(f"scaling n={n}: kept from {saved} ({kept[n]['wall_s']} s)", flush=True)
+        results.append(kept.get(n) or mine(n, work))
+        saved.write_text(json.dumps(results, indent=1))  # after each size: long runs keep partials
     rows = []
     for a, b in zip(results, results[1:]):
         per_doubling = (b["wall_s"] / a["wall_s"]) ** (1 / math.log2(b["sentences"] / a["sentences"]))
