@@ -15,59 +15,7 @@ from rapidfuzz import process
 from rapidfuzz.distance import Indel, Levenshtein
 
 
-class _WordCodes:
-    """Map each distinct word to one code point (skipping the surrogate range)."""
-
-    def __init__(self):
-        self.codes: dict[str, str] = {}
-
-    def __call__(self, words: list[str]) -> str:
-        codes = self.codes
-        out = []
-        for w in words:
-            c = codes.get(w)
-            if c is None:
-                n = len(codes) + 1
-                c = codes[w] = chr(n if n < 0xD800 else n + 0x800)
-            out.append(c)
-        return "".join(out)
-
-
-def words(text: str) -> list[str]:
-    return text.lower().split()
-
-
-def edit_distance(a: list[str], b: list[str], level: str = "char") -> np.ndarray:
-    """Normalised Levenshtein distance per pair (a[i], b[i]) in [0, 1]."""
-    if len(a) != len(b):
-        raise ValueError(f"edit_distance: {len(a)} left vs {len(b)} right texts")
-    if not a:
-        return np.zeros(0, dtype=np.float32)
-    if level == "word":
-        enc = _WordCodes()
-        a = [enc(words(t)) for t in a]
-        b = [enc(words(t)) for t in b]
-    elif level != "char":
-        raise ValueError(f"edit level {level!r}: expected 'char' or 'word'")
-    return process.cpdist(a, b, scorer=Levenshtein.normalized_distance, workers=-1, dtype=np.float32)
-
-
-def mer_counts(a: str, b: str, _enc: _WordCodes | None = None) -> tuple[int, int, int, int]:
-    """(S, D, I, C) of the word alignment of reference a and hypothesis b."""
-    enc = _enc or _WordCodes()
-    ra, hb = enc(words(a)), enc(words(b))
-    s = d = i = 0
-    for op in Levenshtein.editops(ra, hb):
-        if op.tag == "replace":
-            s += 1
-        elif op.tag == "delete":
-            d += 1
-        else:
-            i += 1
-    return s, d, i, len(ra) - s - d
-
-
-Texts = "list[str] | pa.Array | pa.ChunkedArray"
+Texts = "list[str] | pa.Array | pa.ChunkedArray"  # what mer and edit_distance accept
 CHUNK_PAIRS = 4096  # pairs tokenised together: small dictionaries (code points below the surrogates, 2-byte strings)
 
 
@@ -77,6 +25,31 @@ def _as_arrow(texts) -> pa.Array:
     if isinstance(texts, pa.Array):
         return texts.cast(pa.large_string())
     return pa.array(list(texts), pa.large_string())
+
+
+def _as_strings(texts) -> list[str]:
+    return texts.to_pylist() if isinstance(texts, (pa.Array, pa.ChunkedArray)) else list(texts)
+
+
+def words(text: str) -> list[str]:
+    return text.lower().split()
+
+
+def edit_distance(a: Texts, b: Texts, level: str = "char") -> np.ndarray:
+    """Normalised Levenshtein distance per pair (a[i], b[i]) in [0, 1]."""
+    if len(a) != len(b):
+        raise ValueError(f"edit_distance: {len(a)} left vs {len(b)} right texts")
+    if level == "char":
+        if not len(a):
+            return np.zeros(0, dtype=np.float32)
+        return process.cpdist(_as_strings(a), _as_strings(b), scorer=Levenshtein.normalized_distance, workers=-1, dtype=np.float32)
+    if level != "word":
+        raise ValueError(f"edit level {level!r}: expected 'char' or 'word'")
+    out = np.zeros(len(a), dtype=np.float32)
+    for start, ra, hb in word_coded_pairs(a, b):
+        out[start:start + len(ra)] = process.cpdist(ra, hb, scorer=Levenshtein.normalized_distance, workers=-1,
+                                                    dtype=np.float32)
+    return out
 
 
 def _lower_split(texts: pa.Array) -> pa.LargeListArray:
@@ -122,26 +95,37 @@ def mer(a: Texts, b: Texts) -> np.ndarray:
     with different I; for those alone the insertions of rapidfuzz's own alignment are counted from its editops."""
     if len(a) != len(b):
         raise ValueError(f"mer: {len(a)} left vs {len(b)} right texts")
-    a, b = _as_arrow(a), _as_arrow(b)
     out = np.zeros(len(a), dtype=np.float64)
-    for start in range(0, len(a), CHUNK_PAIRS):
-        out[start:start + CHUNK_PAIRS] = _mer_chunk(a.slice(start, CHUNK_PAIRS), b.slice(start, CHUNK_PAIRS))
+    for start, ra, hb in word_coded_pairs(a, b):
+        out[start:start + len(ra)] = _mer_of_codes(ra, hb)
     return out
 
 
-def _mer_chunk(a: pa.Array, b: pa.Array) -> np.ndarray:
-    coded = _word_code_strings(pa.concat_arrays([a, b]))
-    if coded is None:  # more distinct words than code points: halve
-        h = len(a) // 2
-        return np.concatenate([_mer_chunk(a.slice(0, h), b.slice(0, h)), _mer_chunk(a.slice(h), b.slice(h))])
-    ra, hb = coded[:len(a)], coded[len(a):]
+def word_coded_pairs(a: Texts, b: Texts):
+    """(offset, left code strings, right code strings) for consecutive chunks of the pairs (a[i], b[i]): each text
+    as one code point per lower-cased whitespace word, equal words equal code points within a chunk (all that a
+    pairwise distance needs). Chunks of CHUNK_PAIRS, halved where their distinct words outnumber the code points."""
+    a, b = _as_arrow(a), _as_arrow(b)
+    todo = [(start, a.slice(start, CHUNK_PAIRS), b.slice(start, CHUNK_PAIRS)) for start in range(0, len(a), CHUNK_PAIRS)]
+    while todo:
+        start, ca, cb = todo.pop(0)
+        coded = _word_code_strings(pa.concat_arrays([ca, cb]))
+        if coded is None:
+            h = len(ca) // 2
+            todo[:0] = [(start, ca.slice(0, h), cb.slice(0, h)), (start + h, ca.slice(h), cb.slice(h))]
+        else:
+            yield start, coded[:len(ca)], coded[len(ca):]
+
+
+def _mer_of_codes(ra: list[str], hb: list[str]) -> np.ndarray:
     e = process.cpdist(ra, hb, scorer=Levenshtein.distance, workers=-1, dtype=np.int64)
     n = np.fromiter(map(len, ra), np.int64, len(ra))
     m = np.fromiter(map(len, hb), np.int64, len(hb))
     ins = np.maximum(m - n, 0)
     maybe = np.flatnonzero(e - np.abs(m - n) >= 2)  # a deletion-insertion pair needs two edits beyond |m - n|
     if len(maybe):
-        sub_a, sub_b = [ra[k] for k in maybe.tolist()], [hb[k] for k in maybe.tolist()]
+        picked = maybe.tolist()
+        sub_a, sub_b = [ra[k] for k in picked], [hb[k] for k in picked]
         indel = process.cpdist(sub_a, sub_b, scorer=Indel.distance, workers=-1, dtype=np.int64)
         nm, mm, em = n[maybe], m[maybe], e[maybe]
         lcs = (nm + mm - indel) // 2
@@ -150,7 +134,7 @@ def _mer_chunk(a: pa.Array, b: pa.Array) -> np.ndarray:
         for k in np.flatnonzero(lcs > c0).tolist():
             ins[maybe[k]] = [op[0] for op in editops(sub_a[k], sub_b[k]).as_list()].count("insert")
     den = n + ins
-    out = np.zeros(len(a), dtype=np.float64)
+    out = np.zeros(len(ra), dtype=np.float64)
     nz = den > 0
     out[nz] = e[nz] / den[nz]
     return out
