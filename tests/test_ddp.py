@@ -7,7 +7,9 @@ triplets (OssCSE) and no embeddings at all (DCLR), so the collectives must line 
 """
 from __future__ import annotations
 
+import gc
 import os
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -78,7 +80,8 @@ def _worker(rank: int, init_file: str, out_dir: str):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)
-    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
+                       timeout=timedelta(seconds=120))
     try:
         rows = global_rows()[SPLIT[rank]:SPLIT[rank + 1]]
         for name in NAMES:
@@ -89,6 +92,9 @@ def _worker(rank: int, init_file: str, out_dir: str):
             tdist.all_reduce(loss)
             if rank == 0:
                 torch.save({"loss": loss.item() / WORLD, "grads": grads}, os.path.join(out_dir, f"{name}.pt"))
+            # free DDP while the group is registered, as trainer/train.py does (else a GIL deadlock at exit)
+            del model
+            gc.collect()
             tdist.barrier()
     finally:
         tdist.destroy_process_group()

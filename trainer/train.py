@@ -13,6 +13,7 @@ artifacts/<run>/train/<objective>/: best/, last/, metrics.jsonl.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -289,6 +290,11 @@ def train(cfg: Config, resume: bool = True) -> dict:
         print(f"[train] done: {step} steps, best dev {best:.2f} at step {best_step} -> {best_dir}; "
               f"wall time {result['wall_s']:.1f} s")
     if dist.is_dist():
+        # Free DDP while the group is still registered. Its C++ Reducer is freed with the GIL held; holding the
+        # group's last reference, it would run gloo's destructor, which joins a worker thread that may still need
+        # the GIL to free the last barrier's tensors: a deadlock at exit (pytorch/pytorch#56297; seen 1 run in 3).
+        del model
+        gc.collect()
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return result
