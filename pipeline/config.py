@@ -191,6 +191,8 @@ class TrainCfg(Section):
     seed: int = Field(42, ge=0)
     final_eval: bool = True
     num_workers: int = Field(2, ge=0, description="DataLoader workers that run objective.collate (tokenisation)")
+    unpad: bool = Field(True, description="padding-free encoder forward for BERT-family models (pipeline/unpad.py): "
+                                          "same outputs, no arithmetic on pad tokens")
     # objective settings (METHODS §7)
     debcse_negatives: int = Field(2, ge=0)
     osscse_alpha: float = 0.05

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 from .models import pick_device, resolve_model
+from .unpad import can_unpad, unpadded_forward
 
 MIN_ROWS = 8  # see Encoder.encode
 POOLERS = ("cls", "cls_before_pooler", "mean", "mask", "avg_first_last")
@@ -50,6 +51,7 @@ class Encoder(torch.nn.Module):
         if pooler not in POOLERS:
             raise ValueError(f"unknown pooler {pooler!r}; one of {', '.join(POOLERS)}")
         self.model, self.tokenizer, self.pooler, self.max_length, self.prompt = model, tokenizer, pooler, max_length, prompt
+        self.unpad = False  # padding-free forward (pipeline/unpad.py); the trainer turns it on with train.unpad
 
     @classmethod
     def load(cls, name: str, pooler: str = "mean", max_length: int = 128, device: str = "auto",
@@ -81,9 +83,15 @@ class Encoder(torch.nn.Module):
         return batch
 
     def forward(self, batch: dict) -> torch.Tensor:
+        """Pooled vectors of a tokenized batch, with grad. With `self.unpad` (the trainer's `train.unpad`), BERT-family
+        models skip the pad tokens (pipeline/unpad.py): same outputs, ~25% less arithmetic on short sentences."""
         batch = {k: v.to(self.device) for k, v in batch.items()}
         mask_positions = batch.pop("mask_positions", None)
-        out = self.model(**batch, output_hidden_states=self.pooler == "avg_first_last", return_dict=True)
+        hidden = self.pooler == "avg_first_last"
+        if self.unpad and can_unpad(self.model, batch["attention_mask"]):
+            out = unpadded_forward(self.model, batch, output_hidden_states=hidden)
+        else:
+            out = self.model(**batch, output_hidden_states=hidden, return_dict=True)
         return pool(out, batch["attention_mask"], self.pooler, mask_positions)
 
     def _prompted(self, texts: list[str], template: str | None, max_length: int) -> tuple[list[str], int]:

