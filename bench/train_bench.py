@@ -1,6 +1,6 @@
 """Training throughput: our trainer's SimCSE vs sentence-transformers' own SimCSE recipe, same model and batch.
 
-    python -m bench.train_bench [--steps 10] [--batch-size 64] [--max-length 32] [--workers 2]
+    python -m bench.train_bench [--steps 10] [--batch-size 64] [--max-length 32] [--workers 2] [--rounds 2]
 
 ours: `trainer.train.train` end to end (Parquet reader -> collate in DataLoader workers -> simcse objective ->
       fused AdamW -> linear schedule), timed from its own metrics.jsonl (a timestamp after every step).

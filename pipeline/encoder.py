@@ -89,7 +89,7 @@ class Encoder(torch.nn.Module):
         mask_positions = batch.pop("mask_positions", None)
         hidden = self.pooler == "avg_first_last"
         if self.unpad and can_unpad(self.model, batch["attention_mask"]):
-            out = unpadded_forward(self.model, batch, output_hidden_states=hidden)
+            out = unpadded_forward(self.model, batch, output_hidden_states=hidden, output_pooler=self.pooler == "cls")
         else:
             out = self.model(**batch, output_hidden_states=hidden, return_dict=True)
         return pool(out, batch["attention_mask"], self.pooler, mask_positions)

@@ -79,9 +79,11 @@ def packed_position_ids(model, attention_mask: torch.Tensor) -> torch.Tensor:
     return columns[attention_mask.bool()]
 
 
-def unpadded_forward(model, batch: dict, output_hidden_states: bool = False) -> SimpleNamespace:
-    """model(**batch) without arithmetic on pads; returns last_hidden_state [B, L, H] (zeros at pads),
-    pooler_output (the model's pooler on those) and, if asked, hidden_states in the padded layout."""
+def unpadded_forward(model, batch: dict, output_hidden_states: bool = False,
+                     output_pooler: bool = False) -> SimpleNamespace:
+    """model(**batch) without arithmetic on pads; returns last_hidden_state [B, L, H] (zeros at pads) and, if asked,
+    hidden_states in the padded layout and pooler_output (the model's pooler on the padded layout; the one the model
+    computes itself sees the packed row, so it is never used)."""
     mask = batch["attention_mask"]
     b, length = mask.shape
     unpad_index = mask.reshape(-1).nonzero().squeeze(1)
@@ -107,6 +109,6 @@ def unpadded_forward(model, batch: dict, output_hidden_states: bool = False) -> 
     pooler = getattr(model, "pooler", None)
     return SimpleNamespace(
         last_hidden_state=last,
-        pooler_output=pooler(last) if pooler is not None else None,
+        pooler_output=pooler(last) if output_pooler and pooler is not None else None,
         hidden_states=tuple(unpack(h) for h in out.hidden_states) if output_hidden_states else None,
     )

@@ -81,7 +81,7 @@ def _worker(rank: int, init_file: str, out_dir: str):
 
     torch.set_num_threads(1)
     tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
-                       timeout=timedelta(seconds=120))
+                            timeout=timedelta(seconds=120))
     try:
         rows = global_rows()[SPLIT[rank]:SPLIT[rank + 1]]
         for name in NAMES:
