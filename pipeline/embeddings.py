@@ -10,14 +10,14 @@ from .encoder import Encoder
 
 
 @functools.lru_cache(maxsize=2)
-def cached_encoder(model: str, pooler: str, max_length: int, device: str, prompt: str) -> Encoder:
+def cached_encoder(model: str, pooler: str, max_length: int, device: str, prompt: str, precision: str) -> Encoder:
     """One encoder per process (and per setting): shard tasks in the same worker reuse it."""
-    return Encoder.load(model, pooler=pooler, max_length=max_length, device=device, prompt=prompt)
+    return Encoder.load(model, pooler=pooler, max_length=max_length, device=device, prompt=prompt, precision=precision)
 
 
 def encoder_from(cfg) -> Encoder:
     e = cfg.encoder
-    return cached_encoder(e.model, e.pooler, e.max_length, e.device, e.prompt)
+    return cached_encoder(e.model, e.pooler, e.max_length, e.device, e.prompt, e.precision)
 
 
 def vectors_table(sids: np.ndarray, vectors: np.ndarray) -> pa.Table:

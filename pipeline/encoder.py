@@ -19,6 +19,18 @@ from .unpad import can_unpad, unpadded_forward
 
 MIN_ROWS = 8  # see Encoder.encode
 POOLERS = ("cls", "cls_before_pooler", "mean", "mask", "avg_first_last")
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DEFAULT_PROMPT = 'This sentence : "{s}" means [MASK] .'  # PromptBERT's template, OssCSE's T1
+
+
+def resolve_precision(setting: str, device: str) -> str:
+    """float32 | bf16 | fp16 for `Encoder.encode` on `device`. "auto": float32 on CPU (no bf16 speed-up on these
+    CPUs, STACK.md), bf16 autocast on a GPU that supports it, else fp16."""
+    if setting != "auto":
+        return setting
+    if str(device).startswith("cuda"):
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "float32"
 
 
 def pool(outputs, attention_mask: torch.Tensor, pooler: str, mask_positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -46,21 +58,24 @@ class Encoder(torch.nn.Module):
     """AutoModel + tokenizer + pooler. `encode` for inference, `forward` (with grad) for training."""
 
     def __init__(self, model, tokenizer, pooler: str = "mean", max_length: int = 128,
-                 prompt: str = 'This sentence : "{s}" means [MASK] .'):
+                 prompt: str = DEFAULT_PROMPT, precision: str = "float32"):
         super().__init__()
         if pooler not in POOLERS:
             raise ValueError(f"unknown pooler {pooler!r}; one of {', '.join(POOLERS)}")
         self.model, self.tokenizer, self.pooler, self.max_length, self.prompt = model, tokenizer, pooler, max_length, prompt
+        self.precision = precision  # of `encode` (resolve_precision); the vectors are always float32
         self.unpad = False  # padding-free forward (pipeline/unpad.py); the trainer turns it on with train.unpad
 
     @classmethod
     def load(cls, name: str, pooler: str = "mean", max_length: int = 128, device: str = "auto",
-             prompt: str = 'This sentence : "{s}" means [MASK] .', **model_kwargs) -> "Encoder":
+             prompt: str = DEFAULT_PROMPT, precision: str = "float32",
+             **model_kwargs) -> "Encoder":
         path = resolve_model(name, "encoder")
         tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModel.from_pretrained(path, add_pooling_layer=True, **model_kwargs) if _has_pooler_arg(path) \
-            else AutoModel.from_pretrained(path, **model_kwargs)
-        return cls(model, tok, pooler, max_length, prompt).to(pick_device(device)).eval()
+        if _takes_pooling_layer(path):  # keep BERT's pooler (dense + tanh): the `cls` pooler reads it
+            model_kwargs = {"add_pooling_layer": True, **model_kwargs}
+        model = AutoModel.from_pretrained(path, **model_kwargs)
+        return cls(model, tok, pooler, max_length, prompt, precision).to(pick_device(device)).eval()
 
     @property
     def device(self) -> torch.device:
@@ -129,7 +144,7 @@ class Encoder(torch.nn.Module):
         for length in np.unique(lengths)[::-1]:
             rows = order[lengths[order] == length]
             batches += [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
-        use_amp = self.device.type == "cuda"
+        precision = resolve_precision(self.precision, str(self.device))
         desc = progress if isinstance(progress, str) else "encode"
         for idx in tqdm(batches, desc=desc, disable=not progress, unit="batch"):
             real = len(idx)
@@ -138,7 +153,7 @@ class Encoder(torch.nn.Module):
             batch = {k: torch.tensor([enc[k][i] for i in idx_run]) for k in keys}
             if self.pooler == "mask":
                 batch["mask_positions"] = (batch["input_ids"] == self.tokenizer.mask_token_id).int().argmax(1)
-            with torch.autocast("cuda", dtype=torch.float16, enabled=use_amp):
+            with torch.autocast(self.device.type, dtype=AUTOCAST.get(precision), enabled=precision in AUTOCAST):
                 vec = self.forward(batch).float()
             if normalize:
                 vec = torch.nn.functional.normalize(vec, dim=-1)
@@ -147,7 +162,16 @@ class Encoder(torch.nn.Module):
         return out
 
 
-def _has_pooler_arg(path: str) -> bool:
-    from transformers import AutoConfig
+def _takes_pooling_layer(path: str) -> bool:
+    """Whether the AutoModel class for this checkpoint has an `add_pooling_layer` argument (BERT, RoBERTa, MPNet
+    ... do; ELECTRA, DistilBERT do not): read from its constructor, not from a list of model types."""
+    import inspect
 
-    return AutoConfig.from_pretrained(path).model_type in ("bert", "roberta", "xlm-roberta", "electra", "mpnet")
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    try:
+        model_cls = MODEL_MAPPING[type(AutoConfig.from_pretrained(path))]
+    except KeyError:
+        return False
+    return "add_pooling_layer" in inspect.signature(model_cls.__init__).parameters

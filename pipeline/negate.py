@@ -108,6 +108,19 @@ def load_nlp(model: str = DEFAULT_MODEL) -> Language:
     return nlp
 
 
+def pipeline_version(model: str = DEFAULT_MODEL) -> str:
+    """Name and version of a spaCy pipeline (an installed package or a folder), for cache keys."""
+    from pathlib import Path
+
+    meta = Path(model) / "meta.json"
+    if meta.is_file():
+        import json
+
+        m = json.loads(meta.read_text())
+        return f"{m.get('lang', '')}_{m.get('name', model)}-{m.get('version', '?')}"
+    return f"{model}-{spacy.util.get_package_version(model) or '?'}"
+
+
 def _rebuild(doc: Doc, replace: dict[int, str]) -> str:
     """The text again from token.text + whitespace, with some tokens' text_with_ws swapped out."""
     return "".join(replace.get(t.i, t.text_with_ws) for t in doc)

@@ -1,6 +1,7 @@
 """Stages `paraphrases` and `triplets` (OssCSE §4, METHODS §6).
 
-paraphrases: among the back-translations of the clean sentence (variant 0) from every chain, keep those with
+paraphrases: among the back-translations of the clean sentence (variant 0) by every chain whose role serves OssCSE
+paraphrases ("paraphrases" or "both"; DebCSE's positive chains are not used), keep those with
 mer_lo ≤ MER(anchor, candidate) ≤ mer_hi and take the one with the highest MER (most different surface; ties:
 chain name, then text). triplets: (anchor, paraphrase, negation); an anchor with neither is left out, one with
 only one of them keeps the other null (the loss skips that term).
@@ -10,14 +11,15 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .generators import rows_serving
 from .schema import SCHEMAS
 from .textdist import mer
 
 
 def pick_paraphrases(sentences: pa.Table, backtranslations: pa.Table, mer_lo: float, mer_hi: float) -> pa.Table:
     anchors = dict(zip(sentences.column("sid").to_pylist(), sentences.column("text").to_pylist()))
-    bt = backtranslations.filter(pc.equal(backtranslations.column("variant"), 0)) if backtranslations.num_rows \
-        else backtranslations
+    bt = rows_serving(backtranslations, "paraphrases")
+    bt = bt.filter(pc.equal(bt.column("variant"), 0)) if bt.num_rows else bt
     sids, texts, chains = bt.column("sid").to_pylist(), bt.column("text").to_pylist(), bt.column("chain").to_pylist()
     rows = [(s, t, c) for s, t, c in zip(sids, texts, chains) if s in anchors and t]
     scores = mer([anchors[s] for s, _, _ in rows], [t for _, t, _ in rows]) if rows else []

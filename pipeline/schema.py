@@ -18,7 +18,8 @@ SCHEMAS: dict[str, pa.Schema] = {
     "variants": pa.schema([("sid", pa.int64()), ("variant", pa.int32()), ("text", pa.string()),
                            ("ops", pa.string())]),
     "backtranslations": pa.schema([("sid", pa.int64()), ("chain", pa.string()), ("variant", pa.int32()),
-                                   ("pivot_text", pa.string()), ("text", pa.string()), ("model", pa.string())]),
+                                   ("pivot_text", pa.string()), ("text", pa.string()), ("model", pa.string()),
+                                   ("role", pa.string())]),  # the chain's role: positives | paraphrases | both
     "scores": pa.schema([("sid", pa.int64()), ("kind", pa.string()), ("cand_sid", pa.int64()), ("text", pa.string()),
                          ("source", pa.string()), ("edit", pa.float32()), ("cos", pa.float32())]),
     "candidates": pa.schema([("sid", pa.int64()), ("kind", pa.string()), ("cand_sid", pa.int64()),

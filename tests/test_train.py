@@ -269,6 +269,50 @@ def test_every_objective_trains_on_its_tables(all_tables, bert, senteval, object
     assert len(losses) == 3 and all(np.isfinite(losses))
 
 
+def test_osscse_says_loudly_when_its_margin_term_has_no_data(all_tables, bert, senteval, capsys, tmp_path):
+    """Offline mining gives triplets with negations but no paraphrases: l_m is then 0 all run long. The trainer says
+    so once at the start; and the checkpoint records the template it trained with as its evaluation prompt."""
+    root = tmp_path
+    sents = sentences_rows(16)
+    write_table(root / "neg-only", "sentences", sents)
+    write_table(root / "neg-only", "triplets", [{"sid": r["sid"], "anchor": r["text"], "paraphrase": None,
+                                                "negation": "not " + r["text"], "para_mer": None, "para_chain": None}
+                                               for r in sents])
+    templates = ['Here "{s}" means [MASK] .', 'So "{s}" is [MASK] .']
+    cfg = load_config(str(write_profile(root / "o.toml", root, "neg-only", bert, senteval, objective="osscse",
+                                        max_steps=2, eval_every=2, osscse_templates=templates)))
+    res = train(cfg)
+    err = capsys.readouterr().err
+    assert err.count("WARNING") == 1 and "l_m is 0" in err and "0 have a paraphrase, 16 a negation" in err
+    meta = json.loads((Path(res["best_dir"]) / "train_config.json").read_text())
+    assert meta["pooler"] == "mask" and meta["prompt"] == templates[0]
+    assert all(m["l_m"] == 0 for m in read_metrics(Path(res["metrics"])) if "l_m" in m)
+    # with paraphrase + negation rows there is no warning
+    cfg = load_config(str(write_profile(root / "full.toml", all_tables.parent, all_tables.name, bert, senteval,
+                                        objective="osscse", max_steps=1, eval_every=1)))
+    train(cfg)
+    assert "WARNING" not in capsys.readouterr().err
+
+
+def test_make_eval_uses_the_checkpoints_own_settings(tmp_path, senteval, monkeypatch, capsys):
+    """`make eval MODEL=<best>` scores a checkpoint with the pooler, prompt and length it was trained with."""
+    from trainer import evaluate as ev
+
+    enc = tiny_encoder(pooler="mask", seed=4, max_length=24, prompt='My "{s}" is [MASK] .')
+    ckpt.save_encoder(tmp_path / "best", enc, {"objective": "osscse", "step": 1})
+    monkeypatch.setattr(ev, "ARTIFACTS", tmp_path / "artifacts")
+    assert ev.main(["--model", str(tmp_path / "best"), "--data-dir", str(senteval), "--name", "ckpt"]) == 0
+    res = json.loads((tmp_path / "artifacts" / "eval" / "ckpt" / "results.json").read_text())
+    assert (res["pooler"], res["max_length"]) == ("mask", 24)
+    want = ev.evaluate_all(enc, senteval, progress=False)
+    assert res["sts"] == want["sts"]
+    # flags override the checkpoint's settings
+    assert ev.main(["--model", str(tmp_path / "best"), "--data-dir", str(senteval), "--name", "flags",
+                    "--pooler", "mean", "--max-length", "16"]) == 0
+    res = json.loads((tmp_path / "artifacts" / "eval" / "flags" / "results.json").read_text())
+    assert (res["pooler"], res["max_length"]) == ("mean", 16)
+
+
 KILLER = """
 import os, sys, time
 import trainer.checkpoint as ckpt

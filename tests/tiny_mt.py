@@ -75,8 +75,11 @@ def _bias_eos(model: torch.nn.Module, last_norm: torch.nn.LayerNorm, eos: int, b
         lm[eos, 0] = bias
 
 
-def build_tiny_marian(out_dir: str | Path, seed: int = 0, vocab_size: int = 400) -> Path:
-    """A random MarianMT model whose tokenizer is a SentencePiece model trained on corpus lines."""
+def build_tiny_marian(out_dir: str | Path, seed: int = 0, vocab_size: int = 400,
+                      target_codes: tuple[str, ...] = ()) -> Path:
+    """A random MarianMT model whose tokenizer is a SentencePiece model trained on corpus lines. `target_codes`
+    (e.g. (">>cmn_Hans<<", ">>yue_Hant<<")) makes it multi-target, as opus-mt-en-zh is: each code is a vocabulary
+    token the input must start with."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     spm_model = _spm_bytes(corpus_lines(), vocab_size)
@@ -84,7 +87,7 @@ def build_tiny_marian(out_dir: str | Path, seed: int = 0, vocab_size: int = 400)
     (out / "target.spm").write_bytes(spm_model)
     # Opus-MT layout: </s> = 0, <unk> = 1, the pieces, <pad> last (pad doubles as decoder start)
     pieces = [p for p in _spm_pieces(spm_model) if p not in ("<unk>", "<s>", "</s>", "<pad>")]
-    vocab = {tok: i for i, tok in enumerate(["</s>", "<unk>", *pieces, "<pad>"])}
+    vocab = {tok: i for i, tok in enumerate(["</s>", "<unk>", *pieces, *target_codes, "<pad>"])}
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
     pad, eos, n = vocab["<pad>"], vocab["</s>"], len(vocab)
     tok = MarianTokenizer(source_spm=str(out / "source.spm"), target_spm=str(out / "target.spm"),

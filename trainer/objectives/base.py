@@ -22,6 +22,18 @@ class Objective(torch.nn.Module, abc.ABC):
     name: str = "base"
     # Tables this objective reads, in the order the reader joins them: the first is the row source.
     tables: tuple[str, ...] = ("sentences",)
+    # The pooler this objective needs whatever the profile says (OssCSE: "mask"); None = the configured one.
+    pooler: str | None = None
+
+    @classmethod
+    def eval_prompt(cls, cfg) -> str | None:
+        """The prompt template the trained encoder is evaluated and saved with; None = encoder.prompt."""
+        return None
+
+    @classmethod
+    def data_notes(cls, rows) -> list[str]:
+        """Warnings about the mined rows this objective is about to train on (printed once, loudly, at start)."""
+        return []
 
     def __init__(self, encoder: Encoder, cfg):
         super().__init__()

@@ -40,6 +40,23 @@ from trainer.objectives.simcse import info_nce_terms, prefixed, sub_batch
 class OssCSE(Objective):
     name = "osscse"
     tables = ("sentences", "triplets")
+    pooler = "mask"
+
+    @classmethod
+    def eval_prompt(cls, cfg) -> str:
+        """T1: what the model was trained to read its [MASK] vector from is what evaluation must use."""
+        return cfg.osscse_templates[0]
+
+    @classmethod
+    def data_notes(cls, rows) -> list[str]:
+        both = rows.count_present("paraphrase", "negation")
+        if both:
+            return []
+        para, neg = rows.count_present("paraphrase"), rows.count_present("negation")
+        return [f"OssCSE's max-margin term l_m is 0 for this WHOLE run: none of the {len(rows)} training rows has "
+                f"both a paraphrase and a negation ({para} have a paraphrase, {neg} a negation), so only l_c and "
+                f"l_r train. Mine paraphrases with back-translation chains (role \"paraphrases\", e.g. make mine "
+                f"PROFILE=osscse-paper where the hub is reachable) to train the full objective."]
 
     def __init__(self, encoder, cfg):
         super().__init__(encoder, cfg)

@@ -1,0 +1,71 @@
+"""A shard is reused only when everything that decides its bytes is unchanged: the code it runs (derived from its
+imports, never a hand list), the device and precision it ran at, the model files, the library versions."""
+from __future__ import annotations
+
+import shutil
+
+import torch
+
+from pipeline import backtranslate, models
+from pipeline.config import load_config
+from pipeline.stages import PIPELINE, STAGES, code_version, extra_key, module_closure
+
+OFFLINE = ["backtranslate.chains=[]"]
+
+
+def test_code_version_follows_every_module_a_stage_imports(tmp_path):
+    src = tmp_path / "pipeline"
+    shutil.copytree(PIPELINE, src, ignore=shutil.ignore_patterns("__pycache__"))
+    before = {s: code_version(*STAGES[s].modules, root=src) for s in STAGES}
+    assert "seeding" in module_closure(STAGES["noise"].modules) and "seeding" in module_closure(STAGES["ipw"].modules)
+    (src / "seeding.py").write_text((src / "seeding.py").read_text() + "\n# a change to per-row seeding\n")
+    code_version.cache_clear()  # a new process
+    after = {s: code_version(*STAGES[s].modules, root=src) for s in STAGES}
+    changed = {s for s in STAGES if before[s] != after[s]}
+    assert changed == {"noise", "ipw"}  # the stages that draw per-row random numbers, and only those
+    (src / "unpad.py").write_text((src / "unpad.py").read_text() + "\n# the encoder's forward\n")
+    code_version.cache_clear()
+    again = {s: code_version(*STAGES[s].modules, root=src) for s in STAGES}
+    assert {s for s in STAGES if again[s] != after[s]} == {"embeddings", "scores"}
+
+
+def test_device_and_precision_are_part_of_the_key(monkeypatch):
+    cfg = load_config("default", OFFLINE)
+    stages = ("embeddings", "scores", "backtranslate")
+    cpu = {s: extra_key(STAGES[s], cfg) for s in stages}
+    assert all("device=cpu" in cpu[s] for s in stages)
+    assert "precision=float32" in cpu["embeddings"] and "dtype=float32" in cpu["backtranslate"]
+    # the same run on a GPU with bf16: no shard of the CPU float32 run may be reused
+    monkeypatch.setattr(models, "pick_device", lambda setting="auto": "cuda" if setting == "auto" else setting)
+    monkeypatch.setattr(backtranslate, "pick_device", models.pick_device)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    gpu = {s: extra_key(STAGES[s], cfg) for s in stages}
+    for s in stages:
+        assert gpu[s] != cpu[s] and "device=cuda" in gpu[s], s
+    assert "precision=bf16" in gpu["embeddings"] and "dtype=bfloat16" in gpu["backtranslate"]
+    fp16 = extra_key(STAGES["embeddings"], load_config("default", OFFLINE + ["encoder.precision=fp16"]))
+    assert "precision=fp16" in fp16 and fp16 != gpu["embeddings"]
+
+
+def test_model_files_are_part_of_the_key(tmp_path):
+    from tiny_bert import build_tiny_bert
+
+    path = build_tiny_bert(tmp_path / "enc", seed=1)
+    cfg = load_config("default", OFFLINE + [f"encoder.model={path}"])
+    first = extra_key(STAGES["embeddings"], cfg)
+    shutil.copytree(path, tmp_path / "copy")  # the same files elsewhere: the same key
+    assert extra_key(STAGES["embeddings"], load_config("default", OFFLINE + [f"encoder.model={tmp_path / 'copy'}"])) \
+        == first
+    build_tiny_bert(path, seed=2, dropout=0.2)  # other weights and config in the same folder
+    models.clear_cache()
+    assert extra_key(STAGES["embeddings"], cfg) != first
+    assert models.model_fingerprint(tmp_path / "hf" / "models--org--m" / "snapshots" / ("a" * 40)) == f"hub:org/m@{'a' * 40}"
+
+
+def test_library_versions_are_part_of_the_key():
+    from importlib.metadata import version
+
+    cfg = load_config("default", OFFLINE)
+    assert f"faiss-cpu={version('faiss-cpu')}" in extra_key(STAGES["neighbours"], cfg)
+    assert f"spacy={version('spacy')}" in extra_key(STAGES["negate"], cfg)
+    assert f"torch={version('torch')}" in extra_key(STAGES["embeddings"], cfg)

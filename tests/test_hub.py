@@ -1,0 +1,225 @@
+"""The user's real machine: a machine WITH hub access, simulated by a Hugging Face hub on 127.0.0.1 (fake_hub.py)
+serving tiny random models under the real ids the paper profiles name.
+
+- The paper profiles run through the Makefile exactly as a user types them — `make mine PROFILE=debcse-paper`,
+  `PROFILE=osscse-paper`, `make train PROFILE=debcse-paper`, `make eval MODEL=<its checkpoint>` — with an empty
+  HF_HOME and no variable set but HF_ENDPOINT; every model is downloaded once, and only the files loading needs.
+- Resolution: a cache holding only config.json is not a model; a missing repo, a hub that is down and an offline
+  machine each give one line, fast.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+from fake_hub import FakeHub, build_paper_models
+from pipeline import models
+from pipeline.models import ModelUnavailable, missing_files, resolve_model
+from pipeline.store import Store
+from tiny_bert import build_tiny_bert
+
+ROOT = Path(__file__).resolve().parent.parent
+WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"
+USER_ENV_DROPS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE",
+                  "PREFECT_HOME", "PREFECT_API_URL")
+
+
+@pytest.fixture(scope="module")
+def paper_models(tmp_path_factory) -> dict[str, Path]:
+    return build_paper_models(tmp_path_factory.mktemp("paper-models"))
+
+
+@pytest.fixture(scope="module")
+def hub(paper_models):
+    with FakeHub(paper_models) as h:
+        yield h
+
+
+def user_env(endpoint: str, hf_home: Path) -> dict:
+    """The environment of a user on a connected machine: theirs, with no offline switch, plus the endpoint."""
+    env = {k: v for k, v in os.environ.items() if k not in USER_ENV_DROPS and not k.startswith("PYTEST")}
+    env.update(HF_ENDPOINT=endpoint, HF_HOME=str(hf_home))
+    return env
+
+
+def make(*args: str, env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+@pytest.mark.slow
+def test_paper_profiles_mine_train_eval_through_the_makefile(hub, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(WIKI.read_text(encoding="utf-8").splitlines(keepends=True)[:150]), encoding="utf-8")
+    env, runs = user_env(hub.url, tmp_path / "hf-home"), tmp_path / "runs"
+
+    r = make("mine", "PROFILE=debcse-paper", f"CORPUS={corpus}", f"SET=run.root={runs}", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    deb = Store(runs / "debcse-paper")
+    n = deb.read("sentences").num_rows
+    bt = deb.read("backtranslations")
+    # DebCSE's positives chain: the sentence and its 4 noised copies, there and back, with the zh target token set
+    assert bt.num_rows == 5 * n and set(bt.column("role").to_pylist()) == {"positives"}
+    assert set(bt.column("chain").to_pylist()) == {"opus-mt-en-zh>opus-mt-zh-en"}
+    pos = deb.read("candidates").filter(pc.equal(deb.read("candidates").column("kind"), "pos"))
+    assert pos.num_rows > 0 and set(pos.column("source").to_pylist()) == {"bt:opus-mt-en-zh>opus-mt-zh-en"}
+    assert deb.read("pairs").num_rows == n
+
+    r = make("mine", "PROFILE=osscse-paper", f"CORPUS={corpus}", f"SET=run.root={runs}", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    oss = Store(runs / "osscse-paper")
+    bt = oss.read("backtranslations")
+    # OssCSE's two wmt19 chains translate the clean sentence only: no compute on variants it throws away
+    assert bt.num_rows == 2 * n and set(bt.column("variant").to_pylist()) == {0}
+    assert set(bt.column("role").to_pylist()) == {"paraphrases"}
+    assert oss.manifest("backtranslations")["chains_used"] == ["wmt19-en-de>wmt19-de-en", "wmt19-en-ru>wmt19-ru-en"]
+
+    r = make("train", "PROFILE=debcse-paper", f"SET=run.root={runs} train.max_steps=2 train.eval_every=1", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    best = runs / "debcse-paper" / "train" / "debcse" / "best"
+    trained = json.loads((best / "results.json").read_text())
+    assert json.loads((best / "train_config.json").read_text())["pooler"] == "cls_before_pooler"
+
+    name = f"hubtest-{os.getpid()}"
+    try:
+        r = make("eval", f"MODEL={best}", f"NAME={name}", env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        evaluated = json.loads((ROOT / "artifacts" / "eval" / name / "results.json").read_text())
+    finally:
+        shutil.rmtree(ROOT / "artifacts" / "eval" / name, ignore_errors=True)
+    # `make eval` on the checkpoint takes its pooler and length: the numbers training reported
+    assert evaluated["pooler"] == "cls_before_pooler" and evaluated["sts"] == trained["sts"]
+
+    # every model was downloaded once for the whole flow (4 processes), and only what loading needs
+    gets = Counter(p for m, p in hub.requests if m == "GET" and "/resolve/" in p)
+    assert gets and max(gets.values()) == 1, [p for p, k in gets.items() if k > 1]
+    for repo in ("bert-base-uncased", "princeton-nlp/unsup-simcse-bert-base-uncased", "Helsinki-NLP/opus-mt-en-zh",
+                 "facebook/wmt19-ru-en"):
+        assert "model.safetensors" in hub.fetched(repo) and "config.json" in hub.fetched(repo)
+
+
+# ------------------------------------------------------------------------------------------------ resolution
+@pytest.fixture
+def online(monkeypatch, tmp_path):
+    """This process as a connected machine: HF_ENDPOINT at a hub of its own, an empty cache."""
+    def connect(repos: dict, **env):
+        import huggingface_hub.constants
+
+        hub = FakeHub(repos).start()
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        # huggingface_hub reads HF_HUB_OFFLINE once, at import; conftest set it for the offline tests
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        models.clear_cache()
+        started.append(hub)
+        return hub
+    started: list[FakeHub] = []
+    yield connect
+    for hub in started:
+        hub.stop()
+    models.clear_cache()
+
+
+@pytest.fixture(scope="module")
+def busy_repo(tmp_path_factory) -> Path:
+    """A tiny BERT repo that also carries what a loader never needs: .bin copy, TF, ONNX, a README."""
+    d = build_tiny_bert(tmp_path_factory.mktemp("repo") / "bert")
+    (d / "pytorch_model.bin").write_bytes(b"not needed: safetensors is there")
+    (d / "tf_model.h5").write_bytes(b"tf")
+    (d / "onnx").mkdir()
+    (d / "onnx" / "model.onnx").write_bytes(b"onnx")
+    (d / "README.md").write_text("# card")
+    (d / "1_Pooling").mkdir()
+    (d / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
+    return d
+
+
+def test_download_fetches_what_loading_needs_once(online, busy_repo):
+    hub = online({"org/bert": busy_repo})
+    path = resolve_model("org/bert", "encoder")
+    assert hub.fetched("org/bert") == {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                                        "vocab.txt", "1_Pooling/config.json"}
+    assert missing_files(Path(path)) == [] and "snapshots" in path
+    models.clear_cache()  # a new process: the complete cached copy is used without asking the hub
+    before = len(hub.requests)
+    assert resolve_model("org/bert", "encoder") == path and len(hub.requests) == before
+
+
+def test_cache_with_only_config_json_is_not_a_model(online, busy_repo, monkeypatch, tmp_path):
+    from huggingface_hub import hf_hub_download
+
+    hub = online({"bert-base-uncased": busy_repo})
+    # what AutoConfig.from_pretrained(<hub id>) or an interrupted download leaves behind
+    hf_hub_download("bert-base-uncased", "config.json", endpoint=hub.url, cache_dir=str(tmp_path / "hf-home" / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    models.clear_cache()
+    with pytest.raises(ModelUnavailable) as e:
+        resolve_model("bert-base-uncased", "encoder")
+    line = str(e.value)
+    assert "\n" not in line and "'bert-base-uncased'" in line and "incomplete copy" in line and "weights" in line
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    models.clear_cache()
+    path = Path(resolve_model("bert-base-uncased", "encoder"))  # reachable: the rest is downloaded
+    assert missing_files(path) == [] and "model.safetensors" in hub.fetched("bert-base-uncased")
+    from pipeline.encoder import Encoder
+    enc = Encoder.load("bert-base-uncased", pooler="mean", max_length=16)
+    assert enc.tokenizer.vocab_size == len((busy_repo / "vocab.txt").read_text().split())
+
+
+def test_missing_repo_is_one_line_naming_it(online, busy_repo):
+    hub = online({"org/bert": busy_repo})
+    t0 = time.perf_counter()
+    with pytest.raises(ModelUnavailable) as e:
+        resolve_model("org/no-such-model", "translation model")
+    assert time.perf_counter() - t0 < 10
+    assert "\n" not in str(e.value) and "'org/no-such-model'" in str(e.value) and "404" in str(e.value)
+    assert hub.url in str(e.value)
+
+
+def test_hub_down_is_one_line_fast(online, busy_repo, monkeypatch):
+    online({"org/bert": busy_repo})
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    models.clear_cache()
+    t0 = time.perf_counter()
+    with pytest.raises(ModelUnavailable) as e:
+        resolve_model("org/bert", "encoder")
+    assert time.perf_counter() - t0 < 5
+    assert "\n" not in str(e.value) and f"127.0.0.1:{port}" in str(e.value) and "cannot be reached" in str(e.value)
+
+
+def test_reachability_follows_the_users_settings(online, busy_repo, monkeypatch):
+    hub = online({"org/bert": busy_repo})
+    assert models.hub_endpoint() == hub.url and models.hub_reachable()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    models.clear_cache()
+    assert not models.hub_reachable()
+    with pytest.raises(ModelUnavailable, match="HF_HUB_OFFLINE is set"):
+        resolve_model("org/bert")
+    assert not any("/resolve/" in p for _, p in hub.requests)
+
+
+def test_project_forces_no_offline_mode():
+    """Reachability follows the user's settings: neither the Makefile nor the deployments switch the hub off."""
+    import yaml
+
+    make_db = subprocess.run(["make", "-pn", "--no-print-directory", "test"], cwd=ROOT, capture_output=True,
+                             text=True, env={k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}).stdout
+    assert "HF_HUB_OFFLINE" not in make_db
+    for dep in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]:
+        assert "HF_HUB_OFFLINE" not in dep["work_pool"]["job_variables"].get("env", {}), dep["name"]

@@ -1,0 +1,128 @@
+"""The README's commands run as written: every command in its code blocks names a make target, profile, setting,
+stage, objective, deployment and module that exist, with values the config accepts; its SQL runs on a real
+(small) mined run, and the cheap commands run for real through the Makefile."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import CONFIG_DIR, ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+# make variables a user may set on the command line (the Makefile's `?=` ones)
+MAKE_VARS = set(re.findall(r"^([A-Z_]+)\s*\?=", (ROOT / "Makefile").read_text(), re.M))
+MAKE_TARGETS = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
+PROGRAMS = {"make", "prefect", "python", "torchrun", "export", "hf", "pip", "cd", "git", "duckdb", "curl"}
+
+
+def blocks(lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", README, re.S | re.M)
+
+
+def commands() -> list[str]:
+    """Every shell command of the README's ```bash blocks, comments removed, continuation lines joined."""
+    out = []
+    for block in blocks("bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            try:
+                words = shlex.split(line, comments=True)
+            except ValueError as e:
+                raise AssertionError(f"README: unparsable command {line!r}: {e}") from None
+            if words:
+                out.append(words)
+    return out
+
+
+def test_the_readme_has_commands_and_queries():
+    assert len(commands()) >= 15 and len(blocks("sql")) >= 1
+    assert {"mine", "test", "train", "eval", "sql", "stage"} <= {w[1] for w in commands() if w[0] == "make"}
+
+
+@pytest.mark.parametrize("words", commands(), ids=lambda w: " ".join(w)[:60])
+def test_command_names_what_exists(words):
+    prog = words[0]
+    assert prog in PROGRAMS, f"README command {' '.join(words)!r}: unknown program {prog!r}"
+    if prog == "make":
+        check_make(words[1:])
+    elif prog == "prefect" and words[1:3] == ["deployment", "run"]:
+        check_deployment(words[3])
+    elif prog in ("python", "torchrun"):
+        module = words[words.index("-m") + 1]
+        assert importlib.util.find_spec(module) is not None, f"README: no module {module}"
+        if "--profile" in words:
+            assert (CONFIG_DIR / f"{words[words.index('--profile') + 1]}.toml").is_file()
+
+
+def check_make(args: list[str]) -> None:
+    target, assignments = args[0], dict(a.split("=", 1) for a in args[1:] if "=" in a)
+    assert target in MAKE_TARGETS, f"README: no make target {target!r}"
+    unknown = set(assignments) - MAKE_VARS
+    assert not unknown, f"README: make {target} sets unknown variable(s) {unknown}"
+    profile = assignments.get("PROFILE", "default")
+    assert (CONFIG_DIR / f"{profile}.toml").is_file(), f"README: no profile {profile!r}"
+    sets = re.split(r"\s+(?=[A-Za-z_][\w.]*=)", assignments["SET"].strip()) if "SET" in assignments else []
+    try:
+        load_config(profile, sets)
+    except ConfigError as e:
+        raise AssertionError(f"README: make {' '.join(args)}: {e}") from None
+    if "STAGE" in assignments:
+        from pipeline.stages import ORDER
+        assert assignments["STAGE"] in ORDER, f"README: no stage {assignments['STAGE']!r}"
+    if "OBJECTIVE" in assignments:
+        from pipeline.config import OBJECTIVE_NAMES
+        assert assignments["OBJECTIVE"] in OBJECTIVE_NAMES
+
+
+def check_deployment(name: str) -> None:
+    flow, _, deployment = name.partition("/")
+    deployments = {d["name"]: d for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]}
+    assert deployment in deployments, f"README: no deployment {deployment!r} in prefect.yaml"
+    entry = deployments[deployment]["entrypoint"]
+    assert entry.endswith(f":{flow}_flow"), f"README: deployment {deployment} runs {entry}, not flow {flow!r}"
+
+
+# ------------------------------------------------------------------------------------------------ for real
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory, prefect_harness):
+    from flows.mine import mine_flow
+
+    lines = (ROOT.parent / "shared" / "data" / "wiki1m_head.txt").read_text(encoding="utf-8").splitlines()[:60]
+    corpus = tmp_path_factory.mktemp("readme") / "c.txt"
+    corpus.write_text("\n".join(lines + ["", "too short", lines[3]]) + "\n", encoding="utf-8")
+    root = tmp_path_factory.mktemp("runs")
+    sets = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=2",
+            "backtranslate.chains=[]", f"run.root={root}"]
+    mine_flow(profile="default", run="readme", corpus=str(corpus), overrides=sets)
+    return root
+
+
+def test_readme_sql_runs_on_a_mined_run(small_run):
+    from flows.sql import connect
+
+    con = connect(small_run / "readme")
+    statements = [s.strip() for block in blocks("sql") for s in re.split(r";\s*\n", block) if s.strip()]
+    statements = ["\n".join(ln for ln in s.splitlines() if not ln.strip().startswith("--")) for s in statements]
+    assert len(statements) >= 5
+    for sql in statements:
+        rows = con.sql(sql.rstrip(";")).fetchall()
+        assert rows, f"README query returned nothing on a mined run:\n{sql}"
+
+
+def test_cheap_commands_through_the_makefile(small_run):
+    env = {**os.environ}
+    r = subprocess.run(["make", "--no-print-directory", "sql", "RUN=readme", f"SET=run.root={small_run}",
+                        "Q=SELECT count(*) AS n FROM sentences"], cwd=ROOT, capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0 and "62" in r.stdout or "61" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run(["make", "--no-print-directory", "report", "RUN=readme", f"SET=run.root={small_run}"],
+                       cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert (small_run / "readme" / "report" / "index.md").is_file()
