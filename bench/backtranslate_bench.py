@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from pipeline.backtranslate import backtranslate, chain_name, load_chain
+from pipeline.models.translator import backtranslate, chain_name, load_chain
 from pipeline.config import BacktranslateCfg
 from tests.tiny_mt import build_tiny_marian, corpus_lines
 

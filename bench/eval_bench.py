@@ -92,8 +92,8 @@ def row(name: str, ours: float, peer: float) -> dict:
 def run(max_pairs: int = 300, batch_size: int = 128) -> list[dict]:
     from sentence_transformers import SentenceTransformer
 
-    from pipeline.encoder import Encoder
-    from pipeline.models import resolve_model
+    from pipeline.models.encoder import Encoder
+    from pipeline.models.hub import resolve_model
     from trainer.evaluate import all_texts, default_max_length
 
     path = resolve_model(MODEL)

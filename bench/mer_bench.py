@@ -1,4 +1,4 @@
-"""MER throughput: `pipeline.textdist.mer` (Arrow tokenisation + dictionary encoding, one multi-threaded rapidfuzz
+"""MER throughput: `pipeline.text_distances.mer` (Arrow tokenisation + dictionary encoding, one multi-threaded rapidfuzz
 `cpdist` for the distances, editops only for pairs whose alignment is ambiguous) vs a per-pair `jiwer.mer` loop.
 
     python -m bench.mer_bench [--n 20000]
@@ -21,7 +21,7 @@ GOAL = 20.0
 
 
 def pairs(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
-    from pipeline.sentences import normalise
+    from pipeline.stages.sentences import normalise
 
     lines = [normalise(x).lower() for x in (SHARED_DATA / "wiki1m_head.txt").read_text(encoding="utf-8").splitlines()]
     lines = [x for x in lines if x.split()]
@@ -51,7 +51,7 @@ def pairs(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
 def run(n: int = 20_000) -> list[dict]:
     import jiwer
 
-    from pipeline.textdist import mer
+    from pipeline.text_distances import mer
 
     a, b = pairs(n)
     mer(a[:100], b[:100])  # warm up

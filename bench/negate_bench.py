@@ -14,7 +14,7 @@ from pathlib import Path
 
 import spacy
 
-from pipeline.negate import DEFAULT_MODEL, load_nlp, negate_root_verb, negate_texts
+from pipeline.stages.negate import DEFAULT_MODEL, load_nlp, negate_root_verb, negate_texts
 
 WIKI = Path(__file__).resolve().parents[2] / "shared" / "data" / "wiki1m_head.txt"
 GOAL = 5.0

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import ROOT, SHARED_DATA
-from pipeline.stages import ORDER, STAGES
-from pipeline.store import Store
+from pipeline.engine.runner import load_stages
+from pipeline.engine.store import Store
 
 GOAL = 2.2
 SIZES = (3000, 6000, 12000, 25000, 50000, 100000)
@@ -71,7 +71,7 @@ def mine(n: int, work: Path) -> dict:
     if child.returncode:
         raise RuntimeError(f"mine at {n} failed (exit {child.returncode}); see {work / f'{run}.log'}")
     store = Store(work / run)
-    stages = {s: store.manifest(STAGES[s].outputs[0])["wall_seconds_last_run"] for s in ORDER}
+    stages = {s: store.manifest(spec.writes[0])["wall_seconds_last_run"] for s, spec in load_stages().items()}
     sentences = store.manifest("sentences")["rows"]["sentences"]
     res = {"n": n, "sentences": sentences, "wall_s": round(wall, 1), "stages_s": stages,
            "peak_rss_mb": round(usage.ru_maxrss / 1024), "load_avg": os.getloadavg()[0]}

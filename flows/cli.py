@@ -6,7 +6,8 @@
     python -m flows.cli report [--run R]
 
 Settings, the corpus and the models are checked before Prefect starts or anything is written; a problem is one
-line on stderr naming the key, file or model, and exit code 2.
+line on stderr naming the key, file or model, and exit code 2. A command imports what it uses: `sql` and `report`
+load neither torch nor Prefect.
 """
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ import time
 from pathlib import Path
 
 from . import env  # noqa: F401
-from pipeline.config import Config, ConfigError
-from pipeline.models import ModelUnavailable
-from pipeline.sentences import CorpusError, check_corpus
-from pipeline.stages import ORDER, STAGES
-from pipeline.store import Store
+from pipeline.config import Config, ConfigError, configure
+from pipeline.engine.tables import TableMissing
+from pipeline.models.hub import ModelUnavailable
+from pipeline.stages import ORDER
+from pipeline.stages.sentences import CorpusError
 
 
 class InputMissing(RuntimeError):
@@ -29,10 +30,14 @@ class InputMissing(RuntimeError):
 
 
 def preflight(cfg: Config, stages: list[str]) -> list[str]:
-    """Fail fast on what would fail later; return the plain-words notes about generators."""
-    from pipeline.generators import generator_notes
-    from pipeline.models import resolve_model
+    """Fail fast on what would fail later (every model is resolved — downloaded where needed — here, once per run);
+    return the plain-words notes about the translation chains."""
+    from pipeline.models.hub import resolve_model
+    from pipeline.stages.backtranslate import generator_notes
+    from pipeline.stages.sentences import check_corpus
+    from trainer.objectives import check_settings
 
+    check_settings(cfg.train)  # the profile's [train.<objective>] sections: a typo is caught before any work
     if "sentences" in stages:
         check_corpus(cfg.data.corpus)
     if {"embeddings", "scores"} & set(stages):
@@ -46,10 +51,13 @@ def preflight(cfg: Config, stages: list[str]) -> list[str]:
 
 
 def check_inputs(cfg: Config, stage: str) -> None:
+    from pipeline.engine.runner import load_stages, writer as writer_of
+    from pipeline.engine.store import Store
+
     store = Store(cfg.run.dir)
-    for table in (*STAGES[stage].shard_inputs, *STAGES[stage].whole_inputs):
+    for table in load_stages()[stage].inputs:
         if not store.exists(table):
-            writer = next(s for s in ORDER if table in STAGES[s].outputs)
+            writer = writer_of(table)
             raise InputMissing(f"stage {stage} reads table `{table}`, which run {cfg.run.name!r} does not have yet: "
                                f"run `make stage STAGE={writer} RUN={cfg.run.name}` (or `make mine`) first")
         man = store.manifest(table)
@@ -58,7 +66,7 @@ def check_inputs(cfg: Config, stage: str) -> None:
                                f"is {cfg.run.shards}: rerun from its stage, or set run.shards={man.get('shards')}")
         damaged = [i for i in range(cfg.run.shards) if not store.intact(table, i, cfg.run.shards)]
         if damaged:
-            writer = next(s for s in ORDER if table in STAGES[s].outputs)
+            writer = writer_of(table)
             raise InputMissing(f"table `{table}` of run {cfg.run.name!r}: shards {damaged} are missing or changed since "
                                f"written: run `make stage STAGE={writer} RUN={cfg.run.name}` (it recomputes them) first")
 
@@ -78,12 +86,14 @@ def cmd_mine(args, cfg: Config) -> None:
 
 
 def cmd_stage(args, cfg: Config) -> None:
+    from pipeline.engine.runner import load_stages
+
     from .mine import run_stage_flow
 
-    if args.name not in STAGES:
-        raise ConfigError(f"unknown stage {args.name!r}; stages: {', '.join(ORDER)}")
+    if args.name not in load_stages():
+        raise ConfigError(f"unknown stage {args.name!r}; stages: {', '.join(load_stages())}")
     notes = preflight(cfg, [args.name])
-    if not STAGES[args.name].global_job:
+    if not load_stages()[args.name].one_job:
         check_inputs(cfg, args.name)  # before the notes: a missing input is the one line the user gets
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
@@ -96,7 +106,10 @@ def cmd_stage(args, cfg: Config) -> None:
 def cmd_sql(args, cfg: Config) -> None:
     from .sql import connect, repl
 
-    con = connect(cfg.run.dir)
+    try:
+        con = connect(cfg.run.dir)
+    except FileNotFoundError as e:
+        raise InputMissing(str(e)) from None
     if args.query:
         con.sql(args.query).show(max_rows=args.max_rows, max_width=200)
     else:
@@ -132,11 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     # make passes SET="a=1 b=2" as one word: split before each `key=`, not inside a value ('x=[["a", "b"]]')
     args.set = [kv for item in args.set for kv in re.split(r"\s+(?=[A-Za-z_][\w.]*=)", item.strip()) if kv]
     try:
-        from .mine import configure
-
         cfg = configure(args.profile, args.run, args.corpus, args.set)
         {"mine": cmd_mine, "stage": cmd_stage, "sql": cmd_sql, "report": cmd_report}[args.cmd](args, cfg)
-    except (ConfigError, ModelUnavailable, CorpusError, InputMissing) as e:
+    except (ConfigError, ModelUnavailable, CorpusError, InputMissing, TableMissing) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

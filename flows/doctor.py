@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     import faiss
     import torch
 
-    from pipeline.models import hub_endpoint, hub_offline
+    from pipeline.models.hub import hub_endpoint, hub_offline
 
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     faiss_gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0

@@ -14,18 +14,8 @@ from prefect import flow, get_run_logger, task, unmapped
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from pipeline.config import Config, load_config
-from pipeline.stages import ORDER, STAGES, finish_stage, run_global, run_shard
-
-
-def configure(profile: str = "default", run: str | None = None, corpus: str | None = None,
-              overrides: list[str] | None = None) -> Config:
-    sets = list(overrides or [])
-    if run:
-        sets.append(f"run.name={run}")
-    if corpus:
-        sets.append(f"data.corpus={corpus}")
-    return load_config(profile, sets)
+from pipeline.config import Config, configure  # noqa: F401  (configure: what flow callers build a config with)
+from pipeline.engine.runner import finish_stage, load_stages, run_global, run_shard
 
 
 @task(name="shard", cache_policy=NO_CACHE, task_run_name="{stage}[{i}]")
@@ -54,7 +44,7 @@ def execute_stage(stage: str, cfg: Config, force: bool = False) -> dict:
     log = get_run_logger()
     cfg_json, progress = cfg.model_dump_json(), cfg.runner.workers == 1 and cfg.runner.kind == "threads"
     t0 = time.perf_counter()
-    if STAGES[stage].global_job:
+    if load_stages()[stage].one_job:
         results = global_task(stage, cfg_json, force, progress)
     else:
         futures = shard_task.map(stage, unmapped(cfg_json), list(range(cfg.run.shards)), unmapped(force),
@@ -77,14 +67,16 @@ def make_stage_flow(stage: str):
     return stage_flow
 
 
-STAGE_FLOWS = {s: make_stage_flow(s) for s in ORDER}
-# Module attributes so that deployments can name them: flows/mine.py:neighbours_flow
-sentences_flow, embeddings_flow, neighbours_flow, noise_flow, backtranslate_flow, negate_flow, scores_flow, \
-    ipw_flow, pairs_flow, paraphrases_flow, triplets_flow = (STAGE_FLOWS[s] for s in ORDER)
+STAGE_FLOWS = {s: make_stage_flow(s) for s in load_stages()}
+# Module attributes so that deployments can name them (flows/mine.py:neighbours_flow); prefect.yaml is generated
+# from the same stage list (python -m flows.deployments).
+globals().update({f"{s}_flow": f for s, f in STAGE_FLOWS.items()})
 
 
 def run_stage_flow(stage: str, cfg: Config, **params) -> dict:
     """A stage flow with the task runner the config asks for."""
+    if stage not in STAGE_FLOWS:  # a stage added to the order after this module was imported
+        STAGE_FLOWS[stage] = make_stage_flow(stage)
     return STAGE_FLOWS[stage].with_options(task_runner=task_runner(cfg))(**params)
 
 
@@ -103,4 +95,4 @@ def mine_flow(profile: str = "default", run: str | None = None, corpus: str | No
             overrides += ["runner.kind=dask", f"runner.address={cluster.scheduler_address}"]
             cfg = configure(profile, run, corpus, overrides)
         return {s: run_stage_flow(s, cfg, profile=profile, run=run, corpus=corpus, overrides=overrides,
-                                  force=s in (force or []))["rows"] for s in ORDER}
+                                  force=s in (force or []))["rows"] for s in load_stages()}

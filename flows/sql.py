@@ -1,4 +1,5 @@
-"""DuckDB over a run: every finished table of artifacts/<run>/ is a view with the table's name."""
+"""DuckDB over a run: every finished table of artifacts/<run>/ is a view with the table's name. Imports neither
+torch nor Prefect, so `make sql Q=...` answers in about a second."""
 from __future__ import annotations
 
 import sys
@@ -6,23 +7,12 @@ from pathlib import Path
 
 import duckdb
 
-from pipeline.store import Store
+from pipeline.engine.tables import RunTables
 
 
 def connect(run_dir: Path) -> duckdb.DuckDBPyConnection:
-    store, con = Store(run_dir), duckdb.connect()
-    if not Path(run_dir).is_dir():
-        raise FileNotFoundError(f"{run_dir}: no such run (make mine first)")
-    for table_dir in sorted(p for p in Path(run_dir).iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if store.exists(table_dir.name):
-            n = store.shard_count(table_dir.name)
-            glob = str(table_dir / f"part-*-of-{n:05d}.parquet").replace("'", "''")
-            source = f"read_parquet('{glob}')"
-            if table_dir.name == "embeddings":  # Parquet has no fixed-size list: restore FLOAT[d]
-                d = con.sql(f"SELECT max(len(emb)) FROM {source}").fetchall()[0][0] or 1
-                source = f"(SELECT sid, emb::FLOAT[{d}] AS emb FROM {source})"
-            con.execute(f"CREATE VIEW \"{table_dir.name}\" AS SELECT * FROM {source}")
-    return con
+    """DuckDB with every finished table of the run as a view (RunTables: each table's current layout only)."""
+    return RunTables(run_dir).connect()
 
 
 def repl(con: duckdb.DuckDBPyConnection, run_dir: Path) -> None:

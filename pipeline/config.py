@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -222,6 +223,21 @@ class ParaphrasesCfg(Section):
         return self
 
 
+OBJECTIVE_NAMES = ("simcse", "debcse", "osscse", "whitenedcse", "dclr")  # trainer/objectives/<name>.py each
+# Flat keys of the previous release -> [train.<objective>] key: still accepted, with a one-line deprecation note.
+FLAT_OBJECTIVE_KEYS = {
+    "debcse_negatives": ("debcse", "negatives"), "osscse_alpha": ("osscse", "alpha"), "osscse_beta": ("osscse", "beta"),
+    "osscse_lambda": ("osscse", "margin_weight"), "osscse_gamma": ("osscse", "recall_weight"),
+    "osscse_templates": ("osscse", "templates"), "whitened_groups": ("whitenedcse", "groups"),
+    "whitened_positives": ("whitenedcse", "positives"), "whitened_eps": ("whitenedcse", "eps"),
+    "whitened_lambda": ("whitenedcse", "loss_weight"), "dclr_phi": ("dclr", "phi"),
+    "dclr_k": ("dclr", "noise_per_row"), "dclr_steps": ("dclr", "noise_steps"),
+    "dclr_step_size": ("dclr", "noise_step_size"), "dclr_tau_u": ("dclr", "tau_u"),
+    "mlp_train_only": (("simcse", "dclr"), "mlp_train_only"),
+}
+_warned: set[str] = set()
+
+
 class TrainCfg(Section):
     objective: Literal["simcse", "debcse", "osscse", "whitenedcse", "dclr"] = "debcse"
     model: str | None = None  # start weights; None = encoder.model
@@ -236,33 +252,46 @@ class TrainCfg(Section):
     grad_clip: float = Field(1.0, ge=0)
     temperature: float = Field(0.05, gt=0)
     dropout: float = Field(0.1, ge=0, le=1)
-    mlp_train_only: bool = True
     eval_every: int = Field(125, ge=1)
     eval_sick: bool = False
     eval_max_pairs: int = Field(0, ge=0, description="0 = all dev pairs")
+    eval_precision: Literal["float32", "bf16", "fp16"] = Field(
+        "float32", description="autocast of dev and final evaluation (float32: the exact numbers)")
     precision: Literal["auto", "float32", "bf16", "fp16"] = "auto"
     device: str = "auto"
     seed: int = Field(42, ge=0)
     final_eval: bool = True
     num_workers: int = Field(2, ge=0, description="DataLoader workers that run objective.collate (tokenisation)")
-    unpad: bool = Field(True, description="padding-free encoder forward for BERT-family models (pipeline/unpad.py): "
-                                          "same outputs, no arithmetic on pad tokens")
-    # objective settings (METHODS §7)
-    debcse_negatives: int = Field(2, ge=0)
-    osscse_alpha: float = 0.05
-    osscse_beta: float = 0.2
-    osscse_lambda: float = 1e-3
-    osscse_gamma: float = 2e-3
-    osscse_templates: list[str] = ['This sentence : "{s}" means [MASK] .', 'This sentence of "{s}" means [MASK] .']
-    whitened_groups: int = Field(128, ge=1)
-    whitened_positives: int = Field(3, ge=1)
-    whitened_eps: float = Field(1e-5, gt=0)
-    whitened_lambda: float = Field(1.0, gt=0)
-    dclr_phi: float = 0.9
-    dclr_k: int = Field(1, ge=0)
-    dclr_steps: int = Field(4, ge=0)
-    dclr_step_size: float = Field(1e-3, gt=0)
-    dclr_tau_u: float = Field(0.05, gt=0)
+    unpad: bool = Field(True, description="padding-free encoder forward for BERT-family models "
+                                          "(pipeline/models/unpad.py): same outputs, no arithmetic on pad tokens")
+    # Each objective's own settings, [train.<objective>] (e.g. [train.osscse] alpha = 0.05): declared with their
+    # defaults and bounds by the objective's file in trainer/objectives/ and validated by it (`settings_of`) when a
+    # run starts; this file stays free of torch.
+    simcse: dict = {}
+    debcse: dict = {}
+    osscse: dict = {}
+    whitenedcse: dict = {}
+    dclr: dict = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_keys(cls, data):
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for flat, (objectives, key) in FLAT_OBJECTIVE_KEYS.items():
+            if flat not in data:
+                continue
+            value = data.pop(flat)
+            for name in (objectives if isinstance(objectives, tuple) else (objectives,)):
+                data[name] = {key: value, **dict(data.get(name) or {})}
+            if flat not in _warned:
+                _warned.add(flat)
+                where = " and ".join(f"[train.{o}] {key}" for o in (objectives if isinstance(objectives, tuple)
+                                                                      else (objectives,)))
+                print(f"note: train.{flat} is deprecated (accepted until the next release): use {where}",
+                      file=sys.stderr)
+        return data
 
 
 class Config(Section):
@@ -331,6 +360,17 @@ def read_profile(name: str, _seen: tuple = ()) -> dict:
         raise ConfigError(f"{path}: {e}") from None
     parent = tree.pop("inherit", None)
     return _merge(read_profile(parent, _seen + (path,)), tree) if parent else tree
+
+
+def configure(profile: str = "default", run: str | None = None, corpus: str | None = None,
+              overrides: list[str] | None = None) -> Config:
+    """The config of a CLI call or flow run: a profile, the run name and corpus as given, per-key overrides."""
+    sets = list(overrides or [])
+    if run:
+        sets.append(f"run.name={run}")
+    if corpus:
+        sets.append(f"data.corpus={corpus}")
+    return load_config(profile, sets)
 
 
 def load_config(profile: str = "default", overrides: list[str] | tuple[str, ...] = ()) -> Config:

@@ -5,6 +5,7 @@ content hash) and artifacts/<run>/<table>/_manifest.json (config hash, input has
 Per-sentence tables are sharded by the same contiguous sid ranges as `sentences`, rows sorted by sid inside
 a shard, so reading the parts in order gives the table sorted by sid whatever the shard count.
 """
+import numpy as np
 import pyarrow as pa
 
 SCHEMAS: dict[str, pa.Schema] = {
@@ -35,3 +36,21 @@ SCHEMAS: dict[str, pa.Schema] = {
     "triplets": pa.schema([("sid", pa.int64()), ("anchor", pa.string()), ("paraphrase", pa.string()),
                            ("negation", pa.string()), ("para_mer", pa.float64()), ("para_chain", pa.string())]),
 }
+
+
+# The `emb` column as a matrix and back.
+def vectors_table(sids: np.ndarray, vectors: np.ndarray) -> pa.Table:
+    """sid + emb as a fixed-size list (DuckDB: FLOAT[d])."""
+    d = vectors.shape[1] if vectors.ndim == 2 else 0
+    flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1))
+    return pa.table({"sid": pa.array(sids, pa.int64()), "emb": pa.FixedSizeListArray.from_arrays(flat, d)})
+
+
+def table_vectors(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(sids, vectors float32 [n, d]) from an embeddings table."""
+    sids = table.column("sid").to_numpy()
+    col = table.column("emb").combine_chunks()
+    if len(col) == 0:
+        return sids, np.zeros((0, 0), dtype=np.float32)
+    d = col.type.list_size if pa.types.is_fixed_size_list(col.type) else len(col[0])
+    return sids, col.flatten().to_numpy(zero_copy_only=False).reshape(-1, d).astype(np.float32, copy=False)

@@ -35,3 +35,18 @@ def small_corpus(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("corpus") / "small.txt"
     p.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return p
+
+
+# the trainer tests' tiny BERT and SentEval folder (tests/train_helpers.py), built once per test module
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory) -> Path:
+    from tiny_bert import build_tiny_bert
+
+    return build_tiny_bert(tmp_path_factory.mktemp("bert") / "model", seed=0, dropout=0.1)
+
+
+@pytest.fixture(scope="module")
+def senteval(tmp_path_factory) -> Path:
+    from train_helpers import write_senteval
+
+    return write_senteval(tmp_path_factory.mktemp("senteval"))

@@ -108,19 +108,23 @@ def _pause(point: str) -> None:
 
 
 def install_pause(at: str) -> None:
-    from pipeline import stages, store
+    import dataclasses
+
+    from pipeline.engine import store
+    from pipeline.engine.runner import load_stages
 
     kind, what, shard = at.split(":")
     shard = int(shard)
     if kind == "compute":
-        inner = stages.COMPUTE[what]
+        stages = load_stages()
+        inner = stages[what].compute
 
-        def compute(ctx, progress):
+        def compute(ctx):
             if ctx.i == shard:
                 _pause(at)
-            return inner(ctx, progress)
+            return inner(ctx)
 
-        stages.COMPUTE[what] = compute
+        stages[what] = dataclasses.replace(stages[what], compute=compute)
     elif kind == "tmp":
         write_table = store.pq.write_table
         prefix = f".part-{shard:05d}-of-"

@@ -8,10 +8,11 @@ import pyarrow as pa
 import pytest
 import torch
 
-from pipeline import models
-from pipeline.backtranslate import (backtranslate, chain_name, load_chain, load_translator, stable_seed)
+from pipeline.models import hub as models
+from pipeline.models.translator import backtranslate, chain_name, load_chain, load_translator
+from pipeline.seeding import row_seed
 from pipeline.config import BacktranslateCfg
-from pipeline.models import ModelUnavailable
+from pipeline.models.hub import ModelUnavailable
 from pipeline.schema import SCHEMAS
 from tests.tiny_mt import build_all, build_tiny_fsmt, build_tiny_marian, corpus_lines
 
@@ -70,7 +71,7 @@ def test_one_row_per_sentence_variant_chain(marian_chain):
 def test_pivot_is_first_hop_output(tiny, marian_chain):
     t = run(marian_chain)
     first = load_translator(tiny["marian-en-xx"], cfg())
-    seeds = [stable_seed(stable_seed(0, sid, v), "hop", 0) for sid, v, _ in rows()]
+    seeds = [row_seed(row_seed(0, "backtranslate", sid, v), "backtranslate-hop", 0) for sid, v, _ in rows()]
     assert t.column("pivot_text").to_pylist() == [o[0] for o in first.translate(LINES, seeds)]
 
 
@@ -90,7 +91,7 @@ def test_num_return_sequences_rows(marian_chain, kw):
 
 def test_sampling_is_deterministic_per_row(tiny):
     tr = load_translator(tiny["marian-en-xx"], cfg(do_sample=True, batch_size=3))
-    seeds = [stable_seed(7, i) for i in range(len(LINES))]
+    seeds = [row_seed(7, "test", i) for i in range(len(LINES))]
     full = tr.translate(LINES, seeds)
     for j in (0, 7, 20, 40):  # the row alone, and among different neighbours
         assert tr.translate([LINES[j]], [seeds[j]]) == [full[j]]
@@ -198,9 +199,17 @@ def test_invalid_generation_settings(tiny):
         load_translator(tiny["marian-en-xx"], cfg(num_return_sequences=2))
 
 
-def test_stable_seed_and_chain_name():
-    assert stable_seed(1, 2, 3) == stable_seed(1, 2, 3) != stable_seed(1, 2, 4)
-    assert stable_seed(0, 5, 1) == 4355740682372217018  # pinned: a change would silently re-sample every stored table
+def test_row_seed_and_chain_name():
+    import numpy as np
+    from pipeline.seeding import row_rng
+
+    assert row_seed(1, "s", 2, 3) == row_seed(1, "s", 2, 3) != row_seed(1, "s", 2, 4)
+    assert 0 <= row_seed(0, "backtranslate", 5, 1) < 2**63
+    assert row_seed(0, "t", "some text") == row_seed(0, "t", "some text") != row_seed(0, "t", "other text")
+    # one scheme: the integer seed and the numpy stream come from the same SeedSequence
+    want = np.random.SeedSequence([0, __import__("zlib").crc32(b"backtranslate"), 5, 1]).generate_state(1, np.uint64)
+    assert row_seed(0, "backtranslate", 5, 1) == int(want[0]) >> 1
+    assert row_rng(3, "noise", 7, 1).random() == np.random.default_rng([3, __import__("zlib").crc32(b"noise"), 7, 1]).random()
     assert chain_name(["Helsinki-NLP/opus-mt-en-zh", "/a/b/opus-mt-zh-en/"]) == "opus-mt-en-zh>opus-mt-zh-en"
 
 
@@ -222,7 +231,7 @@ def zh_like(tmp_path_factory):
 
 
 def test_multi_target_marian_needs_its_language_token(zh_like):
-    from pipeline.backtranslate import marian_language_codes, target_language_problem
+    from pipeline.models.translator import marian_language_codes, target_language_problem
 
     assert marian_language_codes(zh_like) == [">>cmn_Hans<<", ">>cmn_Hant<<", ">>yue_Hant<<"]
     problem = target_language_problem(zh_like, zh_like, cfg())

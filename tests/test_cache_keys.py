@@ -6,27 +6,36 @@ import shutil
 
 import torch
 
-from pipeline import backtranslate, models
 from pipeline.config import load_config
-from pipeline.stages import PIPELINE, STAGES, code_version, extra_key, module_closure
+from pipeline.engine.codeversion import PIPELINE, code_version, module_closure
+from pipeline.engine.runner import load_stages, stage_facts
+from pipeline.models import hub as models
+from pipeline.stages import backtranslate, embeddings
 
 OFFLINE = ["backtranslate.chains=[]"]
+STAGES = load_stages()
+
+
+def extra_key(stage, cfg) -> str:
+    return stage_facts(stage, cfg)
 
 
 def test_code_version_follows_every_module_a_stage_imports(tmp_path):
     src = tmp_path / "pipeline"
     shutil.copytree(PIPELINE, src, ignore=shutil.ignore_patterns("__pycache__"))
-    before = {s: code_version(*STAGES[s].modules, root=src) for s in STAGES}
-    assert "seeding" in module_closure(STAGES["noise"].modules) and "seeding" in module_closure(STAGES["ipw"].modules)
+    versions = lambda: {s: code_version(STAGES[s].module, root=src) for s in STAGES}  # noqa: E731
+    before = versions()
+    assert "pipeline.seeding" in module_closure((STAGES["noise"].module,))  # listed nowhere by hand
     (src / "seeding.py").write_text((src / "seeding.py").read_text() + "\n# a change to per-row seeding\n")
     code_version.cache_clear()  # a new process
-    after = {s: code_version(*STAGES[s].modules, root=src) for s in STAGES}
+    after = versions()
     changed = {s for s in STAGES if before[s] != after[s]}
-    assert changed == {"noise", "ipw"}  # the stages that draw per-row random numbers, and only those
-    (src / "unpad.py").write_text((src / "unpad.py").read_text() + "\n# the encoder's forward\n")
+    assert {"noise", "ipw", "backtranslate"} <= changed  # the stages that draw per-row random numbers
+    assert not changed & {"sentences", "embeddings", "neighbours", "negate", "pairs", "triplets"}
+    (src / "models" / "unpad.py").write_text((src / "models" / "unpad.py").read_text() + "\n# the forward\n")
     code_version.cache_clear()
-    again = {s: code_version(*STAGES[s].modules, root=src) for s in STAGES}
-    assert {s for s in STAGES if again[s] != after[s]} == {"embeddings", "scores"}
+    again = versions()
+    assert {s for s in STAGES if again[s] != after[s]} == {"embeddings", "scores"}  # the stages that embed
 
 
 def test_device_and_precision_are_part_of_the_key(monkeypatch):
@@ -36,8 +45,9 @@ def test_device_and_precision_are_part_of_the_key(monkeypatch):
     assert all("device=cpu" in cpu[s] for s in stages)
     assert "precision=float32" in cpu["embeddings"] and "dtype=float32" in cpu["backtranslate"]
     # the same run on a GPU with bf16: no shard of the CPU float32 run may be reused
-    monkeypatch.setattr(models, "pick_device", lambda setting="auto": "cuda" if setting == "auto" else setting)
-    monkeypatch.setattr(backtranslate, "pick_device", models.pick_device)
+    cuda = lambda setting="auto": "cuda" if setting == "auto" else setting  # noqa: E731
+    monkeypatch.setattr(embeddings, "pick_device", cuda)
+    monkeypatch.setattr(backtranslate, "pick_device", cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     gpu = {s: extra_key(STAGES[s], cfg) for s in stages}
     for s in stages:

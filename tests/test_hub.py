@@ -22,9 +22,9 @@ import pyarrow.compute as pc
 import pytest
 
 from fake_hub import FakeHub, build_paper_models
-from pipeline import models
-from pipeline.models import ModelUnavailable, missing_files, resolve_model
-from pipeline.store import Store
+from pipeline.models import hub as models
+from pipeline.models.hub import ModelUnavailable, missing_files, resolve_model
+from pipeline.engine.tables import RunTables
 from tiny_bert import build_tiny_bert
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +65,7 @@ def test_paper_profiles_mine_train_eval_through_the_makefile(hub, tmp_path):
 
     r = make("mine", "PROFILE=debcse-paper", f"CORPUS={corpus}", f"SET=run.root={runs}", env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    deb = Store(runs / "debcse-paper")
+    deb = RunTables(runs / "debcse-paper")
     n = deb.read("sentences").num_rows
     bt = deb.read("backtranslations")
     # DebCSE's positives chain: the sentence and its 4 noised copies, there and back, with the zh target token set
@@ -77,7 +77,7 @@ def test_paper_profiles_mine_train_eval_through_the_makefile(hub, tmp_path):
 
     r = make("mine", "PROFILE=osscse-paper", f"CORPUS={corpus}", f"SET=run.root={runs}", env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    oss = Store(runs / "osscse-paper")
+    oss = RunTables(runs / "osscse-paper")
     bt = oss.read("backtranslations")
     # OssCSE's two wmt19 chains translate the clean sentence only: no compute on variants it throws away
     assert bt.num_rows == 2 * n and set(bt.column("variant").to_pylist()) == {0}
@@ -174,7 +174,7 @@ def test_cache_with_only_config_json_is_not_a_model(online, busy_repo, monkeypat
     models.clear_cache()
     path = Path(resolve_model("bert-base-uncased", "encoder"))  # reachable: the rest is downloaded
     assert missing_files(path) == [] and "model.safetensors" in hub.fetched("bert-base-uncased")
-    from pipeline.encoder import Encoder
+    from pipeline.models.encoder import Encoder
     enc = Encoder.load("bert-base-uncased", pooler="mean", max_length=16)
     assert enc.tokenizer.vocab_size == len((busy_repo / "vocab.txt").read_text().split())
 

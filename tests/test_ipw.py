@@ -7,7 +7,7 @@ import pyarrow.compute as pc
 import pytest
 
 from pipeline.config import IpwCfg
-from pipeline.ipw import ipw_probabilities, ipw_table
+from pipeline.stages.ipw import ipw_probabilities, ipw_table
 from pipeline.schema import SCHEMAS
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipeline.negate import Negation, load_nlp, negate_root_verb, negate_table, negate_texts
+from pipeline.stages.negate import Negation, load_nlp, negate_root_verb, negate_table, negate_texts
 from pipeline.schema import SCHEMAS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,7 +161,7 @@ def test_only_the_root_changes_on_real_wiki_sentences(nlp):
 
 def test_cli_reads_stdin_and_writes_one_line_each():
     lines = ["She likes apples.", "An empty office cubicle.", "Go home.", ""]
-    out = subprocess.run([sys.executable, "-m", "pipeline.negate", "--batch-size", "2"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "pipeline.stages.negate", "--batch-size", "2"], cwd=ROOT,
                          input="\n".join(lines) + "\n", capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.split("\n") == ["She does not like apples.", "", "Do not go home.", "", ""]
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import NeighboursCfg
-from pipeline.neighbours import band_neighbours, build_index, exact_band_neighbours, recall_at_pool
+from pipeline.stages.neighbours import band_neighbours, build_index, exact_band_neighbours, recall_at_pool
 
 
 def _unit(x):
@@ -79,7 +79,7 @@ class _NoisyFlatIndex:
         self.x, self.rng = x.astype(np.float64), np.random.default_rng(seed)
 
     def search(self, q, k):
-        from pipeline.neighbours import EPS
+        from pipeline.stages.neighbours import EPS
 
         s = q.astype(np.float64) @ self.x.T + self.rng.uniform(-0.9 * EPS, 0.9 * EPS, (len(q), len(self.x)))
         ids = np.argsort(-s, axis=1, kind="stable")[:, :k]

@@ -2,7 +2,7 @@
 import pyarrow as pa
 
 from pipeline.config import NoiseCfg
-from pipeline.noise import frequent_words, noise_sentences
+from pipeline.stages.noise import frequent_words, noise_sentences
 
 
 def _sentences(texts):

@@ -1,4 +1,5 @@
-"""What a user relies on: hostile corpora, kill -9 mid-run, determinism, damaged caches, clear config errors.
+"""What a user relies on: hostile corpora, kill -9 mid-run, determinism, damaged caches (degenerate corpora are in
+test_degenerate.py, config and input errors in test_cli_errors.py).
 
 Every mining run here uses tiny corpora (at most 70 lines) and the small settings of test_mine_flow.py. Mining runs
 in-process under `prefect_harness`; where a process must die or an exit code matters, the CLI runs in a subprocess
@@ -79,39 +80,21 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import pytest
 
 from flows.cli import main as cli_main
-from flows.mine import configure, mine_flow
-from pipeline.config import NeighboursCfg
-from pipeline.embeddings import table_vectors
-from pipeline.neighbours import band_neighbours, build_index, exact_band_neighbours
-from pipeline.sentences import CorpusError, split_sentences
-from pipeline.stages import ORDER, STAGES
-from pipeline.store import Store, file_hash
+from pipeline.schema import table_vectors
+from pipeline.engine.store import Store, file_hash
+from pipeline.engine.tables import RunTables
 
-from hostile import KEPT, hostile_rows, plain_rows, wiki_lines, write_corpus
+from hostile import KEPT, hostile_rows, wiki_lines, write_corpus
+
+from mining_helpers import (ORDER, ROOT, SMALL, STAGES, TABLES, _brute_force, _cli_env, _cli_error,
+                            _manifest, _mine, _tables)
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
-ROOT = Path(__file__).resolve().parent.parent
-SMALL = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=2",
-         "backtranslate.chains=[]"]
-TABLES = [t for s in ORDER for t in STAGES[s].outputs]
 
-
-def _mine(corpus: Path, root: Path, name: str, *extra: str):
-    sets = SMALL + [f"run.root={root}", *extra]
-    mine_flow(profile="default", run=name, corpus=str(corpus), overrides=sets)
-    return configure("default", name, str(corpus), sets)
-
-
-def _tables(run_dir: Path) -> dict[str, pa.Table]:
-    store = Store(run_dir)
-    return {t: store.read(t) for t in TABLES}
 
 
 def _assert_same_tables(got: dict, want: dict, what: str) -> None:
@@ -119,14 +102,10 @@ def _assert_same_tables(got: dict, want: dict, what: str) -> None:
         assert got[table].equals(data), f"table {table} differs: {what}"
 
 
-def _manifest(run_dir: Path, table: str) -> dict:
-    return Store(run_dir).manifest(table)
-
-
 def _counts(run_dir: Path) -> dict[str, tuple[int, int]]:
     """(shards_computed, shards_cached) of every stage's last run."""
     return {s: (m["shards_computed"], m["shards_cached"]) for s in ORDER
-            if (m := _manifest(run_dir, STAGES[s].outputs[0]))}
+            if (m := _manifest(run_dir, STAGES[s].writes[0]))}
 
 
 def _intact_shards(run_dir: Path) -> dict[Path, tuple[int, int, str]]:
@@ -216,85 +195,6 @@ def test_hostile_lines_each_end_where_expected(reference, rows, corpus):
     assert t["neighbours"].num_rows > 0 and t["neighbours"].equals(_brute_force(t, 0.25, 0.75, 8))
 
 
-# ---------------------------------------------------------------- degenerate corpora, each mined end to end
-
-def _degenerate(tmp_path, name, rows, *extra):
-    corpus = write_corpus(tmp_path / f"{name}.txt", rows)
-    cfg = _mine(corpus, tmp_path / "runs", name, *extra)
-    t = _tables(cfg.run.dir)
-    assert t["sentences"].num_rows + t["rejected"].num_rows == len(rows)
-    assert t["pairs"].num_rows == t["embeddings"].num_rows == t["negations"].num_rows == t["sentences"].num_rows
-    return cfg, t
-
-
-def _brute_force(t, lo, hi, pool):
-    sids, x = table_vectors(t["embeddings"])
-    return exact_band_neighbours(x, sids, x, sids, lo, hi, pool)
-
-
-def test_every_line_the_same_is_a_one_sentence_corpus(tmp_path):
-    """12 copies of one line (6 with extra spaces): one sentence, 11 duplicates; shard 0 of 2 is empty. A corpus
-    of that one line alone gives the very same `sentences` shards (checked here), hence the same cache keys and
-    the same tables downstream: this run is the one-sentence corpus's run too."""
-    line = wiki_lines(1, skip=1)[0]
-    cfg, t = _degenerate(tmp_path, "same", plain_rows([line] * 6 + ["  " + line] * 6))
-    assert t["sentences"].column("text").to_pylist() == [line]
-    assert t["sentences"].column("line_no").to_pylist() == [1]
-    assert t["rejected"].column("reason").to_pylist() == ["duplicate"] * 11
-    store = Store(cfg.run.dir)
-    assert store.read_shard("sentences", 0, 2).num_rows == 0  # an empty shard went through every stage
-    assert t["neighbours"].num_rows == 0
-    assert t["variants"].num_rows == 2
-    pair = t["pairs"].to_pylist()[0]
-    assert pair["negatives"] == [] and len(pair["positives"]) == 2
-    one = write_corpus(tmp_path / "one.txt", plain_rows([line]))
-    kept, rejected = split_sentences(one, cfg.sentences.min_words, cfg.sentences.max_words, cfg.sentences.max_chars)
-    assert rejected.num_rows == 0 and kept.equals(t["sentences"])
-
-
-def test_identical_embeddings_and_fewer_sentences_than_pool_size(tmp_path):
-    """With encoder.max_length=4 a line is read as [CLS] the cat [SEP]: ten distinct lines, one vector, every
-    cosine 0.99999994. With hi = 1 every pair is in band, the ties are ranked by sid, and 10 sentences are fewer
-    than pool_size = 12: each pool holds the 9 others. With the default band (hi = 0.75) there is no neighbour."""
-    words = "really quietly slowly happily never always often then later first".split()
-    lines = [f"The cat {w} sat on a mat number {i}" for i, w in enumerate(words)]
-    _, t = _degenerate(tmp_path, "same-vectors", plain_rows(lines), "encoder.max_length=4", "neighbours.hi=1.0",
-                       "neighbours.pool_size=12")
-    sids, x = table_vectors(t["embeddings"])
-    assert len(sids) == 10 and (x == x[0]).all()
-    nb = t["neighbours"]
-    assert nb.equals(_brute_force(t, 0.25, 1.0, 12))
-    assert nb.num_rows == 10 * 9
-    for sid in sids.tolist():
-        got = nb.filter(pc.equal(nb.column("sid"), sid)).column("cand_sid").to_pylist()
-        assert got == sorted(s for s in sids.tolist() if s != sid)
-    neg = t["candidates"].filter(pc.equal(t["candidates"].column("kind"), "neg"))
-    assert np.isfinite(neg.column("p").to_numpy()).all()
-    assert np.allclose(neg.column("s_sem").to_numpy(), 1 / 9)  # one cosine: S_sem is uniform, edit decides
-    assert sum(neg.column("chosen").to_pylist()) == 10 * 2
-    nc = NeighboursCfg(pool_size=12)
-    index, cpu_index = build_index(x, "flat", nc)
-    none = band_neighbours(x, sids, x, sids, index, cpu_index, nc.lo, nc.hi, nc.pool_size, nc.slack)
-    assert none.num_rows == 0 and none.equals(exact_band_neighbours(x, sids, x, sids, nc.lo, nc.hi, 12))
-
-
-def test_empty_corpus_file(tmp_path):
-    """0 bytes: succeeds with every table empty. A file of blank lines gives the same (empty) `sentences`
-    shards, so the same run downstream; checked at the sentences stage."""
-    corpus = tmp_path / "empty.txt"
-    corpus.write_bytes(b"")
-    cfg = _mine(corpus, tmp_path / "runs", "empty")
-    t = _tables(cfg.run.dir)
-    assert all(t[tb].num_rows == 0 for tb in TABLES)
-    assert _manifest(cfg.run.dir, "sentences")["corpus_lines"] == 0
-    blank = tmp_path / "blank.txt"
-    blank.write_bytes(b"\n \n\t\n\r\n\r")
-    kept, rejected = split_sentences(blank, 3, 128, 2000)
-    assert kept.equals(t["sentences"]) and rejected.column("reason").to_pylist() == ["empty"] * 5
-
-
-# ---------------------------------------------------------------- determinism
-
 @pytest.mark.parametrize("name,extra", [("one-shard", ["run.shards=1"]),
                                         ("seven-shards-four-threads", ["run.shards=7", "runner.workers=4"])])
 def test_same_tables_whatever_the_shards_and_workers(reference, corpus, tmp_path, name, extra):
@@ -303,15 +203,6 @@ def test_same_tables_whatever_the_shards_and_workers(reference, corpus, tmp_path
 
 
 # ---------------------------------------------------------------- kill -9 and resume
-
-def _cli_env(**extra) -> dict:
-    import prefect.settings
-
-    env = {**os.environ, "PREFECT_API_URL": prefect.settings.PREFECT_API_URL.value(), "OMP_NUM_THREADS": "1",
-           "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    env.update(extra)
-    return env
-
 
 def _killed_mine(corpus: Path, root: Path, tmp: Path, *, pause_at: str | None = None,
                  kill_when: str | None = None, timeout: float = 300) -> None:
@@ -438,98 +329,6 @@ def test_corpus_changed_in_place_is_detected(reference, rows, tmp_path):
     _assert_same_tables(_tables(run_dir), _tables(clean.run.dir), "changed corpus vs a clean run of it")
 
 
-# ---------------------------------------------------------------- config, corpus and model errors: exit 2, one line
-
-def _cli_error(capsys, root: Path, argv: list[str], sets: list[str] = ()) -> str:
-    capsys.readouterr()
-    code = cli_main([*argv, "--set", *SMALL, f"run.root={root}", *sets])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert not root.exists() or not any(root.iterdir()), f"{argv}: wrote under the run root"
-    return lines[0]
-
-
-CONFIG_ERRORS = [
-    (["neighbours.pool_sise=8"], "neighbours.pool_sise: unknown key"),
-    (["nieghbours.pool_size=8"], "nieghbours: unknown key"),
-    (["neighbours.pool_size=eight"], "neighbours.pool_size: Input should be a valid integer"),
-    (["run.shards=[1,2]"], "run.shards: Input should be a valid integer"),
-    (["neighbours.lo=0.8", "neighbours.hi=0.2"], "neighbours.lo (0.8) > neighbours.hi (0.2)"),
-    (["neighbours.lo=0.8 neighbours.hi=0.2"], "neighbours.lo (0.8) > neighbours.hi (0.2)"),  # make's SET="a b"
-    (["neighbours.lo=1.5"], "neighbours.lo: Input should be less than or equal to 1"),
-    (["ipw.m_neg=9"], "ipw.m_neg (9) > neighbours.pool_size (8)"),
-    (["ipw.temperature=0"], "ipw.temperature: Input should be greater than 0"),
-    (["ipw.temperature=-0.5"], "ipw.temperature: Input should be greater than 0"),
-    (["ipw.lambda_neg=1.2"], "ipw.lambda_neg: Input should be less than or equal to 1"),
-    (["paraphrases.mer_lo=0.9", "paraphrases.mer_hi=0.1"], "paraphrases.mer_lo (0.9) > paraphrases.mer_hi (0.1)"),
-    (["sentences.min_words=9", "sentences.max_words=4"], "sentences.min_words (9) > sentences.max_words (4)"),
-    (["noise.min_ops=3"], "noise.min_ops (3) > noise.max_ops (2)"),
-    (["run.shards=0"], "run.shards: Input should be greater than or equal to 1"),
-    (["encoder.max_length=2"], "encoder.max_length: Input should be greater than or equal to 4"),
-    (["runner.kind=dask"], "runner.address is required"),
-    (["run.name=../escape"], "run.name: String should match pattern"),
-    (["neighbours.pool_size"], "'neighbours.pool_size': expected key=value"),
-]
-
-
-@pytest.mark.parametrize("sets,message", CONFIG_ERRORS, ids=[s[0] for s, _ in CONFIG_ERRORS])
-def test_config_error_is_one_line_naming_the_key(capsys, tmp_path, sets, message):
-    line = _cli_error(capsys, tmp_path / "runs", ["mine", "--corpus", str(tmp_path / "c.txt")], sets)
-    assert message in line
-
-
-def test_input_errors_name_the_path_or_model(capsys, tmp_path):
-    corpus = write_corpus(tmp_path / "c.txt", plain_rows(wiki_lines(3)))
-    root = tmp_path / "runs"
-    missing = tmp_path / "no-such-dir" / "corpus.txt"
-    assert str(missing) in _cli_error(capsys, root, ["mine", "--corpus", str(missing)])
-    assert str(tmp_path) in _cli_error(capsys, root, ["mine", "--corpus", str(tmp_path)])  # a directory
-    assert "profile 'no-such-profile' not found" in _cli_error(capsys, root, ["mine", "--profile", "no-such-profile"])
-    no_text, int_text, fake = tmp_path / "no-text.parquet", tmp_path / "int-text.parquet", tmp_path / "fake.parquet"
-    pq.write_table(pa.table({"sentence": ["one two three"]}), no_text)
-    pq.write_table(pa.table({"text": [1, 2, 3]}), int_text)
-    fake.write_bytes(corpus.read_bytes())  # a text file named .parquet
-    utf16 = tmp_path / "utf16.txt"  # what "Unicode" in some editors' save dialogs writes
-    utf16.write_text("\n".join(wiki_lines(3)), encoding="utf-16")
-    for path, message in [(no_text, "string column `text`"), (int_text, "column `text` is int64"),
-                          (fake, "Parquet magic bytes not found"), (utf16, "UTF-16/UTF-32 text")]:
-        line = _cli_error(capsys, root, ["mine", "--corpus", str(path)])
-        assert str(path) in line and message in line, line
-    with pytest.raises(CorpusError, match="convert it to UTF-8"):  # in-process callers of the stage too
-        split_sentences(utf16, 3, 128, 2000)
-    (tmp_path / "not-a-model").mkdir()
-    assert os.environ["HF_HUB_OFFLINE"] == "1"  # conftest: the hub id below must fail fast, offline
-    cases = [
-        (["encoder.model=/nonexistent/path"], "encoder /nonexistent/path: no such directory"),
-        (["encoder.model=contramine-test/no-such-model"], "encoder 'contramine-test/no-such-model' is not available"),
-        ([f"encoder.model={tmp_path / 'not-a-model'}"], "not-a-model: directory has no config.json"),
-        (["negate.model=xx_no_such_pipeline"], "spaCy pipeline 'xx_no_such_pipeline' is not installed"),
-        (['backtranslate.chains=[["contramine-test/no-mt", "contramine-test/no-mt-back"]]',
-          "backtranslate.fallback=false"],
-         "translation model 'contramine-test/no-mt'"),
-    ]
-    for sets, message in cases:
-        line = _cli_error(capsys, root, ["mine", "--corpus", str(corpus)], sets)
-        assert message in line, (sets, line)
-
-
-def _run_cli(args: list[str], **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=_cli_env(**env), timeout=300)
-
-
-def test_cli_subprocess_stage_before_its_input(tmp_path):
-    """The real `python -m flows.cli stage neighbours` on a fresh run: exit 2, one line saying what to run first."""
-    root = tmp_path / "runs"
-    r = _run_cli(["stage", "neighbours", "--run", "fresh", "--set", *SMALL, f"run.root={root}"])
-    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert r.stderr.startswith("error: stage neighbours reads table `embeddings`, which run 'fresh' does not have")
-    assert "run `make stage STAGE=embeddings RUN=fresh`" in r.stderr
-    assert not root.exists() or not any(root.iterdir())
-
-
 def test_single_stage_before_its_inputs(capsys, reference, tmp_path):
     root = tmp_path / "runs"
     line = _cli_error(capsys, root, ["stage", "embeddings", "--run", "fresh"])
@@ -564,6 +363,6 @@ def test_single_stage_on_a_damaged_input_then_repair(capsys, reference, tmp_path
     assert "table `embeddings`" in err and "[0, 1]" in err and "STAGE=embeddings" in err
     assert cli_main(["stage", "embeddings", "--run", "ref", *sets]) == 0
     assert _counts(run_dir)["embeddings"] == (2, 0)
-    assert Store(run_dir).read("embeddings").equals(reference[1]["embeddings"])
+    assert RunTables(run_dir).read("embeddings").equals(reference[1]["embeddings"])
     assert cli_main(["stage", "neighbours", "--run", "ref", *sets]) == 0
     assert _counts(run_dir)["neighbours"] == (2, 0)

@@ -66,7 +66,7 @@ def run(tmp_path_factory):
     return {"dir": run, "pairs": pairs}
 
 
-def _overlap(a, b):  # DebCSE Table 4's measure, written out independently of pipeline.textdist
+def _overlap(a, b):  # DebCSE Table 4's measure, written out independently of pipeline.text_distances
     wa, wb = a.lower().split(), b.lower().split()
     return len(set(wa) & set(wb)) / max(len(wa), len(wb))
 

@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 from flows.mine import configure, mine_flow, run_stage_flow
-from pipeline import neighbours as nb
+from pipeline.stages import neighbours as nb
 from pipeline.config import NeighboursCfg
-from pipeline.stages import ORDER, STAGES
-from pipeline.store import Store
+from pipeline.engine.runner import load_stages
+from pipeline.engine.store import Store
+from pipeline.engine.tables import RunTables
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"
@@ -39,8 +40,8 @@ def corpus60(tmp_path_factory) -> Path:
 
 
 def _tables(cfg) -> dict:
-    store = Store(cfg.run.dir)
-    return {t: store.read(t) for s in ORDER for t in STAGES[s].outputs}
+    tables = RunTables(cfg.run.dir)
+    return {t: tables.read(t) for s in load_stages().values() for t in s.writes}
 
 
 def _mine(corpus, root, name, *extra):
@@ -165,9 +166,9 @@ def test_sentences_deployment_runs_on_a_process_worker(tmp_path, corpus60):
             return state == "COMPLETED"
 
         _wait(finished, 240, f"flow run {run_id}", [server, worker])
-        store = Store(run_root / "deployed")
-        assert store.manifest("sentences")["shards"] == 2
-        assert store.read("sentences").num_rows + store.read("rejected").num_rows == 60
+        tables = RunTables(run_root / "deployed")
+        assert tables.manifest("sentences")["shards"] == 2
+        assert tables.read("sentences").num_rows + tables.read("rejected").num_rows == 60
     except AssertionError as e:
         raise AssertionError(f"{e}\n{tail()}") from None
     finally:
@@ -180,7 +181,7 @@ def test_prefect_yaml_has_one_deployment_per_stage_flow():
 
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     entry = {d["entrypoint"] for d in spec["deployments"]}
-    assert entry == {f"flows/mine.py:{s}_flow" for s in ORDER} | {"flows/mine.py:mine_flow"}
+    assert entry == {f"flows/mine.py:{s}_flow" for s in load_stages()} | {"flows/mine.py:mine_flow"}
     for d in spec["deployments"]:
         assert {"profile", "run", "overrides"} <= set(d["parameters"])
         assert d["work_pool"]["name"] == "contramine-process"

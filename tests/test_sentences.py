@@ -3,7 +3,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.sentences import count_lines, sentence_id, shard_bounds, split_sentences
+from pipeline.stages.sentences import count_lines, sentence_id, shard_bounds, split_sentences
 
 
 def _split(tmp_path, data: bytes, **kw):

@@ -15,26 +15,23 @@
                         global step, best dev score so far, config hash
         train_config.json
 
-Atomicity: a folder is written under a temporary name next to its destination, fsynced, then swapped in with two
-renames (dst -> .dst.old, tmp -> dst). A kill at any instant leaves either the old folder, the new one, or — between
-the two renames — only .dst.old, which `recover` renames back before anything reads or writes dst.
+Atomicity: both folders are written by pipeline/engine/atomic.py's `atomic_dir` (a temporary folder, fsynced, then
+swapped in with two renames): a kill at any instant leaves the old folder or the new one, never half of one.
 
 The sentence-transformers modules match our poolers exactly for `mean` (mean pooling), `cls_before_pooler` (CLS
 token) and `cls` (CLS token + a Dense/Tanh module carrying the BERT pooler's weights). `avg_first_last` (mean of the
 first and last layers) and `mask` (the hidden state at a prompt's [MASK]) have no sentence-transformers module:
 the folder then gets the closest stock pipeline (mean, resp. CLS) and says so in README.md and train_config.json;
-use pipeline.encoder.Encoder with the recorded pooler to get the trained behaviour.
+use pipeline.models.encoder.Encoder with the recorded pooler to get the trained behaviour.
 """
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from pipeline.engine.atomic import atomic_dir, atomic_write_json, recover  # noqa: F401  (recover: re-exported)
 
 # our pooler -> (sentence-transformers pooling mode, exact?)
 ST_POOLING = {
@@ -50,86 +47,6 @@ ST_NOTES = {
     "mask": "pooler mask (hidden state at [MASK] of the prompt template) has no sentence-transformers module; the "
             "modules here use the [CLS] token without the template instead",
 }
-
-
-# ------------------------------------------------------------------------------------------- atomic folders
-def _old(dst: Path) -> Path:
-    return dst.with_name(f".{dst.name}.old")
-
-
-def recover(dst: Path | str) -> Path:
-    """Undo a swap that a kill interrupted, and drop temporary folders of interrupted writes."""
-    dst = Path(dst)
-    if not dst.exists() and _old(dst).is_dir():
-        os.rename(_old(dst), dst)
-    if dst.parent.is_dir():
-        for tmp in dst.parent.glob(f".{dst.name}.tmp-*"):
-            shutil.rmtree(tmp, ignore_errors=True)
-    return dst
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _publish_modes(root: Path) -> None:
-    """mkdtemp/mkstemp create owner-only entries: give the checkpoint the modes a plain write would have."""
-    mask = _umask()
-    for path in [root, *root.rglob("*")]:
-        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
-
-
-def _fsync_tree(root: Path) -> None:
-    for path in sorted(root.rglob("*"), reverse=True) + [root]:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-@contextmanager
-def atomic_dir(dst: Path | str):
-    """Yield an empty temporary folder; on normal exit it replaces `dst` in one swap, on error it is removed."""
-    dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    recover(dst)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
-    try:
-        yield tmp
-        _publish_modes(tmp)
-        _fsync_tree(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = _old(dst)
-    if old.exists():
-        shutil.rmtree(old)
-    if dst.exists():
-        os.rename(dst, old)
-    os.rename(tmp, dst)
-    fd = os.open(dst.parent, os.O_RDONLY)  # make the renames themselves durable
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def write_json_atomic(path: Path | str, obj) -> Path:
-    """One JSON file written to a temporary name and renamed over `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, 0o666 & ~_umask())
-    os.replace(tmp, path)
-    return path
 
 
 # ------------------------------------------------------------------------------------------- best/: a model
@@ -197,7 +114,7 @@ def save_encoder(dst: Path | str, encoder, train_config: dict) -> Path:
             f"dev {train_config.get('dev')}.\n\n"
             f"- pooler: `{encoder.pooler}`, max length {encoder.max_length}\n"
             f"- `transformers.AutoModel.from_pretrained(<this folder>)` loads the weights;\n"
-            f"  `pipeline.encoder.Encoder.load(<this folder>, pooler=\"{encoder.pooler}\")` embeds as in training.\n"
+            f"  `pipeline.models.encoder.Encoder.load(<this folder>, pooler=\"{encoder.pooler}\")` embeds as in training.\n"
             f"- `sentence_transformers.SentenceTransformer(<this folder>)`: {note}\n"
             f"- train_config.json: the full configuration of the run.\n")
     return dst

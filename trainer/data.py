@@ -4,7 +4,8 @@
     loader = make_loader(rows, objective.collate, batch_size=64, seed=42, epoch=0, start=0)
     for batch in loader: ...                                    # collate ran in the DataLoader workers
 
-Reading. Each table is a pyarrow dataset over artifacts/<run>/<table>/part-*.parquet, read with column
+Reading. Each table is a pyarrow dataset over the run's current shards of that table (RunTables: the layout its
+manifest records, so shards an interrupted re-shard left behind are never read twice), read with column
 projection only (the `sentences` table's n_words/line_no, the pairs' audit columns … are never decoded) into
 Arrow buffers: no Python object per row lives longer than one batch, and forked DataLoader workers share the
 buffers copy-on-write. The first table of `objective.tables` is the row source (one training row per row of it,
@@ -24,8 +25,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as pads
 import torch
+
+from pipeline.engine.tables import RunTables, TableMissing  # noqa: F401  (TableMissing: the trainer's error)
 
 # What the reader takes from each table: parquet column -> row key (METHODS / objectives/base.py row keys).
 COLUMNS: dict[str, dict[str, str]] = {
@@ -37,26 +39,10 @@ COLUMNS: dict[str, dict[str, str]] = {
 ROW_KEYS = ("sid", "text", "positives", "negatives", "paraphrase", "negation", "emb")
 
 
-class TableMissing(FileNotFoundError):
-    """A mined table the objective needs is not there; the message is one line naming it and its stage."""
-
-
-def table_files(run_dir: Path | str, table: str) -> list[Path]:
-    """The part files of one mined table, or TableMissing saying which stage writes it."""
-    tdir = Path(run_dir) / table
-    files = sorted(tdir.glob("part-*.parquet"))
-    if not files:
-        what = "no such folder" if not tdir.is_dir() else "no part-*.parquet in it"
-        raise TableMissing(
-            f"mined table {table!r} not found at {tdir}/ ({what}): it is written by the `{table}` stage of the "
-            f"mining run — run `make mine PROFILE=<profile> RUN={Path(run_dir).name}` (every stage) or "
-            f"`make stage STAGE={table} RUN={Path(run_dir).name}` (that stage and what it reads must exist)")
-    return files
-
-
 def fingerprint(run_dir: Path | str, tables: tuple[str, ...]) -> list[list]:
     """(table, file, size) of every part read: part of the trainer's resume key, so new mining output is noticed."""
-    return [[t, f.name, f.stat().st_size] for t in tables for f in table_files(run_dir, t)]
+    run = RunTables(run_dir)
+    return [[t, f.name, f.stat().st_size] for t in tables for f in run.files(t)]
 
 
 def _read(run_dir: Path | str, table: str, source: bool) -> pa.Table:
@@ -64,7 +50,7 @@ def _read(run_dir: Path | str, table: str, source: bool) -> pa.Table:
     triplets' anchor): the row source's text is the row's text."""
     if table not in COLUMNS:
         raise ValueError(f"the trainer cannot read table {table!r}; readable: {', '.join(COLUMNS)}")
-    dataset = pads.dataset([str(f) for f in table_files(run_dir, table)], format="parquet")
+    dataset = RunTables(run_dir).dataset(table)
     mapping = {c: k for c, k in COLUMNS[table].items() if source or k != "text"}
     missing = [c for c in ["sid", *mapping] if c not in dataset.schema.names]
     if missing:

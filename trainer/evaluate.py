@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import ROOT, DataCfg, Pooler
-from pipeline.textdist import mer
+from pipeline.markdown import cell
+from pipeline.text_distances import mer
 from trainer.sts import (STS_TASKS, DataMissing, PairSet, check_senteval_dir, load_sick, load_sts_task, load_stsb,
                          senteval_text)
 
@@ -214,16 +215,12 @@ def model_name(encoder) -> str | None:
     return getattr(encoder, "name", None) or getattr(config, "_name_or_path", None)
 
 
-def _cell(v) -> str:
-    return "–" if v is None else f"{v:.2f}"
-
-
 def format_results(named: list[tuple[str, dict]]) -> str:
     """Markdown table, one row per (name, results) with the 7 STS numbers and their average."""
     lines = ["| model | " + " | ".join(h for _, h in COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
     for name, res in named:
         sts = res.get("sts", {})
-        lines.append(f"| {name} | " + " | ".join(_cell(sts.get(k)) for k, _ in COLUMNS) + " |")
+        lines.append(f"| {name} | " + " | ".join(cell(sts.get(k)) for k, _ in COLUMNS) + " |")
     return "\n".join(lines)
 
 
@@ -232,8 +229,8 @@ def results_markdown(name: str, res: dict) -> str:
            f"model `{res.get('model')}`, pooler `{res.get('pooler')}`, max_length {res.get('max_length')}, "
            f"{res.get('n_distinct_sentences')} distinct sentences, {res.get('seconds')} s", "",
            format_results([(name, res)]), "", "## Subsets", "", "| subset | n | Spearman |", "|---|---:|---:|"]
-    out += [f"| {k} | {v['n']} | {_cell(v['spearman'])} |" for k, v in res["subsets"].items()]
-    out += ["", "## Dev", ""] + [f"- {k}: {_cell(v)}" for k, v in res["dev"].items()]
+    out += [f"| {k} | {v['n']} | {cell(v['spearman'])} |" for k, v in res["subsets"].items()]
+    out += ["", "## Dev", ""] + [f"- {k}: {cell(v)}" for k, v in res["dev"].items()]
     au = res["align_uniform"]
     out += ["", "## Alignment / uniformity (STS-B test)", "",
             f"alignment {au['alignment']} ({au['n_positive_pairs']} pairs with gold > 4), "
@@ -243,10 +240,10 @@ def results_markdown(name: str, res: dict) -> str:
     for k, v in res["splits"].items():
         if k != "weighted":
             out.append(f"| {k} | {v['n_cont']} | {v['n_oppn']} | {v['median_gold']} | {v['median_mer']} | "
-                       f"{_cell(v['spearman_cont'])} | {_cell(v['spearman_oppn'])} |")
+                       f"{cell(v['spearman_cont'])} | {cell(v['spearman_oppn'])} |")
     w = res["splits"]["weighted"]
     out.append(f"| weighted ({w['subsets']} subsets) | {w['n_cont']} | {w['n_oppn']} | | | "
-               f"{_cell(w['spearman_cont'])} | {_cell(w['spearman_oppn'])} |")
+               f"{cell(w['spearman_cont'])} | {cell(w['spearman_oppn'])} |")
     if res.get("probe"):
         p = res["probe"]
         out += ["", "## Transformation probe", "",
@@ -321,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
 
-    from pipeline.encoder import DEFAULT_PROMPT, Encoder
-    from pipeline.models import ModelUnavailable, resolve_model
+    from pipeline.models.encoder import DEFAULT_PROMPT, Encoder
+    from pipeline.models.hub import ModelUnavailable, resolve_model
 
     try:
         check_senteval_dir(args.data_dir)

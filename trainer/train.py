@@ -28,15 +28,17 @@ import torch
 from tqdm.auto import tqdm
 
 from pipeline.config import Config, ConfigError, load_config
-from pipeline.encoder import Encoder
-from pipeline.models import ModelUnavailable, pick_device, resolve_model
+from pipeline.engine.atomic import atomic_write_json
+from pipeline.models.encoder import Encoder
+from pipeline.models.hub import ModelUnavailable, pick_device, resolve_model
 from trainer import checkpoint as ckpt
 from trainer import dist
 from trainer.data import MinedRows, TableMissing, batches_per_epoch, fingerprint, make_loader
 
 
 # ----------------------------------------------------------------------------------------------- small helpers
-def load_encoder(name: str, pooler: str, max_length: int, device: str, prompt: str, dropout: float | None) -> Encoder:
+def load_encoder(name: str, pooler: str, max_length: int, device: str, prompt: str, dropout: float | None,
+                 precision: str = "float32") -> Encoder:
     """Encoder.load with the dropout of the config where the model's config has BERT-style dropout keys (a key the
     config lacks would reach the model constructor and fail)."""
     from transformers import AutoConfig
@@ -45,7 +47,8 @@ def load_encoder(name: str, pooler: str, max_length: int, device: str, prompt: s
     if dropout is not None:
         conf = AutoConfig.from_pretrained(resolve_model(name, "encoder"))
         kwargs = {k: dropout for k in ("hidden_dropout_prob", "attention_probs_dropout_prob") if hasattr(conf, k)}
-    return Encoder.load(name, pooler=pooler, max_length=max_length, device=device, prompt=prompt, **kwargs)
+    return Encoder.load(name, pooler=pooler, max_length=max_length, device=device, prompt=prompt,
+                        precision=precision, **kwargs)
 
 
 def eval_max_length(name: str) -> int:
@@ -145,8 +148,9 @@ def train(cfg: Config, resume: bool = True) -> dict:
     scaler = torch.amp.GradScaler(dev_type, enabled=amp_dtype is torch.float16)  # fp16 needs loss scaling
 
     # --- data first: a missing mined table should stop the run before a large model loads -------------------------
-    from trainer.objectives import get_objective
+    from trainer.objectives import check_settings, get_objective
 
+    check_settings(tc)  # a typo in any [train.<objective>] section stops here, before anything is written
     objective_cls = get_objective(tc.objective)
     rows = MinedRows(cfg.run.dir, objective_cls.tables)
     steps_per_epoch = batches_per_epoch(len(rows), tc.batch_size)
@@ -163,7 +167,7 @@ def train(cfg: Config, resume: bool = True) -> dict:
     # The encoder's own max_length is the inference one (evaluation, best/); objectives tokenise training rows with
     # tc.max_length themselves.
     eval_len = eval_max_length(model_name)
-    encoder = load_encoder(model_name, pooler, eval_len, device, prompt, tc.dropout)
+    encoder = load_encoder(model_name, pooler, eval_len, device, prompt, tc.dropout, tc.eval_precision)
     encoder.unpad = tc.unpad
     objective = objective_cls(encoder, tc).to(device)
     objective.train()
@@ -326,13 +330,14 @@ def final_eval(cfg: Config, model_name: str, pooler: str, prompt: str, eval_len:
     probe = cfg.data.probe if Path(cfg.data.probe).is_file() else None
     named = []
     for name, path in (("start", model_name), ("best", str(best_dir))):
-        enc = Encoder.load(path, pooler=pooler, max_length=eval_len, device=device, prompt=prompt)
+        enc = Encoder.load(path, pooler=pooler, max_length=eval_len, device=device, prompt=prompt,
+                           precision=cfg.train.eval_precision)
         named.append((name, evaluate_all(enc, cfg.data.senteval_dir, probe_path=probe, progress=False)))
         del enc
     print(format_results(named))
     results = dict(named)
-    ckpt.write_json_atomic(best_dir / "results.json", results["best"])
-    ckpt.write_json_atomic(best_dir / "start_results.json", results["start"])
+    atomic_write_json(best_dir / "results.json", results["best"], indent=2)
+    atomic_write_json(best_dir / "start_results.json", results["start"], indent=2)
     return results
 
 

@@ -1,13 +1,15 @@
-"""Training objectives (METHODS §7), one per file, all on the contract in `base.py`.
+"""Training objectives (METHODS §7), one per file, all on the contract in `base.py`; what several share is in
+`common.py`. Each declares its own settings ([train.<name>] in a profile) as a nested `Settings` class.
 
     cls = get_objective("debcse"); obj = cls(encoder, cfg.train)
     reader tables: obj.tables; DataLoader(collate_fn=obj.collate); loss, metrics = obj(batch)
 
-Names: simcse, debcse, osscse, whitenedcse, dclr.
+Adding an objective: a file here with its class (formula docstring, Settings, collate, forward), its line in
+OBJECTIVES below and its name in pipeline/config.py's OBJECTIVE_NAMES (and TrainCfg's [train.<name>] field).
 """
 from __future__ import annotations
 
-from trainer.objectives.base import Objective
+from trainer.objectives.base import Objective, settings_of
 from trainer.objectives.dclr import DCLR
 from trainer.objectives.debcse import DebCSE
 from trainer.objectives.osscse import OssCSE
@@ -23,6 +25,12 @@ OBJECTIVES: dict[str, type[Objective]] = {
 }
 
 
+def check_settings(train_cfg) -> None:
+    """Validate every objective's [train.<name>] section: a typo stops the run at start, with one line."""
+    for cls in OBJECTIVES.values():
+        settings_of(cls, train_cfg)
+
+
 def get_objective(name: str) -> type[Objective]:
     """The Objective class registered under `name`; a clear error naming the known ones otherwise."""
     try:
@@ -31,4 +39,4 @@ def get_objective(name: str) -> type[Objective]:
         raise ValueError(f"unknown objective {name!r}; one of {', '.join(OBJECTIVES)}") from None
 
 
-__all__ = ["OBJECTIVES", "Objective", "get_objective", "SimCSE", "DebCSE", "OssCSE", "WhitenedCSE", "DCLR"]
+__all__ = ["OBJECTIVES", "Objective", "get_objective", "check_settings", "settings_of", "SimCSE", "DebCSE", "OssCSE", "WhitenedCSE", "DCLR"]

@@ -14,12 +14,29 @@ from __future__ import annotations
 import abc
 
 import torch
+from pydantic import ValidationError
 
-from pipeline.encoder import Encoder
+from pipeline.config import ConfigError, Section
+from pipeline.models.encoder import Encoder
+
+
+def settings_of(cls: type["Objective"], train_cfg):
+    """The objective's own settings, [train.<name>], validated by its `Settings` (a one-line ConfigError naming the
+    key otherwise)."""
+    try:
+        return cls.Settings.model_validate(getattr(train_cfg, cls.name, None) or {})
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(["train", cls.name, *(str(p) for p in err["loc"])])
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"config error: {key}: {msg}") from None
 
 
 class Objective(torch.nn.Module, abc.ABC):
     name: str = "base"
+
+    class Settings(Section):
+        """The objective's own settings ([train.<name>]); each objective declares its own."""
     # Tables this objective reads, in the order the reader joins them: the first is the row source.
     tables: tuple[str, ...] = ("sentences",)
     # The pooler this objective needs whatever the profile says (OssCSE: "mask"); None = the configured one.
@@ -38,7 +55,8 @@ class Objective(torch.nn.Module, abc.ABC):
     def __init__(self, encoder: Encoder, cfg):
         super().__init__()
         self.encoder = encoder
-        self.cfg = cfg  # pipeline.config.TrainCfg
+        self.cfg = cfg  # pipeline.config.TrainCfg: the settings every objective shares (temperature, lengths, ...)
+        self.settings = settings_of(type(self), cfg)  # this objective's own: [train.<name>]
 
     @abc.abstractmethod
     def collate(self, rows: list[dict]) -> dict:

@@ -2,7 +2,9 @@
 Perspective", CIKM 2023, §4.3, Eq. 8).
 
 Inputs: rows of the `pairs` table: `text` (x_i), `positives` (mined x_i⁺: the FIRST one is used) and `negatives`
-(mined x_{i,k}⁻: the first m = cfg.debcse_negatives are used).
+(mined x_{i,k}⁻: the first m = `negatives` are used).
+
+Settings ([train.debcse]): negatives (m = 2, the paper's).
 - A row whose `positives` is None/empty uses a dropout view of x_i as its positive (x_i is encoded again in the
   positives pass, so only dropout noise separates the two — SimCSE's positive).
 - A row with fewer than m negatives has the missing ones masked out of the denominator (not padded with text).
@@ -34,9 +36,12 @@ from __future__ import annotations
 
 import torch
 
+from pydantic import Field
+
+from pipeline.config import Section
 from trainer import dist
 from trainer.objectives.base import Objective
-from trainer.objectives.simcse import cos_matrix, info_nce_terms, prefixed, sub_batch
+from trainer.objectives.common import cos_matrix, info_nce_terms, prefixed, sub_batch
 
 BN_EPS = 1e-5
 
@@ -53,8 +58,11 @@ class DebCSE(Objective):
     name = "debcse"
     tables = ("pairs",)
 
+    class Settings(Section):
+        negatives: int = Field(2, ge=0, description="m mined negatives per anchor (the pairs' first m)")
+
     def collate(self, rows: list[dict]) -> dict:
-        m = int(self.cfg.debcse_negatives)
+        m = int(self.settings.negatives)
         tok = lambda texts: self.encoder.tokenize(texts, max_length=self.cfg.max_length)  # noqa: E731
         anchors = [r["text"] for r in rows]
         positives = [(r.get("positives") or [None])[0] or r["text"] for r in rows]

@@ -5,17 +5,17 @@ Inputs: rows of `sentences` joined with `triplets`: `text` (the anchor s), `para
 `negation` (sⁿ, may be None). The encoder's pooler must be "mask": a sentence's representation is the last hidden
 state at the [MASK] token of a prompt template (`Encoder.tokenize(texts, template=...)`).
 
-    L = l_c + l_r + λ·l_m          (λ = cfg.osscse_lambda)
+    L = l_c + l_r + λ·l_m          (λ = margin_weight)
 
-l_c — InfoNCE whose two views are the two templates T1, T2 = cfg.osscse_templates
+l_c — InfoNCE whose two views are the two templates T1, T2 = templates
       (`This sentence : "{s}" means [MASK] .`, `This sentence of "{s}" means [MASK] .`), with dropout:
       ℓ_i = −log e^{cos(h_i, h'_i)/τ} / Σ_j e^{cos(h_i, h'_j)/τ},  h = f(T1(s)), h' = f(T2(s)),  l_c = (1/B) Σ_i ℓ_i.
 l_m — two-way max margin, for the rows that have BOTH a paraphrase and a negation (the other rows skip the term;
       the mean is over the rows that have it, 0 when none), all three under T1, sim = cos:
       m_i = max(sim(h,hⁿ) − sim(h,hᵖ) + α, 0) + max(sim(h,hᵖ) − sim(h,hⁿ) − β, 0)
-      (α = cfg.osscse_alpha: the paraphrase must beat the negation by α; β = cfg.osscse_beta: but not by more
+      (α = alpha: the paraphrase must beat the negation by α; β = beta: but not by more
       than β, so the model does not learn to separate them by surface form alone).
-l_r — recall of the starting weights: γ/2 · Σ (θ − θ*)² over every encoder parameter (γ = cfg.osscse_gamma).
+l_r — recall of the starting weights: γ/2 · Σ (θ − θ*)² over every encoder parameter (γ = recall_weight).
       θ* is a detached copy of the encoder's weights taken when the objective is constructed — construct it
       AFTER loading the start weights and BEFORE any step. It is a plain attribute, not a buffer: it is not in
       state_dict, not broadcast by DDP, and it moves to the parameters' device on first use.
@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field, field_validator
 
+from pipeline.config import Section
 from trainer import dist
 from trainer.objectives.base import Objective
-from trainer.objectives.simcse import info_nce_terms, prefixed, sub_batch
+from trainer.objectives.common import info_nce_terms, prefixed, sub_batch
 
 
 class OssCSE(Objective):
@@ -42,10 +44,30 @@ class OssCSE(Objective):
     tables = ("sentences", "triplets")
     pooler = "mask"
 
+    class Settings(Section):
+        """OssCSE §5: α = 0.05, β = 0.2, λ = 1e-3, γ = 2e-3, the two PromptBERT templates."""
+        alpha: float = Field(0.05, description="α: the paraphrase must beat the negation by this much")
+        beta: float = Field(0.2, description="β: ... but not by more than this")
+        margin_weight: float = Field(1e-3, ge=0, description="λ, the weight of l_m")
+        recall_weight: float = Field(2e-3, ge=0, description="γ of l_r = γ/2 Σ (θ − θ*)²")
+        templates: list[str] = ['This sentence : "{s}" means [MASK] .', 'This sentence of "{s}" means [MASK] .']
+
+        @field_validator("templates")
+        @classmethod
+        def _templates(cls, v):
+            if len(v) != 2:
+                raise ValueError(f"osscse needs exactly two templates, got {len(v)}")
+            for t in v:
+                if "{s}" not in t or "[MASK]" not in t:
+                    raise ValueError(f"template {t!r} must contain '{{s}}' and '[MASK]'")
+            return v
+
     @classmethod
     def eval_prompt(cls, cfg) -> str:
         """T1: what the model was trained to read its [MASK] vector from is what evaluation must use."""
-        return cfg.osscse_templates[0]
+        from trainer.objectives.base import settings_of
+
+        return settings_of(cls, cfg).templates[0]
 
     @classmethod
     def data_notes(cls, rows) -> list[str]:
@@ -62,17 +84,12 @@ class OssCSE(Objective):
         super().__init__(encoder, cfg)
         if encoder.pooler != "mask":
             raise ValueError(f"osscse needs the encoder's pooler 'mask' (prompt [MASK] token), got {encoder.pooler!r}")
-        if len(cfg.osscse_templates) != 2:
-            raise ValueError(f"osscse needs exactly two templates, got {len(cfg.osscse_templates)}")
-        for t in cfg.osscse_templates:
-            if "{s}" not in t or "[MASK]" not in t:
-                raise ValueError(f"osscse template {t!r} must contain '{{s}}' and '[MASK]'")
         # θ*: the starting weights (name -> detached copy), deliberately not registered as buffers.
         self.theta_star: dict[str, torch.Tensor] = {
             n: p.detach().clone() for n, p in self.encoder.named_parameters() if p.requires_grad}
 
     def collate(self, rows: list[dict]) -> dict:
-        t1, t2 = self.cfg.osscse_templates
+        t1, t2 = self.settings.templates
         tok = lambda texts, t: self.encoder.tokenize(texts, template=t, max_length=self.cfg.max_length)  # noqa: E731
         texts = [r["text"] for r in rows]
         out = {**prefixed("t1", tok(texts, t1)), **prefixed("t2", tok(texts, t2))}
@@ -96,7 +113,7 @@ class OssCSE(Objective):
             total = s if total is None else total + s
         if total is None:
             return torch.zeros((), device=self.encoder.device)
-        return 0.5 * self.cfg.osscse_gamma * total
+        return 0.5 * self.settings.recall_weight * total
 
     def forward(self, batch: dict):
         cfg = self.cfg
@@ -114,10 +131,10 @@ class OssCSE(Objective):
             a = F.normalize(h[trip], dim=-1)
             sp = (a * F.normalize(hp, dim=-1)).sum(-1)
             sn = (a * F.normalize(hn, dim=-1)).sum(-1)
-            margins = torch.relu(sn - sp + cfg.osscse_alpha) + torch.relu(sp - sn - cfg.osscse_beta)
+            margins = torch.relu(sn - sp + self.settings.alpha) + torch.relu(sp - sn - self.settings.beta)
         else:
             margins = h.new_zeros((0,))
         l_m = dist.global_mean(margins, h.device)
         l_r = self.recall()
-        loss = l_c + l_r + cfg.osscse_lambda * l_m
+        loss = l_c + l_r + self.settings.margin_weight * l_m
         return loss, {"l_c": float(l_c.detach()), "l_m": float(l_m.detach()), "l_r": float(l_r.detach())}

@@ -13,10 +13,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .embeddings import table_vectors
-from .generators import rows_serving
-from .schema import SCHEMAS
-from .textdist import edit_distance
+from pipeline.engine.spec import Ctx, package_versions, stage
+from pipeline.schema import SCHEMAS, table_vectors
+from pipeline.stages.backtranslate import positive_sources, rows_serving
+from pipeline.stages.embeddings import encoder_facts, encoder_from
+from pipeline.text_distances import edit_distance
 
 
 def negative_pool(neighbours: pa.Table, all_sentences: pa.Table) -> pa.Table:
@@ -83,3 +84,19 @@ def score_pools(sentences: pa.Table, embeddings: pa.Table, neighbours: pa.Table,
     pools = pools.sort_by([("sid", "ascending"), ("kind", "ascending"), ("source", "ascending"),
                            ("text", "ascending")])
     return pools.select(SCHEMAS["scores"].names + ["variant"])
+
+
+def scores_facts(cfg) -> str:
+    """The encoder's facts (it embeds the positive candidates) and where the positives come from in this run."""
+    return f"{encoder_facts(cfg)};positives={','.join(positive_sources(cfg))};{package_versions('rapidfuzz')}"
+
+
+@stage(reads=("sentences", "embeddings", "neighbours", "variants", "backtranslations"), reads_whole=("sentences",),
+       writes=("scores",), settings=("scores", "encoder"), facts=scores_facts)
+def scores(ctx: Ctx) -> dict[str, pa.Table]:
+    enc, cfg = encoder_from(ctx.cfg), ctx.cfg
+    encode = lambda texts: enc.encode(texts, batch_size=cfg.encoder.batch_size,  # noqa: E731
+                                      progress=ctx.label("positives"))
+    return {"scores": score_pools(ctx.shard("sentences"), ctx.shard("embeddings"), ctx.shard("neighbours"),
+                                  ctx.whole("sentences"), ctx.shard("variants"), ctx.shard("backtranslations"),
+                                  encode, cfg, positive_sources(cfg))}

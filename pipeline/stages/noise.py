@@ -6,12 +6,15 @@ Until a translation model is configured these variants are themselves the positi
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
+from pathlib import Path
 
 import pyarrow as pa
 
-from .schema import SCHEMAS
-from .seeding import row_rng
+from pipeline.engine.spec import Ctx, stage
+from pipeline.schema import SCHEMAS
+from pipeline.seeding import row_rng
 
 
 def frequent_words(texts: list[str], top: int) -> list[str]:
@@ -48,3 +51,18 @@ def noise_sentences(sentences: pa.Table, vocab: list[str], cfg, seed: int) -> pa
             out["text"].append(" ".join(noised))
             out["ops"].append(ops)
     return pa.table(out, schema=SCHEMAS["variants"])
+
+
+@functools.lru_cache(maxsize=1)
+def _vocab(run_dir: str, n: int, table_hash: str, top: int) -> tuple[str, ...]:
+    from pipeline.engine.store import Store
+
+    texts = Store(Path(run_dir)).read("sentences", n).column("text").to_pylist()
+    return tuple(frequent_words(texts, top))
+
+
+@stage(reads=("sentences",), reads_whole=("sentences",), writes=("variants",), settings=("noise",))
+def noise(ctx: Ctx) -> dict[str, pa.Table]:
+    """The vocabulary is the whole corpus' most frequent words; each shard noises its own sentences."""
+    vocab = _vocab(str(ctx.store.root), ctx.n, ctx.store.table_hash("sentences", ctx.n), ctx.cfg.noise.top_words)
+    return {"variants": noise_sentences(ctx.shard("sentences"), list(vocab), ctx.cfg.noise, ctx.cfg.run.seed)}

@@ -1,27 +1,31 @@
-"""Glue between the stages and the text generators (back-translation models, the spaCy negator).
+"""Stage `backtranslate`: every sentence through every usable translation chain, there and back (METHODS §3, §6).
 
-Model availability is decided once per process: a chain whose models cannot be loaded either stops the run with
-the one-line `ModelUnavailable` message, or — when the profile sets `backtranslate.fallback = true` — is
-skipped, and `generator_notes` says so plainly (the flows print it once, before any work). A chain whose model
-needs a target language it was not given stops the run whatever `fallback` says: that is a settings error.
+Each chain serves a method (`ChainCfg.role`): DebCSE positives read the back-translations of "positives" chains
+(the sentence and its noised variants), OssCSE paraphrases those of "paraphrases" chains (the clean sentence only,
+unless the chain sets include_variants); "both" serves both. Each output row records its chain's role.
 
-Each chain serves a method (`ChainCfg.role`): DebCSE positives read the back-translations of "positives" chains,
-OssCSE paraphrases those of "paraphrases" chains ("both" serves both).
+Model availability is decided once per process: a chain whose models cannot be loaded either stops the run with the
+one-line `ModelUnavailable` message, or — when the profile sets `backtranslate.fallback = true` — is skipped, and
+`generator_notes` says so plainly (the CLI prints it once, before any work). A chain whose model needs a target
+language it was not given stops the run whatever `fallback` says: that is a settings error.
 """
 from __future__ import annotations
 
 import functools
+import json
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from .config import BacktranslateCfg, ConfigError
-from .models import ModelUnavailable, resolve_model
-from .schema import SCHEMAS
+from pipeline.config import BacktranslateCfg, ConfigError
+from pipeline.engine.spec import Ctx, package_versions, stage
+from pipeline.models.hub import ModelUnavailable, model_fingerprint, pick_device, resolve_model
+from pipeline.schema import SCHEMAS
 
 
 @functools.cache
 def _availability(bt_json: str) -> tuple[tuple[str, ...], tuple[tuple[str, str, str], ...]]:
-    from .backtranslate import target_language_problem
+    from pipeline.models.translator import target_language_problem
 
     bt = BacktranslateCfg.model_validate_json(bt_json)
     used, skipped = [], []
@@ -60,7 +64,7 @@ def positive_sources(cfg) -> list[str]:
 
 
 def generator_notes(cfg) -> list[str]:
-    """What the generators can and cannot do in this run, in plain words (printed once per run)."""
+    """What the translation chains can and cannot do in this run, in plain words (printed once per run)."""
     used, skipped = available_chains(cfg)
     notes = [f"backtranslate: cannot load {s['model']} (not available here) → chain {s['chain']} skipped"
              for s in skipped]
@@ -68,27 +72,34 @@ def generator_notes(cfg) -> list[str]:
     pos_chains = [c.name for c in cfg.backtranslate.chains_for("positives") if c.name in used]
     para_chains = [c.name for c in cfg.backtranslate.chains_for("paraphrases") if c.name in used]
     if not chains or skipped:
-        sources = positive_sources(cfg)
         pos = {"noise": "the noise variants (a stand-in for back-translations)",
                "backtranslation": "back-translations by " + (", ".join(pos_chains) or "no chain: none")}
         what = "no back-translation chain is configured" if not chains else \
             ("no back-translation chain could be loaded" if not used else f"only {', '.join(used)} will run")
-        notes.append(f"{what}: DebCSE positive candidates come from {' and '.join(pos[s] for s in sources)}"
+        notes.append(f"{what}: DebCSE positive candidates come from "
+                     f"{' and '.join(pos[s] for s in positive_sources(cfg))}"
                      + ("" if para_chains else "; OssCSE triplets get no paraphrase (negations only)"))
     return notes
 
 
+def rows_serving(backtranslations: pa.Table, role: str) -> pa.Table:
+    """The back-translations whose chain serves `role` ("positives" or "paraphrases")."""
+    if not backtranslations.num_rows:
+        return backtranslations
+    return backtranslations.filter(pc.is_in(backtranslations.column("role"), pa.array([role, "both"])))
+
+
 @functools.lru_cache(maxsize=4)
 def _load_chain(names: tuple[str, ...], cfg_json: str):
-    from .backtranslate import load_chain
+    from pipeline.models.translator import load_chain
 
     return load_chain(list(names), BacktranslateCfg.model_validate_json(cfg_json))
 
 
 def backtranslate_shard(sentences: pa.Table, variants: pa.Table, cfg, progress: bool = False) -> pa.Table:
     """Every clean sentence (variant 0) through every usable chain; the noised variants too through the chains
-    that translate them (`include_variants`). Each output row records its chain's role."""
-    from .backtranslate import backtranslate
+    that translate them (`include_variants`)."""
+    from pipeline.models.translator import backtranslate
 
     used, _ = available_chains(cfg)
     clean = list(zip(sentences.column("sid").to_pylist(), [0] * sentences.num_rows,
@@ -107,25 +118,26 @@ def backtranslate_shard(sentences: pa.Table, variants: pa.Table, cfg, progress: 
     return pa.concat_tables(parts).sort_by([("sid", "ascending"), ("chain", "ascending"), ("variant", "ascending")])
 
 
-def rows_serving(backtranslations: pa.Table, role: str) -> pa.Table:
-    """The back-translations whose chain serves `role` ("positives" or "paraphrases")."""
-    import pyarrow.compute as pc
+def generation_facts(cfg) -> str:
+    """Which chains run, each used model's files, the device and dtype generation runs at, library versions."""
+    from pipeline.models.translator import resolve_dtype
 
-    if not backtranslations.num_rows:
-        return backtranslations
-    return backtranslations.filter(pc.is_in(backtranslations.column("role"), pa.array([role, "both"])))
-
-
-@functools.lru_cache(maxsize=1)
-def _nlp(model: str):
-    from .negate import load_nlp
-
-    return load_nlp(model)
+    used, _ = available_chains(cfg)
+    models = sorted({m for c in cfg.backtranslate.chains if c.name in used for m in c.models})
+    device = pick_device(cfg.backtranslate.device)
+    dtype = str(resolve_dtype(cfg.backtranslate.dtype, device)).removeprefix("torch.")
+    files = ",".join(f"{m}={model_fingerprint(resolve_model(m, 'translation model'))}" for m in models)
+    return (f"chains:{json.dumps(used)};models={files};device={device.split(':')[0]};dtype={dtype};"
+            f"{package_versions('torch', 'transformers')}")
 
 
-def negate_shard(sentences: pa.Table, cfg) -> pa.Table:
-    from .negate import negate_table
+def chains_manifest(cfg, store, n: int) -> dict:
+    used, skipped = available_chains(cfg)
+    return {"chains_used": used, "chains_skipped": skipped}
 
-    c = cfg.negate
-    return negate_table(sentences, _nlp(c.model), c.batch_size, c.n_process)
 
+@stage(reads=("sentences", "variants"), writes=("backtranslations",), settings=("backtranslate",),
+       facts=generation_facts, manifest=chains_manifest)
+def backtranslate(ctx: Ctx) -> dict[str, pa.Table]:
+    return {"backtranslations": backtranslate_shard(ctx.shard("sentences"), ctx.shard("variants"), ctx.cfg,
+                                                    ctx.progress)}

@@ -3,22 +3,22 @@
 Every shard file `part-<i>-of-<n>.parquet` has a sidecar `part-<i>-of-<n>.json` = {key, hash, rows}. A shard is
 reused only when its sidecar's key equals the key the stage computes now (inputs' content hashes + stage config +
 code version) AND the file's content hash still equals the recorded one — so a truncated, edited or deleted shard
-is recomputed, never silently reused. Writes go to a temp file in the same folder, fsync, then os.replace.
+is recomputed, never silently reused. Writes go through atomic.py (temp file in the same folder, fsync, rename).
+This is the writer's side; readers of a finished run use tables.py (RunTables).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .schema import SCHEMAS
+from pipeline.engine.atomic import atomic_file, atomic_write_json
+from pipeline.schema import SCHEMAS
 
 _PART = re.compile(r"^part-(\d{5})-of-(\d{5})\.parquet$")
 
@@ -33,24 +33,6 @@ def file_hash(path: Path) -> str:
 
 def combine(*parts: str) -> str:
     return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).hexdigest()
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, obj) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True, default=str).encode())
 
 
 @dataclass(frozen=True)
@@ -82,18 +64,9 @@ class Store:
     def write_shard(self, table: str, i: int, n: int, data: pa.Table, key: str, seconds: float = 0.0) -> ShardInfo:
         check_schema(table, data)
         path = self.shard_path(table, i, n)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        try:
+        with atomic_file(path) as tmp:
             # Fixed writer options: the same table always gives the same bytes.
             pq.write_table(data, tmp, compression="zstd", row_group_size=64_000, write_statistics=True)
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
         info = ShardInfo(table, i, n, key, file_hash(path), data.num_rows, cached=False)
         atomic_write_json(self._sidecar(table, i, n),
                           {"key": key, "hash": info.hash, "rows": info.rows, "seconds": round(seconds, 3)})

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from .schema import SCHEMAS
+from pipeline.engine.spec import Ctx, stage
+from pipeline.schema import SCHEMAS
 
 
 def build_pairs(sentences: pa.Table, candidates: pa.Table) -> pa.Table:
@@ -20,3 +21,8 @@ def build_pairs(sentences: pa.Table, candidates: pa.Table) -> pa.Table:
                      "positives": pa.array([pos.get(s, []) for s in sids], pa.list_(pa.string())),
                      "negatives": pa.array([neg.get(s, []) for s in sids], pa.list_(pa.string()))},
                     schema=SCHEMAS["pairs"])
+
+
+@stage(reads=("sentences", "candidates"), writes=("pairs",))
+def pairs(ctx: Ctx) -> dict[str, pa.Table]:
+    return {"pairs": build_pairs(ctx.shard("sentences"), ctx.shard("candidates"))}

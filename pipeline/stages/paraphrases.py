@@ -1,6 +1,6 @@
-"""Stages `paraphrases` and `triplets` (OssCSE §4, METHODS §6).
+"""Stage `paraphrases` (OssCSE §4 step 2, METHODS §6).
 
-paraphrases: among the back-translations of the clean sentence (variant 0) by every chain whose role serves OssCSE
+Among the back-translations of the clean sentence (variant 0) by every chain whose role serves OssCSE
 paraphrases ("paraphrases" or "both"; DebCSE's positive chains are not used), keep those with
 mer_lo ≤ MER(anchor, candidate) ≤ mer_hi and take the one with the highest MER (most different surface; ties:
 chain name, then text). triplets: (anchor, paraphrase, negation); an anchor with neither is left out, one with
@@ -11,9 +11,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .generators import rows_serving
-from .schema import SCHEMAS
-from .textdist import mer
+from pipeline.engine.spec import Ctx, package_versions, stage
+from pipeline.schema import SCHEMAS
+from pipeline.stages.backtranslate import rows_serving
+from pipeline.text_distances import mer
 
 
 def pick_paraphrases(sentences: pa.Table, backtranslations: pa.Table, mer_lo: float, mer_hi: float) -> pa.Table:
@@ -35,21 +36,8 @@ def pick_paraphrases(sentences: pa.Table, backtranslations: pa.Table, mer_lo: fl
                      "chain": [best[s][1] for s in keep]}, schema=SCHEMAS["paraphrases"])
 
 
-def build_triplets(sentences: pa.Table, paraphrases: pa.Table, negations: pa.Table | None) -> pa.Table:
-    para = {s: (t, m, c) for s, t, m, c in zip(*(paraphrases.column(k).to_pylist()
-                                                   for k in ("sid", "text", "mer", "chain")))}
-    neg = {}
-    if negations is not None:
-        neg = {s: t for s, t in zip(negations.column("sid").to_pylist(), negations.column("text").to_pylist()) if t}
-    out = {k: [] for k in SCHEMAS["triplets"].names}
-    for sid, anchor in zip(sentences.column("sid").to_pylist(), sentences.column("text").to_pylist()):
-        p, n = para.get(sid), neg.get(sid)
-        if p is None and n is None:
-            continue
-        out["sid"].append(sid)
-        out["anchor"].append(anchor)
-        out["paraphrase"].append(p[0] if p else None)
-        out["negation"].append(n)
-        out["para_mer"].append(p[1] if p else None)
-        out["para_chain"].append(p[2] if p else None)
-    return pa.table(out, schema=SCHEMAS["triplets"])
+@stage(reads=("sentences", "backtranslations"), writes=("paraphrases",), settings=("paraphrases",),
+       facts=lambda cfg: package_versions("rapidfuzz"))
+def paraphrases(ctx: Ctx) -> dict[str, pa.Table]:
+    c = ctx.cfg.paraphrases
+    return {"paraphrases": pick_paraphrases(ctx.shard("sentences"), ctx.shard("backtranslations"), c.mer_lo, c.mer_hi)}

@@ -15,8 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .schema import SCHEMAS
-from .seeding import row_rng
+from pipeline.engine.spec import Ctx, stage
+from pipeline.schema import SCHEMAS
+from pipeline.seeding import row_rng
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -81,3 +82,8 @@ def ipw_table(scores: pa.Table, cfg, seed: int) -> pa.Table:
     out = out.append_column("chosen", pa.array(chosen)).append_column(
         "pick", pc.if_else(pa.array(pick > 0), pa.array(pick, pa.int32()), pa.nulls(n, pa.int32())))
     return out.select(SCHEMAS["candidates"].names + ["pick"])
+
+
+@stage(reads=("scores",), writes=("candidates",), settings=("ipw",))
+def ipw(ctx: Ctx) -> dict[str, pa.Table]:
+    return {"candidates": ipw_table(ctx.shard("scores"), ctx.cfg.ipw, ctx.cfg.run.seed)}

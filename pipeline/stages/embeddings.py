@@ -6,7 +6,10 @@ import functools
 import numpy as np
 import pyarrow as pa
 
-from .encoder import Encoder
+from pipeline.engine.spec import Ctx, package_versions, stage
+from pipeline.models.encoder import Encoder, resolve_precision
+from pipeline.models.hub import model_fingerprint, pick_device, resolve_model
+from pipeline.schema import table_vectors, vectors_table  # noqa: F401  (table_vectors: re-exported)
 
 
 @functools.lru_cache(maxsize=2)
@@ -20,21 +23,11 @@ def encoder_from(cfg) -> Encoder:
     return cached_encoder(e.model, e.pooler, e.max_length, e.device, e.prompt, e.precision)
 
 
-def vectors_table(sids: np.ndarray, vectors: np.ndarray) -> pa.Table:
-    """sid + emb as a fixed-size list (DuckDB: FLOAT[d])."""
-    d = vectors.shape[1] if vectors.ndim == 2 else 0
-    flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1))
-    return pa.table({"sid": pa.array(sids, pa.int64()), "emb": pa.FixedSizeListArray.from_arrays(flat, d)})
-
-
-def table_vectors(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """(sids, vectors float32 [n, d]) from an embeddings table."""
-    sids = table.column("sid").to_numpy()
-    col = table.column("emb").combine_chunks()
-    if len(col) == 0:
-        return sids, np.zeros((0, 0), dtype=np.float32)
-    d = col.type.list_size if pa.types.is_fixed_size_list(col.type) else len(col[0])
-    return sids, col.flatten().to_numpy(zero_copy_only=False).reshape(-1, d).astype(np.float32, copy=False)
+def encoder_facts(cfg) -> str:
+    """What decides the encoder's numbers besides its settings: its files, the device and precision it runs at."""
+    device = pick_device(cfg.encoder.device)
+    return (f"model={model_fingerprint(resolve_model(cfg.encoder.model, 'encoder'))};device={device.split(':')[0]};"
+            f"precision={resolve_precision(cfg.encoder.precision, device)};{package_versions('torch', 'transformers')}")
 
 
 def embed_sentences(sentences: pa.Table, encoder: Encoder, batch_size: int, progress: str | bool = False) -> pa.Table:
@@ -43,3 +36,9 @@ def embed_sentences(sentences: pa.Table, encoder: Encoder, batch_size: int, prog
         return vectors_table(np.zeros(0, np.int64), np.zeros((0, encoder.dim), np.float32))
     vecs = encoder.encode(texts, batch_size=batch_size, normalize=True, progress=progress)
     return vectors_table(sentences.column("sid").to_numpy(), vecs)
+
+
+@stage(reads=("sentences",), writes=("embeddings",), settings=("encoder",), facts=encoder_facts)
+def embeddings(ctx: Ctx) -> dict[str, pa.Table]:
+    return {"embeddings": embed_sentences(ctx.shard("sentences"), encoder_from(ctx.cfg), ctx.cfg.encoder.batch_size,
+                                          progress=ctx.label("embeddings"))}

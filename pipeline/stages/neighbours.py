@@ -18,15 +18,20 @@ measured on a sample against exact search) and GPU indexes are settings.
 """
 from __future__ import annotations
 
+import functools
+import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import faiss
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from tqdm.auto import tqdm
 
-from .schema import SCHEMAS
+from pipeline.engine.spec import Ctx, package_versions, stage
+from pipeline.schema import SCHEMAS, table_vectors
 
 EPS = 1e-5  # bound on |FAISS float32 score - exact cosine| for unit vectors
 GPU_MAX_K = 2048  # FAISS GPU k-selection limit
@@ -193,3 +198,52 @@ def _table(sids, cands, coss, ranks) -> pa.Table:
     cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
     return pa.table({"sid": cat(sids, np.int64), "cand_sid": cat(cands, np.int64),
                      "cos": cat(coss, np.float32), "rank": cat(ranks, np.int32)}, schema=SCHEMAS["neighbours"])
+
+
+# ---- the stage: each shard's queries against the whole table ------------------------------------------------------
+def _facts_path(store, i: int, n: int) -> Path:
+    """Index kind and sampled recall of neighbours shard i, beside the shard (kept when the shard is reused)."""
+    return store.dir("neighbours") / f"facts-{i:05d}-of-{n:05d}.json"
+
+
+def index_facts(cfg, store, n: int) -> dict:
+    """For the manifest: the per-shard facts files, written where each shard ran (a Dask worker, too)."""
+    out: dict = {}
+    for i in range(n):
+        if (facts := _facts_path(store, i, n)).is_file():
+            out.update(json.loads(facts.read_text()))
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _index_for(run_dir: str, n: int, table_hash: str, settings: str, seed: int):
+    from pipeline.config import NeighboursCfg
+    from pipeline.engine.store import Store
+
+    cfg = NeighboursCfg.model_validate_json(settings)
+    base_sids, base = table_vectors(Store(Path(run_dir)).read("embeddings", n))
+    kind = choose_index(len(base_sids), cfg)
+    index, cpu_index = build_index(base, kind, cfg, seed) if len(base_sids) else (None, None)
+    return base_sids, base, kind, index, cpu_index
+
+
+@stage(reads=("embeddings",), reads_whole=("embeddings",), writes=("neighbours",), settings=("neighbours",),
+       facts=lambda cfg: package_versions("faiss-cpu", "faiss-gpu"), manifest=index_facts)
+def neighbours(ctx: Ctx) -> dict[str, pa.Table]:
+    from pipeline.engine.atomic import atomic_write_json
+
+    c = ctx.cfg.neighbours
+    base_sids, base, kind, index, cpu_index = _index_for(
+        str(ctx.store.root), ctx.n, ctx.store.table_hash("embeddings", ctx.n), c.model_dump_json(), ctx.cfg.run.seed)
+    q_sids, q = table_vectors(ctx.shard("embeddings"))
+    exact = kind == "flat"
+    table = band_neighbours(q, q_sids, base, base_sids, index, cpu_index, c.lo, c.hi, c.pool_size, c.slack,
+                            c.max_block_elems, progress=ctx.progress)
+    facts = {"index": kind, "exact": exact}
+    if not exact and c.recall_sample and len(q_sids):
+        pick = np.random.default_rng(ctx.cfg.run.seed).choice(len(q_sids), min(len(q_sids), c.recall_sample), False)
+        ref = exact_band_neighbours(q[pick], q_sids[pick], base, base_sids, c.lo, c.hi, c.pool_size)
+        sub = table.filter(pc.is_in(table.column("sid"), pa.array(q_sids[pick])))
+        facts[f"recall_shard_{ctx.i}"] = recall_at_pool(sub, ref)
+    atomic_write_json(_facts_path(ctx.store, ctx.i, ctx.n), facts)
+    return {"neighbours": table}

@@ -1,4 +1,4 @@
-"""Back-translation with any Hugging Face seq2seq model (METHODS §3 and §6): pure functions, no Prefect.
+"""Translation with any Hugging Face seq2seq model (METHODS §3 and §6), for the `backtranslate` stage.
 
     chain = load_chain(["Helsinki-NLP/opus-mt-en-zh", "Helsinki-NLP/opus-mt-zh-en"], cfg)   # or local paths
     table = backtranslate([(sid, variant, text), ...], chain_name(names), chain, seed=1234)
@@ -14,7 +14,6 @@ min(max_length, max(max_new_tokens_min, ceil(max_new_tokens_factor x input token
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import math
 import re
@@ -25,17 +24,12 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
 from pipeline.config import BacktranslateCfg, chain_name  # noqa: F401  (chain_name: re-exported)
-from pipeline.models import pick_device, resolve_model
+from pipeline.models.hub import pick_device, resolve_model
 from pipeline.schema import SCHEMAS
+from pipeline.seeding import row_seed
 
 # Model types that cannot translate without a target-language token (cfg.target_lang must name one).
 NEEDS_TARGET = {"m2m_100", "nllb-moe"}
-
-
-def stable_seed(*parts) -> int:
-    """A 63-bit seed from the parts; stable across processes and machines (unlike Python's hash())."""
-    blob = "\x1f".join(str(p) for p in parts).encode()
-    return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little") & (2**63 - 1)
 
 
 def marian_language_codes(path: str | Path) -> list[str]:
@@ -75,7 +69,7 @@ class GumbelSampler(LogitsProcessor):
         step, vocab = input_ids.shape[1], scores.shape[1]
         noise = torch.empty((len(self.seeds), vocab))
         for r, s in enumerate(self.seeds):
-            u = torch.rand(vocab, generator=torch.Generator().manual_seed(stable_seed(s, step)))
+            u = torch.rand(vocab, generator=torch.Generator().manual_seed(row_seed(s, "gumbel", step)))
             noise[r] = -torch.log(-torch.log(u.clamp_min(1e-20)))
         return scores + noise.to(scores.device, scores.dtype)
 
@@ -103,23 +97,6 @@ def resolve_dtype(setting: str, device: str) -> torch.dtype:
     if device.startswith("cuda"):
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32  # half precision on CPU is slower here, and some ops lack kernels
-
-
-def generation_facts(cfg) -> str:
-    """What decides the translations besides the settings (for the stage's cache key): each used model's files,
-    the device and dtype generation runs at, the library versions."""
-    from importlib.metadata import version
-
-    from pipeline.generators import available_chains
-    from pipeline.models import model_fingerprint
-
-    used, _ = available_chains(cfg)
-    models = sorted({m for c in cfg.backtranslate.chains if c.name in used for m in c.models})
-    device = pick_device(cfg.backtranslate.device)
-    dtype = str(resolve_dtype(cfg.backtranslate.dtype, device)).removeprefix("torch.")
-    files = ",".join(f"{m}={model_fingerprint(resolve_model(m, 'translation model'))}" for m in models)
-    return (f"models={files};device={device.split(':')[0]};dtype={dtype};"
-            f"torch={version('torch')},transformers={version('transformers')}")
 
 
 class Translator:
@@ -166,7 +143,7 @@ class Translator:
         if not texts:
             return []
         if seeds is None:  # the text itself seeds its row: still independent of batching
-            seeds = [stable_seed("text", t) for t in texts]
+            seeds = [row_seed(0, "translate-text", t) for t in texts]
         ids = self.tokenizer([self.prefix + t for t in texts], truncation=True, max_length=c.max_length)["input_ids"]
         order = sorted(range(len(texts)), key=lambda i: (-len(ids[i]), i))  # longest first: little padding
         out: list[list[str] | None] = [None] * len(texts)
@@ -201,7 +178,7 @@ class Translator:
         if c.do_sample:  # k independent rows per input, greedy over Gumbel-perturbed scores = exact sampling
             input_ids, mask = input_ids.repeat_interleave(k, 0), mask.repeat_interleave(k, 0)
             limits = [n for n in limits for _ in range(k)]
-            procs.append(GumbelSampler([stable_seed(s, j) for s in seeds for j in range(k)]))
+            procs.append(GumbelSampler([row_seed(s, "translate-return", j) for s in seeds for j in range(k)]))
             gen.update(num_beams=1, num_return_sequences=1)
         else:  # beam rows of input r are r*num_beams ... r*num_beams + num_beams - 1
             limits = [n for n in limits for _ in range(c.num_beams)]
@@ -250,11 +227,11 @@ def backtranslate(rows: list[tuple[int, int, str]], chain_name: str, translators
     """
     if not translators:
         raise ValueError(f"chain {chain_name!r} has no models")
-    row_seeds = [stable_seed(seed, sid, variant) for sid, variant, _ in rows]
+    row_seeds = [row_seed(seed, "backtranslate", sid, variant) for sid, variant, _ in rows]
     current, pivots = [text for _, _, text in rows], None
     for hop, tr in enumerate(translators):
         last = hop == len(translators) - 1
-        out = tr.translate(current, [stable_seed(s, "hop", hop) for s in row_seeds], progress,
+        out = tr.translate(current, [row_seed(s, "backtranslate-hop", hop) for s in row_seeds], progress,
                            num_return_sequences=None if last else 1)
         if pivots is None:
             pivots = [o[0] for o in out]

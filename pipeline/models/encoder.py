@@ -14,8 +14,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
-from .models import pick_device, resolve_model
-from .unpad import can_unpad, unpadded_forward
+from pipeline.models.hub import pick_device, resolve_model
+from pipeline.models.unpad import can_unpad, unpadded_forward
 
 MIN_ROWS = 8  # see Encoder.encode
 POOLERS = ("cls", "cls_before_pooler", "mean", "mask", "avg_first_last")

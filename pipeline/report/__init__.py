@@ -11,93 +11,26 @@ the page costs seconds on a 1M-sentence run; every sample size is written on the
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-import duckdb
 import matplotlib
 import numpy as np
-import pyarrow as pa
 
+from pipeline.markdown import cell, table
+from pipeline.report.queries import (TEXT_SAMPLE, Run, _sample_clause, chosen_cos, chosen_text_pairs,  # noqa: F401
+                                     overlap_stats, pool_peakedness, random_pair_cosines)
 from pipeline.schema import SCHEMAS
-from pipeline.textdist import lexical_overlap, mer
+from pipeline.text_distances import mer
 
 matplotlib.use("Agg")  # headless: the report runs on servers and in tests
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402,F401
 
 ABSENT = "not produced in this run"
-RANDOM_PAIRS = 20_000
-TEXT_SAMPLE = 200_000  # pairs whose overlap / MER is computed in Python; beyond this a seeded sample
 SCATTER_SAMPLE = 5_000  # points per kind in the MER-vs-cosine scatter
 # DebCSE Table 4: mean lexical overlap of positives / negatives with their anchor.
 PUBLISHED_OVERLAP = [("supervised NLI (published)", 0.38, 0.28), ("dropout-SimCSE (published)", 1.0, 0.09),
                      ("DebCSE (published)", 0.56, 0.21)]
-
-
-class Run:
-    """The run's tables as DuckDB views (absent ones are None) plus their manifests."""
-
-    def __init__(self, run_dir: Path):
-        self.dir, self.con = run_dir, duckdb.connect()
-        self.present: dict[str, bool] = {}
-        self.manifests: dict[str, dict] = {}
-        for name in SCHEMAS:
-            tdir = run_dir / name
-            parts = sorted(tdir.glob("part-*.parquet"))  # zero-padded shard numbers: name order = sid order
-            if (tdir / "_manifest.json").is_file():
-                self.manifests[name] = json.loads((tdir / "_manifest.json").read_text())
-                n = self.manifests[name].get("shards")
-                if n is not None:  # shards of an older layout may linger until the stage finishes again
-                    parts = [p for p in parts if p.name.endswith(f"-of-{int(n):05d}.parquet")]
-            self.present[name] = bool(parts) or name in self.manifests
-            if parts:
-                files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in parts)
-                self.con.sql(f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{files}])")
-            elif self.present[name]:  # a stage that wrote a manifest but zero rows: an empty table, not absent
-                self.con.register(name, SCHEMAS[name].empty_table())
-
-    def rows(self, q: str) -> list[tuple]:
-        return self.con.sql(q).fetchall()
-
-    def count(self, name: str) -> int:
-        return self.rows(f"SELECT count(*) FROM {name}")[0][0] if self.present[name] else 0
-
-    def cfg(self, key: str, prefer: tuple[str, ...] = ()):
-        """A config value from the manifests, looking in the `prefer` tables first; nested or dotted keys."""
-        order = [t for t in prefer if t in self.manifests] + [t for t in self.manifests if t not in prefer]
-        for t in order:
-            hit = _find(self.manifests[t].get("config", {}), key)
-            if hit is not None:
-                return hit
-        return None
-
-
-def _find(tree, key: str):
-    if not isinstance(tree, dict):
-        return None
-    for k, v in tree.items():
-        if k == key or k.endswith("." + key):
-            return v
-    for v in tree.values():
-        hit = _find(v, key)
-        if hit is not None:
-            return hit
-    return None
-
-
-def _cell(text, limit: int = 160) -> str:
-    """One Markdown table cell: no newlines or pipes, long texts cut."""
-    if text is None:
-        return "—"
-    s = " ".join(str(text).split()).replace("|", "\\|")
-    return s if len(s) <= limit else s[: limit - 1] + "…"
-
-
-def _table(header: list[str], rows: list[list]) -> list[str]:
-    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else _cell(v)  # noqa: E731
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(fmt(v) for v in r) + " |" for r in rows), ""]
 
 
 def _figure(out: Path, name: str, title: str, xlabel: str, ylabel: str, draw, counts: str = "") -> str:
@@ -116,11 +49,6 @@ def _figure(out: Path, name: str, title: str, xlabel: str, ylabel: str, draw, co
     return f"![{title}]({name}.png)"
 
 
-def _sample_clause(seed: int, cols: str, n: int) -> str:
-    # ORDER BY a seeded hash + LIMIT is a deterministic sample DuckDB answers with a top-N heap, not a full sort
-    return f"ORDER BY hash({cols}, {seed}) LIMIT {n}"
-
-
 # ---- 1. summary -------------------------------------------------------------------------------------------------
 def section_summary(run: Run, out: Path) -> list[str]:
     md = ["## 1. Summary", ""]
@@ -132,46 +60,17 @@ def section_summary(run: Run, out: Path) -> list[str]:
            f"- lines rejected: **{rejected}**" if run.present["rejected"] else f"- rejected: {ABSENT}", ""]
     if run.present["rejected"] and rejected:
         reasons = run.rows("SELECT reason, count(*) n FROM rejected GROUP BY reason ORDER BY n DESC, reason")
-        md += ["Rejected lines by reason:", ""] + _table(["reason", "lines"], [list(r) for r in reasons])
+        md += ["Rejected lines by reason:", ""] + table(["reason", "lines"], [list(r) for r in reasons])
         md += [_figure(out, "rejected", "Rejected corpus lines by reason", "lines", "reason",
                        lambda ax: ax.barh([r[0] for r in reasons][::-1], [r[1] for r in reasons][::-1]), "x"),
                "", "Each bar counts the corpus lines dropped by the sentence filter for that reason.", ""]
     md += ["Rows per table (Parquet rows as read; manifest rows as the stage recorded them):", ""]
     rows = [[t, str(run.count(t)) if run.present[t] else ABSENT,
              str(run.manifests.get(t, {}).get("rows", {}).get(t, "—"))] for t in SCHEMAS]
-    return md + _table(["table", "rows", "manifest rows"], rows)
+    return md + table(["table", "rows", "manifest rows"], rows)
 
 
 # ---- 2. cosine histograms ---------------------------------------------------------------------------------------
-def random_pair_cosines(run: Run, seed: int, n_pairs: int = RANDOM_PAIRS) -> np.ndarray:
-    """Cosines of a seeded sample of distinct sentence pairs: the background the mined pairs are judged against."""
-    if not run.present["embeddings"]:
-        return np.zeros(0)
-    sids = np.array([r[0] for r in run.rows("SELECT sid FROM embeddings ORDER BY sid")], dtype=np.int64)
-    n = len(sids)
-    k = min(n_pairs, n * (n - 1) // 2)
-    if k <= 0:
-        return np.zeros(0)
-    rng = np.random.default_rng(seed)
-    i = rng.integers(n, size=k)
-    j = rng.integers(n - 1, size=k)
-    j += j >= i  # never a sentence with itself
-    need = pa.table({"sid": np.unique(np.concatenate([sids[i], sids[j]]))})
-    run.con.register("_need", need)
-    got = run.con.sql("SELECT e.sid, e.emb FROM embeddings e JOIN _need USING (sid) ORDER BY e.sid").to_arrow_table()
-    emb = np.asarray(got.column("emb").combine_chunks().flatten(), dtype=np.float32).reshape(got.num_rows, -1)
-    emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)  # stored vectors are unit; be safe anyway
-    pos = np.searchsorted(got.column("sid").to_numpy(), sids)
-    return np.einsum("kd,kd->k", emb[pos[i]], emb[pos[j]])
-
-
-def chosen_cos(run: Run, kind: str) -> np.ndarray:
-    if not run.present["candidates"]:
-        return np.zeros(0)
-    q = f"SELECT cos FROM candidates WHERE chosen AND kind = '{kind}' AND cos IS NOT NULL"
-    return np.array([r[0] for r in run.rows(q)], dtype=np.float64)
-
-
 def section_cosine(run: Run, out: Path, seed: int) -> list[str]:
     md = ["## 2. Cosine of chosen pairs vs random pairs", ""]
     series = {"chosen positives": chosen_cos(run, "pos"), "chosen negatives": chosen_cos(run, "neg"),
@@ -183,7 +82,7 @@ def section_cosine(run: Run, out: Path, seed: int) -> list[str]:
     lo, hi = run.cfg("lo", ("neighbours", "candidates")), run.cfg("hi", ("neighbours", "candidates"))
     rows = [[k, len(v), float(v.mean()) if len(v) else "—", float(np.median(v)) if len(v) else "—"]
             for k, v in series.items()]
-    md += _table(["pairs", "n", "mean cos", "median cos"], rows)
+    md += table(["pairs", "n", "mean cos", "median cos"], rows)
     if not any(len(v) for v in series.values()):
         return md + ["No cosines to plot.", ""]
 
@@ -206,37 +105,13 @@ def section_cosine(run: Run, out: Path, seed: int) -> list[str]:
 
 
 # ---- 3. lexical overlap -----------------------------------------------------------------------------------------
-def chosen_text_pairs(run: Run, kind: str, seed: int, limit: int = TEXT_SAMPLE) -> tuple[list[str], list[str], int]:
-    """(anchors, chosen texts, total) for one kind: from `pairs` (the training data) or else chosen candidates."""
-    if run.present["pairs"]:
-        col = "positives" if kind == "pos" else "negatives"
-        base = f"SELECT sid, anchor a, unnest({col}) b FROM pairs"
-    elif run.present["candidates"] and run.present["sentences"]:
-        base = (f"SELECT c.sid, s.text a, coalesce(c.text, s2.text) b FROM candidates c JOIN sentences s ON s.sid = c.sid "
-                f"LEFT JOIN sentences s2 ON s2.sid = c.cand_sid WHERE c.chosen AND c.kind = '{kind}'")
-    else:
-        return [], [], 0
-    total = run.rows(f"SELECT count(*) FROM ({base}) WHERE b IS NOT NULL")[0][0]
-    got = run.rows(f"SELECT a, b FROM ({base}) WHERE b IS NOT NULL {_sample_clause(seed, 'sid, a, b', limit)}")
-    return [g[0] for g in got], [g[1] for g in got], total
-
-
-def overlap_stats(run: Run, seed: int = 0) -> dict[str, tuple[float | None, int, int]]:
-    """kind -> (mean lexical overlap with the anchor, pairs measured, pairs in the run)."""
-    out = {}
-    for kind in ("pos", "neg"):
-        a, b, total = chosen_text_pairs(run, kind, seed)
-        out[kind] = (float(lexical_overlap(a, b).mean()) if a else None, len(a), total)
-    return out
-
-
 def section_overlap(run: Run, seed: int) -> list[str]:
     md = ["## 3. Lexical overlap with the anchor", ""]
     st = overlap_stats(run, seed)
     if st["pos"][2] == 0 and st["neg"][2] == 0:
         return md + [f"Mined pairs (pairs / candidates): {ABSENT}.", ""]
     ours = ["this run", st["pos"][0] if st["pos"][0] is not None else "—", st["neg"][0] if st["neg"][0] is not None else "—"]
-    md += _table(["training data", "positives", "negatives"], [ours] + [list(r) for r in PUBLISHED_OVERLAP])
+    md += table(["training data", "positives", "negatives"], [ours] + [list(r) for r in PUBLISHED_OVERLAP])
     sampled = any(s[1] < s[2] for s in st.values())
     return md + [f"Mean over pairs of |shared words| / words in the longer sentence (lower-cased whitespace tokens), "
                  f"this run on {st['pos'][1]} positive and {st['neg'][1]} negative pairs"
@@ -283,7 +158,7 @@ def _triplet_mer(run: Run, out: Path, seed: int) -> list[str]:
         by = run.rows("SELECT coalesce(rule, '—'), coalesce(reason, '—'), count(*) n FROM negations "
                       "GROUP BY ALL ORDER BY n DESC")
         md += ["Negation outcomes (rule applied, or why the sentence was not negated):", ""]
-        md += _table(["rule", "not negated because", "sentences"], [list(r) for r in by])
+        md += table(["rule", "not negated because", "sentences"], [list(r) for r in by])
     if not run.present["triplets"]:
         return md + [f"- triplets: {ABSENT}", ""]
     got = run.rows(f"SELECT anchor, paraphrase, negation, para_mer FROM triplets {_sample_clause(seed, 'sid', TEXT_SAMPLE)}")
@@ -316,17 +191,6 @@ def _triplet_mer(run: Run, out: Path, seed: int) -> list[str]:
 
 
 # ---- 5. IPW peakedness ------------------------------------------------------------------------------------------
-def pool_peakedness(run: Run) -> pa.Table:
-    """Per (sid, kind) pool: n, max p / (1/n) and H(p) / log n (1.0 for a one-candidate pool: trivially uniform)."""
-    return run.con.sql("""
-        WITH q AS (SELECT sid, kind, p / sum(p) OVER (PARTITION BY sid, kind) AS p, count(*) OVER (PARTITION BY sid, kind) AS n
-                   FROM candidates WHERE p IS NOT NULL)
-        SELECT sid, kind, any_value(n) AS n, max(p) * any_value(n) AS times_uniform,
-               CASE WHEN any_value(n) > 1 THEN -sum(CASE WHEN p > 0 THEN p * ln(p) ELSE 0 END) / ln(any_value(n))
-                    ELSE 1.0 END AS entropy_ratio
-        FROM q GROUP BY sid, kind ORDER BY kind, sid""").to_arrow_table()
-
-
 def section_ipw(run: Run, out: Path) -> list[str]:
     md = ["## 5. How peaked the IPW sampling distributions are", ""]
     if not run.present["candidates"] or run.count("candidates") == 0:
@@ -341,7 +205,7 @@ def section_ipw(run: Run, out: Path) -> list[str]:
              f4(np.mean(d["entropy_ratio"])), f4(np.median(d["entropy_ratio"]))] for k, d in data.items()]
     md += [f"Sampling settings from the manifest: temperature T = **{temp if temp is not None else 'not recorded'}**, "
            f"normalize = **{norm if norm is not None else 'not recorded'}**.", ""]
-    md += _table(["kind", "pools", "mean pool size", "mean max p ×uniform", "median max p ×uniform",
+    md += table(["kind", "pools", "mean pool size", "mean max p ×uniform", "median max p ×uniform",
                   "mean H(p)/log n", "median H(p)/log n"], rows)
 
     def draw(ax):
@@ -380,9 +244,9 @@ def section_examples(run: Run, seed: int) -> list[str]:
         last = None
         for sid, anchor, kind, text, p in got:
             if sid != last:
-                md += ["", f"**sid {sid}:** {_cell(anchor, 300)}"]
+                md += ["", f"**sid {sid}:** {cell(anchor, 300)}"]
                 last = sid
-            md.append(f"- {'+' if kind == 'pos' else '−'} p = {p:.4f}: {_cell(text, 300)}")
+            md.append(f"- {'+' if kind == 'pos' else '−'} p = {p:.4f}: {cell(text, 300)}")
         md += [""] if got else ["No chosen candidates.", ""]
     else:
         md += [f"candidates / sentences: {ABSENT}.", ""]
@@ -390,7 +254,7 @@ def section_examples(run: Run, seed: int) -> list[str]:
     if not run.present["triplets"]:
         return md + [f"triplets: {ABSENT}.", ""]
     got = run.rows(f"SELECT sid, anchor, paraphrase, negation, para_mer FROM triplets {_sample_clause(seed, 'sid', 5)}")
-    return md + _table(["sid", "anchor", "paraphrase", "negation", "para MER"],
+    return md + table(["sid", "anchor", "paraphrase", "negation", "para MER"],
                        [[str(r[0]), r[1], r[2], r[3], r[4] if r[4] is not None else "—"] for r in got])
 
 
@@ -398,14 +262,14 @@ def section_examples(run: Run, seed: int) -> list[str]:
 def section_timings(run: Run, out: Path) -> list[str]:
     md = ["## 7. Seconds per stage", ""]
     stages: dict[str, dict] = {}
-    for table, m in run.manifests.items():  # a stage writing several tables has the same manifest in each
-        s = stages.setdefault(str(m.get("stage", table)), {"seconds": 0.0, "tables": []})
+    for name, m in run.manifests.items():  # a stage writing several tables has the same manifest in each
+        s = stages.setdefault(str(m.get("stage", name)), {"seconds": 0.0, "tables": []})
         s["seconds"] = max(s["seconds"], float(m.get("seconds") or 0.0))
-        s["tables"].append(table)
+        s["tables"].append(name)
     if not stages:
         return md + [f"manifests: {ABSENT}.", ""]
     names = list(stages)
-    md += _table(["stage", "seconds", "tables written"], [[n, stages[n]["seconds"], ", ".join(stages[n]["tables"])] for n in names])
+    md += table(["stage", "seconds", "tables written"], [[n, stages[n]["seconds"], ", ".join(stages[n]["tables"])] for n in names])
     md += [f"Total: {sum(s['seconds'] for s in stages.values()):.1f} s.", ""]
     md += [_figure(out, "stage_seconds", "Wall-clock seconds per stage", "seconds", "stage",
                    lambda ax: ax.barh(names[::-1], [stages[n]["seconds"] for n in names][::-1])), "",
@@ -441,6 +305,3 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"run directory {a.run_dir} does not exist")
     print(write_report(a.run_dir, a.out, a.seed))
 
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,95 @@
+"""What a stage declares next to its computation; the runner (runner.py) reads nothing else.
+
+    @stage(reads=("embeddings",), reads_whole=("embeddings",), writes=("neighbours",), settings=("neighbours",),
+           facts=faiss_versions, manifest=index_facts)
+    def neighbours(ctx: Ctx) -> dict[str, pa.Table]:
+        ...
+
+- reads:        tables of which the stage reads shard i while computing its shard i (per-sentence tables);
+- reads_whole:  tables it reads whole (every shard), e.g. the search base of `neighbours`;
+- writes:       the tables it writes, one shard each per shard index;
+- settings:     the config sections that change its result (their content hash is part of the cache key);
+- facts:        cfg -> str, whatever else changes the result: input files, resolved models, device, precision,
+                library versions (part of the cache key, recorded in the manifest);
+- manifest:     (cfg, store, n) -> dict, facts the manifest records beyond rows and hashes;
+- schemas:      {table: pa.Schema} for tables that pipeline/schema.py does not list (a new stage's own tables);
+- one_job:      one job writes every shard (`sentences` reads the corpus in one pass; its compute returns
+                {table: [shard 0, shard 1, ...]}).
+
+The stage's name is the function's name; its code version covers its module and every pipeline module that module
+imports (codeversion.py), so it cannot go stale by hand.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:  # (not imports of the stages: the code version does not follow them)
+    import pyarrow as pa
+
+    from pipeline.config import Config
+    from pipeline.engine.store import Store
+
+
+@dataclass
+class Ctx:
+    """What a shard computation sees: the config, its shard index, readers for its inputs, whether to show progress."""
+    cfg: "Config"
+    store: "Store"
+    i: int
+    n: int
+    progress: bool = False
+
+    def shard(self, table: str) -> "pa.Table":
+        return self.store.read_shard(table, self.i, self.n)
+
+    def whole(self, table: str) -> "pa.Table":
+        return self.store.read(table, self.n)
+
+    def label(self, what: str) -> str | bool:
+        """A progress-bar label for this shard, or False when progress is off."""
+        return self.progress and f"{what} {self.i + 1}/{self.n}"
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    compute: Callable[[Ctx], dict]
+    module: str
+    writes: tuple[str, ...]
+    reads: tuple[str, ...] = ()
+    reads_whole: tuple[str, ...] = ()
+    settings: tuple[str, ...] = ()
+    facts: Callable[["Config"], str] | None = field(default=None, compare=False)
+    manifest: Callable[["Config", "Store", int], dict] | None = field(default=None, compare=False)
+    one_job: bool = False
+    schemas: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (*self.reads, *self.reads_whole)
+
+    def __call__(self, ctx: Ctx) -> dict:
+        return self.compute(ctx)
+
+
+def package_versions(*packages: str) -> str:
+    """"name=version,..." of installed distributions ("-" when absent): library versions change results too."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def v(p: str) -> str:
+        try:
+            return version(p)
+        except PackageNotFoundError:
+            return "-"
+    return ",".join(f"{p}={v(p)}" for p in packages)
+
+
+def stage(*, writes: tuple[str, ...], reads: tuple[str, ...] = (), reads_whole: tuple[str, ...] = (),
+          settings: tuple[str, ...] = (), facts=None, manifest=None, one_job: bool = False,
+          schemas: dict | None = None):
+    """Declare the decorated function `name(ctx) -> {table: pa.Table}` as the stage `name` (see the module doc)."""
+    def declare(fn) -> Stage:
+        return Stage(fn.__name__, fn, fn.__module__, tuple(writes), tuple(reads), tuple(reads_whole),
+                     tuple(settings), facts, manifest, one_job, dict(schemas or {}))
+    return declare

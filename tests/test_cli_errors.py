@@ -1,0 +1,102 @@
+"""Config, corpus and model errors: exit code 2, one line on stderr naming the key / path / model, and nothing
+written under the run root."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.stages.sentences import CorpusError, split_sentences
+
+from hostile import plain_rows, wiki_lines, write_corpus
+
+
+
+from mining_helpers import ROOT, SMALL, _cli_env, _cli_error
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+# ---------------------------------------------------------------- config, corpus and model errors: exit 2, one line
+
+CONFIG_ERRORS = [
+    (["neighbours.pool_sise=8"], "neighbours.pool_sise: unknown key"),
+    (["nieghbours.pool_size=8"], "nieghbours: unknown key"),
+    (["neighbours.pool_size=eight"], "neighbours.pool_size: Input should be a valid integer"),
+    (["run.shards=[1,2]"], "run.shards: Input should be a valid integer"),
+    (["neighbours.lo=0.8", "neighbours.hi=0.2"], "neighbours.lo (0.8) > neighbours.hi (0.2)"),
+    (["neighbours.lo=0.8 neighbours.hi=0.2"], "neighbours.lo (0.8) > neighbours.hi (0.2)"),  # make's SET="a b"
+    (["neighbours.lo=1.5"], "neighbours.lo: Input should be less than or equal to 1"),
+    (["ipw.m_neg=9"], "ipw.m_neg (9) > neighbours.pool_size (8)"),
+    (["ipw.temperature=0"], "ipw.temperature: Input should be greater than 0"),
+    (["ipw.temperature=-0.5"], "ipw.temperature: Input should be greater than 0"),
+    (["ipw.lambda_neg=1.2"], "ipw.lambda_neg: Input should be less than or equal to 1"),
+    (["paraphrases.mer_lo=0.9", "paraphrases.mer_hi=0.1"], "paraphrases.mer_lo (0.9) > paraphrases.mer_hi (0.1)"),
+    (["sentences.min_words=9", "sentences.max_words=4"], "sentences.min_words (9) > sentences.max_words (4)"),
+    (["noise.min_ops=3"], "noise.min_ops (3) > noise.max_ops (2)"),
+    (["run.shards=0"], "run.shards: Input should be greater than or equal to 1"),
+    (["encoder.max_length=2"], "encoder.max_length: Input should be greater than or equal to 4"),
+    (["runner.kind=dask"], "runner.address is required"),
+    (["run.name=../escape"], "run.name: String should match pattern"),
+    (["neighbours.pool_size"], "'neighbours.pool_size': expected key=value"),
+]
+
+
+@pytest.mark.parametrize("sets,message", CONFIG_ERRORS, ids=[s[0] for s, _ in CONFIG_ERRORS])
+def test_config_error_is_one_line_naming_the_key(capsys, tmp_path, sets, message):
+    line = _cli_error(capsys, tmp_path / "runs", ["mine", "--corpus", str(tmp_path / "c.txt")], sets)
+    assert message in line
+
+
+def test_input_errors_name_the_path_or_model(capsys, tmp_path):
+    corpus = write_corpus(tmp_path / "c.txt", plain_rows(wiki_lines(3)))
+    root = tmp_path / "runs"
+    missing = tmp_path / "no-such-dir" / "corpus.txt"
+    assert str(missing) in _cli_error(capsys, root, ["mine", "--corpus", str(missing)])
+    assert str(tmp_path) in _cli_error(capsys, root, ["mine", "--corpus", str(tmp_path)])  # a directory
+    assert "profile 'no-such-profile' not found" in _cli_error(capsys, root, ["mine", "--profile", "no-such-profile"])
+    no_text, int_text, fake = tmp_path / "no-text.parquet", tmp_path / "int-text.parquet", tmp_path / "fake.parquet"
+    pq.write_table(pa.table({"sentence": ["one two three"]}), no_text)
+    pq.write_table(pa.table({"text": [1, 2, 3]}), int_text)
+    fake.write_bytes(corpus.read_bytes())  # a text file named .parquet
+    utf16 = tmp_path / "utf16.txt"  # what "Unicode" in some editors' save dialogs writes
+    utf16.write_text("\n".join(wiki_lines(3)), encoding="utf-16")
+    for path, message in [(no_text, "string column `text`"), (int_text, "column `text` is int64"),
+                          (fake, "Parquet magic bytes not found"), (utf16, "UTF-16/UTF-32 text")]:
+        line = _cli_error(capsys, root, ["mine", "--corpus", str(path)])
+        assert str(path) in line and message in line, line
+    with pytest.raises(CorpusError, match="convert it to UTF-8"):  # in-process callers of the stage too
+        split_sentences(utf16, 3, 128, 2000)
+    (tmp_path / "not-a-model").mkdir()
+    assert os.environ["HF_HUB_OFFLINE"] == "1"  # conftest: the hub id below must fail fast, offline
+    cases = [
+        (["encoder.model=/nonexistent/path"], "encoder /nonexistent/path: no such directory"),
+        (["encoder.model=contramine-test/no-such-model"], "encoder 'contramine-test/no-such-model' is not available"),
+        ([f"encoder.model={tmp_path / 'not-a-model'}"], "not-a-model: directory has no config.json"),
+        (["negate.model=xx_no_such_pipeline"], "spaCy pipeline 'xx_no_such_pipeline' is not installed"),
+        (['backtranslate.chains=[["contramine-test/no-mt", "contramine-test/no-mt-back"]]',
+          "backtranslate.fallback=false"],
+         "translation model 'contramine-test/no-mt'"),
+    ]
+    for sets, message in cases:
+        line = _cli_error(capsys, root, ["mine", "--corpus", str(corpus)], sets)
+        assert message in line, (sets, line)
+
+
+def _run_cli(args: list[str], **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=_cli_env(**env), timeout=300)
+
+
+def test_cli_subprocess_stage_before_its_input(tmp_path):
+    """The real `python -m flows.cli stage neighbours` on a fresh run: exit 2, one line saying what to run first."""
+    root = tmp_path / "runs"
+    r = _run_cli(["stage", "neighbours", "--run", "fresh", "--set", *SMALL, f"run.root={root}"])
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("error: stage neighbours reads table `embeddings`, which run 'fresh' does not have")
+    assert "run `make stage STAGE=embeddings RUN=fresh`" in r.stderr
+    assert not root.exists() or not any(root.iterdir())

@@ -1,0 +1,109 @@
+"""The shape of the house: a stage is one module that declares itself (no runner edit to add one), prefect.yaml is
+generated from the stage list, `sql` and `report` import neither torch nor Prefect, no Python file over 400 lines."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import pipeline.stages
+from flows.deployments import render
+from pipeline.engine import runner
+from pipeline.engine.runner import load_stages
+from pipeline.engine.tables import RunTables
+from pipeline.schema import SCHEMAS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TOY_STAGE = '''
+"""A toy stage: the number of characters of each sentence."""
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.engine.spec import Ctx, stage
+
+LENGTHS = pa.schema([("sid", pa.int64()), ("n_chars", pa.int32())])
+
+
+@stage(reads=("sentences",), writes=("sentence_lengths",), schemas={"sentence_lengths": LENGTHS})
+def sentence_lengths(ctx: Ctx) -> dict[str, pa.Table]:
+    s = ctx.shard("sentences")
+    n_chars = pc.utf8_length(s.column("text")).cast(pa.int32())
+    return {"sentence_lengths": pa.table({"sid": s.column("sid"), "n_chars": n_chars}, schema=LENGTHS)}
+'''
+
+
+@pytest.fixture
+def toy_stage(tmp_path, monkeypatch):
+    """One new module, its name appended to the stage order: nothing else changes."""
+    package = tmp_path / "toystages"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "lengths.py").write_text(textwrap.dedent(TOY_STAGE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(pipeline.stages, "ORDER", [*pipeline.stages.ORDER, "toystages.lengths"])
+    yield "sentence_lengths"
+    SCHEMAS.pop("sentence_lengths", None)
+
+
+def test_a_toy_stage_is_one_module_and_no_runner_edit(toy_stage, small_corpus, tmp_path, prefect_harness):
+    from flows.mine import mine_flow
+    from flows.sql import connect
+
+    assert toy_stage in load_stages() and toy_stage not in Path(runner.__file__).read_text()
+    sets = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=2",
+            "backtranslate.chains=[]", f"run.root={tmp_path}"]
+    rows = mine_flow(profile="default", run="toy", corpus=str(small_corpus), overrides=sets)
+    run = RunTables(tmp_path / "toy")
+    sentences, lengths = run.read("sentences"), run.read(toy_stage)
+    assert rows[toy_stage] == {toy_stage: sentences.num_rows} and sentences.num_rows > 0
+    assert lengths.column("sid").equals(sentences.column("sid"))
+    assert lengths.column("n_chars").to_pylist() == [len(t) for t in sentences.column("text").to_pylist()]
+    got = connect(tmp_path / "toy").sql("SELECT count(*) FROM sentence_lengths l JOIN sentences USING (sid)")
+    assert got.fetchall()[0][0] == sentences.num_rows  # a view in `make sql` like every other table
+    again = mine_flow(profile="default", run="toy", corpus=str(small_corpus), overrides=sets)
+    assert again == rows and run.manifest(toy_stage)["shards_cached"] == 2  # cached like every other stage
+    assert f"flows/mine.py:{toy_stage}_flow" in render(list(load_stages()))  # and a deployment of its own
+
+
+def test_a_stage_table_without_a_schema_is_refused(tmp_path, monkeypatch):
+    package = tmp_path / "badstages"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "nameless.py").write_text(textwrap.dedent(TOY_STAGE).replace(
+        ', schemas={"sentence_lengths": LENGTHS}', "").replace("sentence_lengths", "nameless_table"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(pipeline.stages, "ORDER", [*pipeline.stages.ORDER, "badstages.nameless"])
+    with pytest.raises(ImportError, match="writes `nameless_table` with no schema"):
+        load_stages()
+
+
+def test_prefect_yaml_is_generated_from_the_stage_list():
+    """`python -m flows.deployments > prefect.yaml` after adding a stage; this says when someone forgot."""
+    assert (ROOT / "prefect.yaml").read_text() == render(list(load_stages())), \
+        "prefect.yaml is stale: run `.venv/bin/python -m flows.deployments > prefect.yaml`"
+
+
+@pytest.mark.parametrize("command", ["sql", "report"])
+def test_sql_and_report_import_neither_torch_nor_prefect(command, tmp_path):
+    """What makes `make sql Q=...` answer in about a second: the command imports what it uses."""
+    probe = textwrap.dedent(f"""
+        import sys
+        from flows.cli import main
+        main(["{command}", "--run", "empty", "--set", "run.root={tmp_path}"]
+             + (["--query", "SELECT 42"] if "{command}" == "sql" else []))
+        heavy = sorted({{m.split(".")[0] for m in sys.modules}} & {{"torch", "prefect", "transformers", "faiss"}})
+        print("HEAVY", heavy)
+    """)
+    (tmp_path / "empty").mkdir()
+    r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "HEAVY []" in r.stdout, r.stdout + r.stderr
+
+
+def test_no_python_file_over_400_lines():
+    files = [p for d in ("pipeline", "flows", "trainer", "tests", "bench") for p in (ROOT / d).rglob("*.py")]
+    long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"split these: {long}"
