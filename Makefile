@@ -27,12 +27,13 @@ MODEL   ?=
 POOLER  ?=
 NAME    ?=
 OBJECTIVE ?=
+N       ?= 1000000
 PYTEST_ARGS ?= -q
 
 # Everything passed on to the CLI, only when set.
 ARGS = --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(CORPUS),--corpus $(CORPUS)) $(if $(SET),--set $(SET)) $(if $(FORCE),--force)
 
-.PHONY: install mine stage sql test eval report train bench clean
+.PHONY: install mine stage sql test eval report train bench scale clean
 install: $(STAMP)
 $(STAMP): pyproject.toml requirements-extra.txt
 	@test "$(ACCEL)" = cpu || test "$(ACCEL)" = gpu || { echo "ACCEL must be cpu or gpu, not '$(ACCEL)'"; exit 2; }
@@ -69,6 +70,10 @@ train: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
+
+# N synthetic sentences through every real stage with stand-in models: seconds and peak RSS per stage at N/8..N
+scale: $(STAMP)
+	$(BIN)/python -m bench.scale --n $(N) $(if $(SET),--set $(SET))
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

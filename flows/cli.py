@@ -12,13 +12,12 @@ load neither torch nor Prefect.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
 
 from . import env  # noqa: F401
-from pipeline.config import Config, ConfigError, configure
+from pipeline.config import Config, ConfigError, configure, split_overrides
 from pipeline.engine.tables import TableMissing
 from pipeline.models.hub import ModelUnavailable
 from pipeline.stages import ORDER
@@ -143,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--max-rows", type=int, default=40)
     args = p.parse_args(argv)
     # make passes SET="a=1 b=2" as one word: split before each `key=`, not inside a value ('x=[["a", "b"]]')
-    args.set = [kv for item in args.set for kv in re.split(r"\s+(?=[A-Za-z_][\w.]*=)", item.strip()) if kv]
+    args.set = [kv for item in args.set for kv in split_overrides(item)]
     try:
         cfg = configure(args.profile, args.run, args.corpus, args.set)
         {"mine": cmd_mine, "stage": cmd_stage, "sql": cmd_sql, "report": cmd_report}[args.cmd](args, cfg)

@@ -10,11 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = ROOT / "configs"
@@ -33,7 +32,10 @@ class RunCfg(Section):
     name: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]+$")
     root: Path = ROOT / "artifacts"
     seed: int = Field(1234, ge=0)
-    shards: int = Field(4, ge=1, le=4096, description="sid-range shards every per-sentence table is split into")
+    shards: int = Field(4, ge=1, le=4096, description="sid-range shards every per-sentence table is split into "
+                        "(at least; more when the corpus needs them, see max_shard_rows)")
+    max_shard_rows: int = Field(100_000, ge=0, description="corpus lines per shard at most: a larger corpus gets "
+                                "ceil(lines / max_shard_rows) shards, so no shard's tables outgrow memory; 0 = off")
 
     @property
     def dir(self) -> Path:
@@ -97,11 +99,16 @@ class NeighboursCfg(Section):
     max_block_elems: int = Field(1 << 24, ge=1 << 10, description="query block size x k bound: caps search memory")
     slack: int = Field(8, ge=0, description="extra neighbours fetched beyond pool_size to resolve float near-ties")
     recall_sample: int = Field(500, ge=0, description="queries checked against exact search when the index is approximate")
+    min_recall: float = Field(0.9, ge=0.0, le=1.0, description="an approximate index whose sampled recall of the "
+                              "exact pool is lower fails the stage (raise nprobe / efSearch, or index = flat)")
 
     @model_validator(mode="after")
     def _band(self):
         if self.lo > self.hi:
             raise ValueError(f"neighbours.lo ({self.lo}) > neighbours.hi ({self.hi})")
+        if self.gpu == "always" and self.index == "hnsw":
+            raise ValueError("neighbours.gpu = 'always' with index = 'hnsw': FAISS has no GPU HNSW index; "
+                             "use index = 'flat' or 'ivf' on the GPU, or gpu = 'auto' / 'never'")
         return self
 
 
@@ -322,71 +329,7 @@ class Config(Section):
         return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
 
 
-def _parse_value(raw: str):
-    """`key=value` values are TOML when they parse as TOML (numbers, booleans, lists), else plain strings."""
-    try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw
-
-
-def _set_dotted(tree: dict, dotted: str, value) -> None:
-    node = tree
-    *parents, leaf = dotted.split(".")
-    for p in parents:
-        node = node.setdefault(p, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"config override {dotted!r}: {p!r} is not a section")
-    node[leaf] = value
-
-
-def _merge(base: dict, top: dict) -> dict:
-    out = dict(base)
-    for k, v in top.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def read_profile(name: str, _seen: tuple = ()) -> dict:
-    path = Path(name) if name.endswith(".toml") else CONFIG_DIR / f"{name}.toml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.toml")))
-        raise ConfigError(f"profile {name!r} not found ({path}); known profiles: {known}")
-    if path in _seen:
-        raise ConfigError(f"profile {path} inherits itself")
-    try:
-        tree = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    parent = tree.pop("inherit", None)
-    return _merge(read_profile(parent, _seen + (path,)), tree) if parent else tree
-
-
-def configure(profile: str = "default", run: str | None = None, corpus: str | None = None,
-              overrides: list[str] | None = None) -> Config:
-    """The config of a CLI call or flow run: a profile, the run name and corpus as given, per-key overrides."""
-    sets = list(overrides or [])
-    if run:
-        sets.append(f"run.name={run}")
-    if corpus:
-        sets.append(f"data.corpus={corpus}")
-    return load_config(profile, sets)
-
-
-def load_config(profile: str = "default", overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    tree = read_profile(profile)
-    tree.setdefault("profile", Path(profile).stem)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"config override {item!r}: expected key=value, e.g. neighbours.pool_size=32")
-        key, raw = item.split("=", 1)
-        _set_dotted(tree, key.strip(), _parse_value(raw.strip()))
-    try:
-        return Config.model_validate(tree)
-    except ValidationError as e:
-        err = e.errors()[0]
-        key = ".".join(str(p) for p in err["loc"]) or "config"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        raise ConfigError(f"config error: {key}: {msg} (profile {profile!r})") from None
+# loading (profiles, overrides, shard count) lives in profiles.py; imported here so `pipeline.config` stays the
+# one place callers import from
+from pipeline.profiles import (configure, load_config, read_profile, shards_for,  # noqa: E402,F401
+                               split_overrides)

@@ -46,3 +46,13 @@ def test_section_hash_changes_only_with_its_section():
     a, b = load_config("default"), load_config("default", ["ipw.temperature=0.5"])
     assert a.section_hash("neighbours") == b.section_hash("neighbours")
     assert a.section_hash("ipw") != b.section_hash("ipw")
+
+
+def test_set_splits_between_keys_never_inside_a_toml_value():
+    from pipeline.config import split_overrides
+
+    text = 'a.b=1 backtranslate.chains=[{models=["x", "y"], role="positives"}] c.d="p q=r" e.f=[1, 2]'
+    assert split_overrides(text) == ["a.b=1", 'backtranslate.chains=[{models=["x", "y"], role="positives"}]',
+                                     'c.d="p q=r"', "e.f=[1, 2]"]
+    cfg = load_config("default", split_overrides('backtranslate.chains=[{models=["m1", "m2"], role="paraphrases"}]'))
+    assert cfg.backtranslate.chains[0].role == "paraphrases" and cfg.backtranslate.chains[0].models == ["m1", "m2"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import CONFIG_DIR, ConfigError, load_config
+from pipeline.config import CONFIG_DIR, ConfigError, load_config, split_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -69,7 +69,7 @@ def check_make(args: list[str]) -> None:
     assert not unknown, f"README: make {target} sets unknown variable(s) {unknown}"
     profile = assignments.get("PROFILE", "default")
     assert (CONFIG_DIR / f"{profile}.toml").is_file(), f"README: no profile {profile!r}"
-    sets = re.split(r"\s+(?=[A-Za-z_][\w.]*=)", assignments["SET"].strip()) if "SET" in assignments else []
+    sets = split_overrides(assignments["SET"]) if "SET" in assignments else []
     try:
         load_config(profile, sets)
     except ConfigError as e:

@@ -217,7 +217,7 @@ def test_gpu_index_used_when_faiss_sees_a_gpu(monkeypatch):
     monkeypatch.setattr(nb.faiss, "index_cpu_to_all_gpus", lambda index: FakeGpuIndex(index))
     x = _unit(300)
     index, cpu = nb.build_index(x, "flat", NeighboursCfg(), 0)
-    assert isinstance(index, FakeGpuIndex) and index.cpu is cpu
+    assert isinstance(index, nb.GpuIndex) and index.index.cpu is cpu  # one locked GPU index per process
     sids = np.arange(300, dtype=np.int64)
     got = nb.band_neighbours(x, sids, x, sids, index, cpu, 0.25, 0.75, 8)
     assert moved and got.equals(nb.exact_band_neighbours(x, sids, x, sids, 0.25, 0.75, 8))

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 from pipeline.models.hub import pick_device, resolve_model
+from pipeline.models.standin import StandInEncoder, is_standin
 from pipeline.models.unpad import can_unpad, unpadded_forward
 
 MIN_ROWS = 8  # see Encoder.encode
@@ -70,6 +71,8 @@ class Encoder(torch.nn.Module):
     def load(cls, name: str, pooler: str = "mean", max_length: int = 128, device: str = "auto",
              prompt: str = DEFAULT_PROMPT, precision: str = "float32",
              **model_kwargs) -> "Encoder":
+        if is_standin(name):
+            return StandInEncoder(name)  # same interface (encode, dim, device), no weights: `make scale`
         path = resolve_model(name, "encoder")
         tok = AutoTokenizer.from_pretrained(path)
         if _takes_pooling_layer(path):  # keep BERT's pooler (dense + tanh): the `cls` pooler reads it

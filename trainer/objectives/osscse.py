@@ -30,13 +30,12 @@ forward(batch) -> (loss, {"l_c", "l_m", "l_r"})
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field, field_validator
 
 from pipeline.config import Section
 from trainer import dist
 from trainer.objectives.base import Objective
-from trainer.objectives.common import info_nce_terms, prefixed, sub_batch
+from trainer.objectives.common import cos_rows, info_nce_terms, prefixed, sub_batch
 
 
 class OssCSE(Objective):
@@ -128,9 +127,7 @@ class OssCSE(Objective):
         if len(trip):
             hp = self.encoder(sub_batch(batch, "par"))
             hn = self.encoder(sub_batch(batch, "negn"))
-            a = F.normalize(h[trip], dim=-1)
-            sp = (a * F.normalize(hp, dim=-1)).sum(-1)
-            sn = (a * F.normalize(hn, dim=-1)).sum(-1)
+            sp, sn = cos_rows(h[trip], hp), cos_rows(h[trip], hn)  # float32 whatever the autocast
             margins = torch.relu(sn - sp + self.settings.alpha) + torch.relu(sp - sn - self.settings.beta)
         else:
             margins = h.new_zeros((0,))

@@ -1,0 +1,170 @@
+"""`make scale [N=1000000]`: N synthetic sentences through every real stage with stand-in models, per-stage cost.
+
+    python -m bench.scale --n 1000000            # sizes N/8, N/4, N/2, N -> artifacts/scale/results.json
+    python -m bench.scale --n 80000 --keep       # keep the run folders (to look at them with make sql)
+
+Only the two models are stand-ins (pipeline/models/standin.py: a deterministic random unit vector per text, a
+word-shuffling "translator"), so what is measured is the pipeline's own cost: sentences, FAISS, noise, spaCy,
+edit distances, IPW, Parquet, Prefect. Each stage runs as its own child process, `python -m flows.cli stage
+<name>` (the same flow a cluster runs), against one Prefect server; its wall seconds come from the table's
+manifest (the work itself) and the child's (start-up included), its peak RSS from `os.wait4` (ru_maxrss).
+
+Corpus: real wiki1m lines, then new sentences made of the first half of one line and the second half of another
+(seeded, duplicates skipped), so spaCy parses English and the noise/negation rules fire as on real text.
+Growth per doubling = seconds(2n) / seconds(n): 2.0 is linear. Results: a list of {"n", "stage", "seconds",
+"child_seconds", "peak_rss_mb", "rows", "shards"} rows, one per (size, stage), written after every stage.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import ROOT, SHARED_DATA
+
+OUT = ROOT / "artifacts" / "scale"
+for _k, _v in (("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("DO_NOT_TRACK", "1"), ("TOKENIZERS_PARALLELISM", "false"),
+               ("PREFECT_HOME", str(ROOT / "artifacts" / ".prefect-scale"))):
+    os.environ.setdefault(_k, _v)  # as the Makefile sets them: no telemetry, nothing sent beyond this machine
+STANDIN_SETTINGS = [
+    "encoder.model=standin:encoder-384",
+    'backtranslate.chains=[{models=["standin:shuffle-zh", "standin:shuffle-en"], role="positives"}, '
+    '{models=["standin:shuffle-de", "standin:shuffle-en"], role="paraphrases"}]',
+    "backtranslate.fallback=false",
+]
+
+
+def synthetic_corpus(n: int, dst: Path, seed: int = 0) -> Path:
+    """n distinct lines: the wiki1m head, then half-and-half recombinations of its lines."""
+    lines = [x for x in (SHARED_DATA / "wiki1m_head.txt").read_text(encoding="utf-8").splitlines() if x.strip()]
+    words = [x.split() for x in lines]
+    out, seen = lines[:n], set(lines[:n])
+    rng = np.random.default_rng(seed)
+    while len(out) < n:
+        for i, j in rng.integers(len(lines), size=(max(1024, n - len(out)), 2)):
+            a, b = words[i], words[j]
+            if i == j or len(a) < 2 or len(b) < 2:
+                continue
+            s = " ".join(a[: len(a) // 2] + b[len(b) // 2:])
+            if s not in seen:
+                seen.add(s)
+                out.append(s)
+                if len(out) == n:
+                    break
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text("\n".join(out) + "\n", encoding="utf-8")
+    return dst
+
+
+def run_stage(stage: str, run: str, corpus: Path, sets: list[str], env: dict, log: Path) -> tuple[float, int]:
+    """One stage as its own process: (wall seconds, peak RSS in MB)."""
+    cmd = [sys.executable, "-m", "flows.cli", "stage", stage, "--run", run, "--corpus", str(corpus), "--set", *sets]
+    with open(log, "ab") as f:
+        t0 = time.perf_counter()
+        child = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(child.pid, 0)
+    if os.waitstatus_to_exitcode(status):
+        raise RuntimeError(f"stage {stage} at {run} failed; see {log}")
+    return time.perf_counter() - t0, round(usage.ru_maxrss / 1024)
+
+
+def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: bool = False) -> list[dict]:
+    from prefect.testing.utilities import prefect_test_harness
+
+    from pipeline.config import configure
+    from pipeline.engine.runner import load_stages
+    from pipeline.engine.store import Store
+
+    out.mkdir(parents=True, exist_ok=True)
+    results_path, results = out / "results.json", []
+    stages = load_stages()
+    with prefect_test_harness(server_startup_timeout=120):
+        import prefect.settings
+
+        env = {**os.environ, "PREFECT_API_URL": prefect.settings.PREFECT_API_URL.value(), "PYTHONPATH": str(ROOT)}
+        for n in sizes:
+            run, corpus = f"scale-{n}", synthetic_corpus(n, out / "corpora" / f"{n}.txt")
+            sets = [*STANDIN_SETTINGS, f"run.root={out}", *extra]
+            shutil.rmtree(out / run, ignore_errors=True)
+            shards = configure("default", run, str(corpus), sets).run.shards
+            print(f"scale n={n:,}: {shards} shards", flush=True)
+            for name, spec in stages.items():
+                child_s, rss = run_stage(name, run, corpus, sets, env, out / f"{run}.log")
+                manifest = Store(out / run).manifest(spec.writes[0])
+                row = {"n": n, "stage": name, "seconds": round(manifest["wall_seconds_last_run"], 2),
+                       "child_seconds": round(child_s, 2), "peak_rss_mb": rss, "shards": shards,
+                       "rows": manifest["rows"]}
+                results.append(row)
+                results_path.write_text(json.dumps(results, indent=1))
+                print(f"  {name:14s} {row['seconds']:9.1f} s  (process {child_s:7.1f} s)  peak RSS {rss:6,} MB  "
+                      f"rows {sum(manifest['rows'].values()):,}", flush=True)
+            if not keep:
+                shutil.rmtree(out / run, ignore_errors=True)
+    print_growth(results)
+    return results
+
+
+def growth(results: list[dict]) -> dict[str, dict]:
+    """stage -> {"per_doubling": [ratios], "worst": max ratio, "peak_rss_mb": at the largest n} (time ratios use
+    the stage's own seconds; sizes double by construction)."""
+    by: dict[str, dict[int, dict]] = {}
+    for r in results:
+        by.setdefault(r["stage"], {})[r["n"]] = r
+    out = {}
+    for stage, rows in by.items():
+        ns = sorted(rows)
+        ratios = [rows[b]["seconds"] / max(rows[a]["seconds"], 1e-3) for a, b in zip(ns, ns[1:])]
+        out[stage] = {"per_doubling": [round(x, 2) for x in ratios], "worst": round(max(ratios, default=0), 2),
+                      "seconds": rows[ns[-1]]["seconds"], "peak_rss_mb": rows[ns[-1]]["peak_rss_mb"], "n": ns[-1]}
+    return out
+
+
+def print_growth(results: list[dict]) -> None:
+    g = growth(results)
+    print(f"\n{'stage':14s} {'seconds at n':>12s} {'peak RSS MB':>12s}  growth per doubling")
+    for stage, x in g.items():
+        print(f"{stage:14s} {x['seconds']:12.1f} {x['peak_rss_mb']:12,}  {x['per_doubling']}")
+
+
+def markdown_table(results: list[dict]) -> str:
+    """Per stage: seconds and peak RSS at each size, and the growth per doubling (BENCHMARKS.md's table)."""
+    sizes = sorted({r["n"] for r in results})
+    by = {(r["stage"], r["n"]): r for r in results}
+    stages = list(dict.fromkeys(r["stage"] for r in results))
+    g = growth(results)
+    head = ["stage", *(f"s at {n // 1000}k" for n in sizes), f"peak RSS at {sizes[-1] // 1000}k", "growth per doubling"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for st in stages:
+        secs = [f"{by[(st, n)]['seconds']:.1f}" if (st, n) in by else "—" for n in sizes]
+        rss = by.get((st, sizes[-1]), {}).get("peak_rss_mb")
+        rows.append(f"| {st} | " + " | ".join(secs) + f" | {f'{rss:,} MB' if rss else '—'} | "
+                    + ", ".join(f"{x:.2f}" for x in g[st]["per_doubling"]) + " |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=1_000_000, help="largest corpus size (N); also N/8, N/4, N/2")
+    ap.add_argument("--steps", type=int, default=4, help="how many sizes, halving from N (default 4)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--keep", action="store_true", help="keep the run folders")
+    ap.add_argument("--set", nargs="*", default=[], help="more config overrides, e.g. neighbours.pool_size=32")
+    ap.add_argument("--table", action="store_true", help="print the Markdown table of OUT/results.json and stop")
+    a = ap.parse_args(argv)
+    if a.table:
+        print(markdown_table(json.loads((a.out / "results.json").read_text())))
+        return 0
+    sizes = sorted({max(1, a.n >> k) for k in range(a.steps)})
+    simulate(sizes, a.out, a.set, a.keep)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""The scale path (issue "A million sentences"): stand-in models behind the real interfaces, the shard count that
+follows the corpus, the GPU paths of `neighbours` on a fake GPU index (k capped at 2048, one index per process,
+one device per Dask worker), the recall floor of approximate indexes, float32 logits under autocast."""
+from __future__ import annotations
+
+import threading
+import time
+import types
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import pipeline.stages.neighbours as nb
+from pipeline.config import BacktranslateCfg, ConfigError, NeighboursCfg, configure, load_config, shards_for
+from pipeline.engine import devices
+from pipeline.engine.runner import run_shard
+from pipeline.engine.store import Store
+from pipeline.models.encoder import Encoder
+from pipeline.models.translator import load_translator
+from pipeline.schema import vectors_table
+from trainer.objectives.common import cos_matrix, cos_rows
+
+
+# ---- stand-in models -----------------------------------------------------------------------------------------------
+def test_standin_encoder_is_deterministic_unit_and_batch_free():
+    enc = Encoder.load("standin:encoder-64")
+    texts = ["the cat sat on the mat", "the cat sat on a chair", "markets fell in asia", "the cat sat on the mat"]
+    v = enc.encode(texts, batch_size=2)
+    assert v.shape == (4, 64) and v.dtype == np.float32 and enc.dim == 64
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1, atol=1e-6)
+    np.testing.assert_array_equal(v, Encoder.load("standin:encoder-64").encode(texts[::-1], batch_size=3)[::-1])
+    cos = v @ v.T
+    assert cos[0, 3] == pytest.approx(1) and cos[0, 1] > 0.5 > cos[0, 2]  # shared words, shared direction
+
+
+def test_standin_translator_shuffles_words_deterministically():
+    tr = load_translator("standin:shuffle-de", BacktranslateCfg(chains=[]))
+    text = "one two three four five six seven"
+    out = tr.translate([text, text], seeds=[1, 2], num_return_sequences=2)
+    assert all(sorted(h.split()) == sorted(text.split()) for hyps in out for h in hyps)
+    assert out == tr.translate([text, text], seeds=[1, 2], num_return_sequences=2) and out[0] != out[1]
+
+
+# ---- the shard count follows the corpus -------------------------------------------------------------------------------
+def test_shard_count_follows_the_corpus_size(tmp_path):
+    text = tmp_path / "c.txt"
+    text.write_text("\n".join(f"line {i} of the corpus" for i in range(250)))  # no newline after the last line
+    assert shards_for(text, 100) == 3 and shards_for(text, 250) == 1 and shards_for(text, 0) == 0
+    cfg = configure("default", "x", str(text), ["run.max_shard_rows=60"])
+    assert cfg.run.shards == 5  # ceil(250 / 60); run.shards = 4 is the floor
+    assert configure("default", "x", str(text), ["run.max_shard_rows=1000"]).run.shards == 4
+    table = vectors_table(np.arange(7), np.zeros((7, 2), np.float32)).rename_columns(["text", "v"])
+    pq.write_table(table.select(["text"]), tmp_path / "c.parquet")
+    assert shards_for(tmp_path / "c.parquet", 2) == 4
+
+
+# ---- neighbours: the GPU paths on a fake GPU ---------------------------------------------------------------------------
+class FakeGpuFaiss:
+    """What faiss-gpu's index does that matters here: k-selection capped at 2048 (GPU_MAX_K)."""
+
+    def __init__(self, cpu_index):
+        self.cpu, self.ks, self.active, self.overlap = cpu_index, [], 0, False
+
+    def search(self, x, k):
+        assert k <= nb.GPU_MAX_K, f"GPU search with k = {k}"
+        self.active += 1
+        self.overlap |= self.active > 1
+        time.sleep(0.001)
+        self.ks.append(k)
+        try:
+            return self.cpu.search(x, k)
+        finally:
+            self.active -= 1
+
+
+def _crowded(seed=0, d=16, n_above=2600, n_band=40, n_far=400):
+    """A query with 2,600 near-duplicates above the band: its in-band pool lies past rank 2048."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal(d)
+    q /= np.linalg.norm(q)
+
+    def at(cos, n):
+        noise = rng.standard_normal((n, d))
+        noise -= np.outer(noise @ q, q)
+        noise /= np.linalg.norm(noise, axis=1, keepdims=True)
+        return cos[:, None] * q + np.sqrt(1 - cos[:, None] ** 2) * noise
+
+    base = np.vstack([q[None], at(rng.uniform(0.8, 0.95, n_above), n_above), at(rng.uniform(0.3, 0.7, n_band), n_band),
+                      at(rng.uniform(-0.2, 0.1, n_far), n_far)]).astype(np.float32)
+    return base, np.arange(len(base), dtype=np.int64) * 7 + 3
+
+
+def test_gpu_search_past_2048_stays_exact(monkeypatch):
+    base, sids = _crowded()
+    fakes = []
+    monkeypatch.setattr(nb, "gpu_count", lambda: 1)
+    monkeypatch.setattr(nb, "to_gpu", lambda index, n: fakes.append(FakeGpuFaiss(index)) or fakes[-1])
+    cfg = NeighboursCfg(pool_size=8, lo=0.25, hi=0.75)
+    assert nb.choose_index(len(sids), NeighboursCfg(ivf_threshold=10)) == "flat"  # auto: exact on a GPU
+    index, cpu_index = nb.build_index(base, "flat", cfg)
+    assert isinstance(index, nb.GpuIndex)
+    got = nb.band_neighbours(base[:5], sids[:5], base, sids, index, cpu_index, cfg.lo, cfg.hi, cfg.pool_size)
+    want = nb.exact_band_neighbours(base[:5], sids[:5], base, sids, cfg.lo, cfg.hi, cfg.pool_size)
+    assert got.column("cand_sid").equals(want.column("cand_sid")) and len(got) == 5 * 8
+    assert max(fakes[0].ks) <= nb.GPU_MAX_K < 2600  # widening past 2048 went to the exact CPU index
+    with pytest.raises(ValueError, match="k = 4096"):
+        index.search(base[:1], 4096)
+
+
+def test_gpu_index_one_per_process_and_one_search_at_a_time(tmp_path, monkeypatch):
+    base, sids = _crowded(n_above=50)
+    store = Store(tmp_path)
+    store.write_shard("embeddings", 0, 1, vectors_table(sids, base), "k")
+    built, fakes = [], []
+    real_build = nb.build_index
+
+    def slow_build(*a, **k):
+        built.append(1)
+        time.sleep(0.2)  # threads that arrive meanwhile must wait, not build a second GPU index
+        return real_build(*a, **k)
+
+    monkeypatch.setattr(nb, "build_index", slow_build)
+    monkeypatch.setattr(nb, "gpu_count", lambda: 1)
+    monkeypatch.setattr(nb, "to_gpu", lambda index, n: fakes.append(FakeGpuFaiss(index)) or fakes[-1])
+    nb._build_index_for.cache_clear()
+    key = (str(tmp_path), 1, store.table_hash("embeddings", 1), NeighboursCfg(pool_size=4).model_dump_json(), 0)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(nb._index_for(*key))) for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert len(built) == 1 and len({id(g[3]) for g in got}) == 1
+    index = got[0][3]
+    searchers = [threading.Thread(target=index.search, args=(base[:8], 16)) for _ in range(6)]
+    [t.start() for t in searchers]
+    [t.join() for t in searchers]
+    assert len(fakes[0].ks) == 6 and not fakes[0].overlap
+    nb._build_index_for.cache_clear()
+
+
+def test_each_dask_worker_takes_its_own_gpu(monkeypatch):
+    import distributed
+
+    assert devices.worker_index() is None and devices.worker_gpu(2) is None  # not in a worker
+    monkeypatch.setattr(distributed, "get_worker", lambda: types.SimpleNamespace(name=3))
+    assert devices.worker_gpu(2) == 1 and devices.worker_gpu(4) == 3 and devices.worker_gpu(0) is None
+    calls = []
+    monkeypatch.setattr(nb.faiss, "StandardGpuResources", lambda: "res", raising=False)
+    monkeypatch.setattr(nb.faiss, "index_cpu_to_gpu", lambda res, dev, index: calls.append(dev) or index,
+                        raising=False)
+    nb.to_gpu("index", 2)
+    assert calls == [1]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    from pipeline.models.hub import pick_device
+
+    assert pick_device("auto") == "cuda:1" and pick_device("cpu") == "cpu"
+
+
+def test_gpu_always_with_hnsw_is_refused():
+    with pytest.raises(ConfigError, match="no GPU HNSW"):
+        load_config("default", ["neighbours.index=hnsw", "neighbours.gpu=always"])
+
+
+def test_approximate_index_below_min_recall_fails_the_stage(tmp_path):
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((40, 16))
+    x = (centres[rng.integers(40, size=1500)] + 0.9 * rng.standard_normal((1500, 16))).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    sids = np.arange(1500, dtype=np.int64)
+    sets = [f"run.root={tmp_path}", "run.name=r", "run.shards=1", "neighbours.index=ivf", "neighbours.nlist=64",
+            "neighbours.nprobe=1", "neighbours.pool_size=16", "neighbours.recall_sample=100"]
+    Store(tmp_path / "r").write_shard("embeddings", 0, 1, vectors_table(sids, x), "k")
+    with pytest.raises(RuntimeError, match=r"neighbours.min_recall 0.99\): raise neighbours.nprobe \(now 1\)"):
+        run_shard("neighbours", load_config("default", [*sets, "neighbours.min_recall=0.99"]), 0)
+    assert run_shard("neighbours", load_config("default", [*sets, "neighbours.min_recall=0"]), 0)["rows"]
+
+
+# ---- float32 logits under autocast ------------------------------------------------------------------------------
+def test_logits_stay_float32_under_bf16_autocast():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 32, generator=g), torch.randn(6, 32, generator=g)
+    ref = torch.nn.functional.normalize(a.double(), dim=-1) @ torch.nn.functional.normalize(b.double(), dim=-1).T
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        m, r = cos_matrix(a, b), cos_rows(a[:6], b)
+    assert m.dtype == torch.float32 and r.dtype == torch.float32
+    torch.testing.assert_close(m.double(), ref, atol=1e-6, rtol=0)  # bf16 would be off by ~1e-2
+    torch.testing.assert_close(r.double(), ref.diagonal(), atol=1e-6, rtol=0)
+
+
+def test_scale_report_growth_per_doubling():
+    from bench.scale import growth, markdown_table
+
+    rows = [{"n": n, "stage": st, "seconds": s, "peak_rss_mb": m}
+            for n, st, s, m in [(1000, "a", 2.0, 100), (2000, "a", 4.2, 120), (4000, "a", 8.0, 150),
+                                (1000, "b", 1.0, 90), (2000, "b", 4.0, 95), (4000, "b", 16.0, 99)]]
+    g = growth(rows)
+    assert g["a"]["per_doubling"] == [2.1, 1.9] and g["a"]["worst"] == 2.1 and g["a"]["peak_rss_mb"] == 150
+    assert g["b"]["per_doubling"] == [4.0, 4.0]
+    table = markdown_table(rows)
+    assert "| a | 2.0 | 4.2 | 8.0 | 150 MB | 2.10, 1.90 |" in table and "| b |" in table
