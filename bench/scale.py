@@ -75,6 +75,26 @@ def run_stage(stage: str, run: str, corpus: Path, sets: list[str], env: dict, lo
     return time.perf_counter() - t0, round(usage.ru_maxrss / 1024)
 
 
+READER_TABLES = [("pairs",), ("sentences", "triplets")]  # DebCSE's rows; OssCSE's (SimCSE's are a subset)
+READER = ("import sys, time, numpy as np; from trainer.data import MinedRows; t = time.perf_counter(); "
+          "r = MinedRows(sys.argv[1], sys.argv[2].split(',')); r.rows(np.arange(min(len(r), 64))); "
+          "print('reader seconds', time.perf_counter() - t, 'rows', len(r))")
+
+
+def reader_cost(run_dir: Path, tables: tuple[str, ...], env: dict, log: Path) -> dict:
+    """The trainer's reader (trainer/data.py MinedRows) over the run's tables in its own process: seconds and peak
+    RSS, torch's import included (~0.4 GB), so the bound on what training holds before its first step is measured."""
+    with open(log, "ab") as f:
+        t0 = time.perf_counter()
+        child = subprocess.Popen([sys.executable, "-c", READER, str(run_dir), ",".join(tables)], cwd=ROOT, stdout=f,
+                                 stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(child.pid, 0)
+    if os.waitstatus_to_exitcode(status):
+        raise RuntimeError(f"the trainer's reader failed on {run_dir} {tables}; see {log}")
+    seconds = round(time.perf_counter() - t0, 2)
+    return {"seconds": seconds, "child_seconds": seconds, "peak_rss_mb": round(usage.ru_maxrss / 1024)}
+
+
 def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: bool = False) -> list[dict]:
     from prefect.testing.utilities import prefect_test_harness
 
@@ -105,6 +125,12 @@ def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: boo
                 results_path.write_text(json.dumps(results, indent=1))
                 print(f"  {name:14s} {row['seconds']:9.1f} s  (process {child_s:7.1f} s)  peak RSS {rss:6,} MB  "
                       f"rows {sum(manifest['rows'].values()):,}", flush=True)
+            for tables in READER_TABLES:  # what `make train` holds in memory before its first step
+                row = {"n": n, "stage": "train-reader:" + "+".join(tables), "shards": shards,
+                       **reader_cost(out / run, tables, env, out / f"{run}.log")}
+                results.append(row)
+                results_path.write_text(json.dumps(results, indent=1))
+                print(f"  {row['stage']:14s} {row['seconds']:9.1f} s  peak RSS {row['peak_rss_mb']:6,} MB", flush=True)
             if not keep:
                 shutil.rmtree(out / run, ignore_errors=True)
     print_growth(results)

@@ -16,6 +16,7 @@ from rapidfuzz.distance import Indel, Levenshtein
 
 
 Texts = "list[str] | pa.Array | pa.ChunkedArray"  # what mer and edit_distance accept
+CHUNK_CHARS = 65536  # pairs per char-level cpdist call (bounds the Python strings alive at once)
 CHUNK_PAIRS = 4096  # pairs tokenised together: small dictionaries (code points below the surrogates, 2-byte strings)
 
 
@@ -27,8 +28,10 @@ def _as_arrow(texts) -> pa.Array:
     return pa.array(list(texts), pa.large_string())
 
 
-def _as_strings(texts) -> list[str]:
-    return texts.to_pylist() if isinstance(texts, (pa.Array, pa.ChunkedArray)) else list(texts)
+def _slice_strings(texts, start: int) -> list[str]:
+    if isinstance(texts, (pa.Array, pa.ChunkedArray)):
+        return texts.slice(start, CHUNK_CHARS).to_pylist()
+    return list(texts[start:start + CHUNK_CHARS])
 
 
 def words(text: str) -> list[str]:
@@ -40,9 +43,12 @@ def edit_distance(a: Texts, b: Texts, level: str = "char") -> np.ndarray:
     if len(a) != len(b):
         raise ValueError(f"edit_distance: {len(a)} left vs {len(b)} right texts")
     if level == "char":
-        if not len(a):
-            return np.zeros(0, dtype=np.float32)
-        return process.cpdist(_as_strings(a), _as_strings(b), scorer=Levenshtein.normalized_distance, workers=-1, dtype=np.float32)
+        out = np.zeros(len(a), dtype=np.float32)
+        for start in range(0, len(a), CHUNK_CHARS):  # Python strings for one chunk at a time, not for every pair
+            ca, cb = _slice_strings(a, start), _slice_strings(b, start)
+            out[start:start + len(ca)] = process.cpdist(ca, cb, scorer=Levenshtein.normalized_distance, workers=-1,
+                                                        dtype=np.float32)
+        return out
     if level != "word":
         raise ValueError(f"edit level {level!r}: expected 'char' or 'word'")
     out = np.zeros(len(a), dtype=np.float32)

@@ -25,23 +25,44 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
+def segment_sum(x: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """x[a:a+l].sum() for every segment, bit for bit: segments of one length are gathered into a matrix whose row
+    sums take NumPy's pairwise summation exactly as a 1-D sum does (np.add.reduceat sums sequentially instead)."""
+    out = np.empty(len(starts))
+    for length in np.unique(lengths):
+        sel = np.flatnonzero(lengths == length)
+        out[sel] = x[starts[sel][:, None] + np.arange(length)].sum(axis=1)
+    return out
+
+
+def segment_softmax(x: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """`softmax` over every segment at once, equal bit for bit to calling it per segment."""
+    e = np.exp(x - np.repeat(np.maximum.reduceat(x, starts), lengths))
+    return e / np.repeat(segment_sum(e, starts, lengths), lengths)
+
+
 def ipw_probabilities(edit: np.ndarray, cos: np.ndarray, kind: str, lam: float, temperature: float,
                       normalize: str = "softmax") -> tuple[np.ndarray, ...]:
-    """(s_sur, s_sem, p_tilde, p) for one pool."""
+    """(s_sur, s_sem, p_tilde, p) for one pool (the reference the stage's vectorised `pool_probabilities` equals)."""
     edit, cos = np.asarray(edit, np.float64), np.asarray(cos, np.float64)
+    if kind not in ("pos", "neg"):
+        raise ValueError(f"kind {kind!r}: expected 'pos' or 'neg'")
+    n = np.array([0]), np.array([len(edit)])
+    return pool_probabilities(edit, cos, np.full(len(edit), kind == "neg"), np.full(len(edit), float(lam)),
+                              temperature, normalize, *n)
+
+
+def pool_probabilities(edit: np.ndarray, cos: np.ndarray, is_neg: np.ndarray, lam: np.ndarray, temperature: float,
+                       normalize: str, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(s_sur, s_sem, p_tilde, p) of every pool at once; pools are the segments (starts, lengths), `lam` per row."""
     if normalize == "softmax":
-        s_sur, s_sem = 1.0 - softmax(edit), softmax(cos)
+        s_sur, s_sem = 1.0 - segment_softmax(edit, starts, lengths), segment_softmax(cos, starts, lengths)
     elif normalize == "none":
         s_sur, s_sem = 1.0 - edit, cos
     else:
         raise ValueError(f"ipw.normalize {normalize!r}: expected 'softmax' or 'none'")
-    if kind == "neg":
-        p_tilde = (1 - lam) * s_sur + lam * (1 - s_sem)
-    elif kind == "pos":
-        p_tilde = (1 - lam) * (1 - s_sur) + lam * s_sem
-    else:
-        raise ValueError(f"kind {kind!r}: expected 'pos' or 'neg'")
-    return s_sur, s_sem, p_tilde, softmax(p_tilde / temperature)
+    p_tilde = np.where(is_neg, (1 - lam) * s_sur + lam * (1 - s_sem), (1 - lam) * (1 - s_sur) + lam * s_sem)
+    return s_sur, s_sem, p_tilde, segment_softmax(p_tilde / temperature, starts, lengths)
 
 
 def ipw_sample(p: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
@@ -51,36 +72,37 @@ def ipw_sample(p: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def ipw_table(scores: pa.Table, cfg, seed: int) -> pa.Table:
-    """`scores` (sorted by sid, kind) → `candidates` with s_sur, s_sem, p_tilde, p, chosen and pick (draw order)."""
+    """`scores` (sorted by sid, kind) → `candidates` with s_sur, s_sem, p_tilde, p, chosen and pick (draw order).
+    Columnar: probabilities for all pools at once; only the draws loop over pools (one seeded stream each)."""
     scores = scores.sort_by([("sid", "ascending"), ("kind", "ascending"), ("source", "ascending"),
                              ("text", "ascending")])
     n = scores.num_rows
-    cols = {c: np.zeros(n) for c in ("s_sur", "s_sem", "p_tilde", "p")}
-    chosen = np.zeros(n, dtype=bool)
-    pick = np.full(n, -1, dtype=np.int32)
     sid = scores.column("sid").to_numpy()
-    kind = np.asarray(scores.column("kind").to_pylist(), dtype=object)
-    edit = scores.column("edit").to_numpy().astype(np.float64)
-    cos = scores.column("cos").to_numpy().astype(np.float64)
+    is_neg = pc.equal(scores.column("kind"), "neg").to_numpy(zero_copy_only=False)
+    bad = pc.invert(pc.is_in(scores.column("kind"), pa.array(["pos", "neg"])))
+    if pc.any(bad).as_py():
+        raise ValueError(f"scores: kind {pc.filter(scores.column('kind'), bad)[0].as_py()!r}: expected 'pos' or 'neg'")
     # pool boundaries: runs of equal (sid, kind) in the sorted table
     change = np.ones(n, dtype=bool)
-    change[1:] = (sid[1:] != sid[:-1]) | (kind[1:] != kind[:-1])
+    change[1:] = (sid[1:] != sid[:-1]) | (is_neg[1:] != is_neg[:-1])
     starts = np.flatnonzero(change)
-    ends = np.append(starts[1:], n)
-    for a, b in zip(starts, ends):
-        k = kind[a]
-        lam, m = (cfg.lambda_neg, cfg.m_neg) if k == "neg" else (cfg.lambda_pos, cfg.m_pos)
-        s_sur, s_sem, p_tilde, p = ipw_probabilities(edit[a:b], cos[a:b], k, lam, cfg.temperature, cfg.normalize)
-        for name, v in zip(("s_sur", "s_sem", "p_tilde", "p"), (s_sur, s_sem, p_tilde, p)):
-            cols[name][a:b] = v
-        picked = ipw_sample(p, m, row_rng(seed, "ipw-" + k, int(sid[a])))
+    lengths = np.diff(np.append(starts, n))
+    lam = np.where(is_neg, float(cfg.lambda_neg), float(cfg.lambda_pos))
+    s_sur, s_sem, p_tilde, p = pool_probabilities(
+        scores.column("edit").to_numpy().astype(np.float64), scores.column("cos").to_numpy().astype(np.float64),
+        is_neg, lam, cfg.temperature, cfg.normalize, starts, lengths)
+    chosen = np.zeros(n, dtype=bool)
+    pick = np.zeros(n, dtype=np.int32)
+    for a, length, neg in zip(starts.tolist(), lengths.tolist(), is_neg[starts].tolist()):
+        picked = ipw_sample(p[a:a + length], cfg.m_neg if neg else cfg.m_pos,
+                            row_rng(seed, "ipw-neg" if neg else "ipw-pos", int(sid[a])))
         chosen[a + picked] = True
         pick[a + picked] = np.arange(1, len(picked) + 1, dtype=np.int32)
     out = scores
-    for name in ("s_sur", "s_sem", "p_tilde", "p"):
-        out = out.append_column(name, pa.array(cols[name], pa.float64()))
+    for name, v in zip(("s_sur", "s_sem", "p_tilde", "p"), (s_sur, s_sem, p_tilde, p)):
+        out = out.append_column(name, pa.array(v, pa.float64()))
     out = out.append_column("chosen", pa.array(chosen)).append_column(
-        "pick", pc.if_else(pa.array(pick > 0), pa.array(pick, pa.int32()), pa.nulls(n, pa.int32())))
+        "pick", pa.array(pick, pa.int32(), mask=pick == 0))
     return out.select(SCHEMAS["candidates"].names + ["pick"])
 
 

@@ -20,14 +20,22 @@ from pipeline.stages.embeddings import encoder_facts, encoder_from
 from pipeline.text_distances import edit_distance
 
 
+def _repeat(value: str, n: int) -> pa.Array:
+    return pa.repeat(pa.scalar(value, pa.string()), n)
+
+
 def negative_pool(neighbours: pa.Table, all_sentences: pa.Table) -> pa.Table:
     texts = all_sentences.select(["sid", "text"]).rename_columns(["cand_sid", "text"])
     pool = neighbours.select(["sid", "cand_sid", "cos"]).join(texts, "cand_sid", join_type="left outer")
     n = pool.num_rows
-    return pa.table({"sid": pool.column("sid"), "kind": pa.array(["neg"] * n, pa.string()),
-                     "cand_sid": pool.column("cand_sid"), "text": pool.column("text"),
-                     "source": pa.array(["neighbour"] * n, pa.string()), "cos": pool.column("cos"),
+    return pa.table({"sid": pool.column("sid"), "kind": _repeat("neg", n), "cand_sid": pool.column("cand_sid"),
+                     "text": pool.column("text"), "source": _repeat("neighbour", n), "cos": pool.column("cos"),
                      "variant": pa.nulls(n, pa.int32())})
+
+
+def anchor_texts(sentences: pa.Table, sids) -> pa.ChunkedArray:
+    """The anchor's text for every sid (null where the sid is not one of `sentences`), without Python objects."""
+    return sentences.column("text").take(pc.index_in(sids, value_set=sentences.column("sid")))
 
 
 def positive_texts(sentences: pa.Table, variants: pa.Table | None, backtranslations: pa.Table | None,
@@ -36,8 +44,7 @@ def positive_texts(sentences: pa.Table, variants: pa.Table | None, backtranslati
     parts = []
     if "noise" in sources and variants is not None and variants.num_rows:
         parts.append(pa.table({"sid": variants.column("sid"), "text": variants.column("text"),
-                               "source": pa.array(["noise"] * variants.num_rows, pa.string()),
-                               "variant": variants.column("variant")}))
+                               "source": _repeat("noise", variants.num_rows), "variant": variants.column("variant")}))
     bt = rows_serving(backtranslations, "positives") if backtranslations is not None else None
     if "backtranslation" in sources and bt is not None and bt.num_rows:
         parts.append(pa.table({"sid": bt.column("sid"), "text": bt.column("text"),
@@ -48,38 +55,41 @@ def positive_texts(sentences: pa.Table, variants: pa.Table | None, backtranslati
                          "source": pa.array([], pa.string()), "variant": pa.array([], pa.int32())})
     cands = pa.concat_tables(parts).sort_by([("sid", "ascending"), ("source", "ascending"),
                                              ("variant", "ascending"), ("text", "ascending")])
-    anchors = dict(zip(sentences.column("sid").to_pylist(), sentences.column("text").to_pylist()))
-    keep, seen = [], set()
-    for r, (sid, text) in enumerate(zip(cands.column("sid").to_pylist(), cands.column("text").to_pylist())):
-        if text and text != anchors.get(sid) and (sid, text) not in seen and sid in anchors:
-            seen.add((sid, text))
-            keep.append(r)
-    return cands.take(pa.array(keep, pa.int64()))
+    text, anchor = cands.column("text"), anchor_texts(sentences, cands.column("sid"))
+    usable = pc.and_(pc.and_(pc.is_valid(anchor), pc.greater(pc.binary_length(text), 0)).fill_null(False),
+                     pc.not_equal(text, anchor).fill_null(False))
+    kept = cands.append_column("row", pa.array(np.arange(cands.num_rows))).filter(usable)
+    # the first row of each (sid, text), in the sorted order
+    first = kept.group_by(["sid", "text"], use_threads=False).aggregate([("row", "min")]).column("row_min")
+    return cands.take(pa.array(np.sort(first.to_numpy()), pa.int64()))
+
+
+def positive_cos(pos_t: pa.Table, embeddings: pa.Table, encode, chunk: int = 65536) -> np.ndarray:
+    """cos(anchor, candidate) in float64 for every positive candidate; the float64 copies are made a chunk at a time."""
+    if not pos_t.num_rows:
+        return np.zeros(0)
+    sids, vecs = table_vectors(embeddings)
+    cand_vecs = encode(pos_t.column("text").to_pylist())
+    rows = pc.index_in(pos_t.column("sid"), value_set=pa.array(sids)).to_numpy()
+    return np.concatenate([np.einsum("nd,nd->n", cand_vecs[a:a + chunk].astype(np.float64),
+                                     vecs[rows[a:a + chunk]].astype(np.float64))
+                           for a in range(0, len(rows), chunk)])
 
 
 def score_pools(sentences: pa.Table, embeddings: pa.Table, neighbours: pa.Table, all_sentences: pa.Table,
                 variants: pa.Table | None, backtranslations: pa.Table | None, encode, cfg,
                 sources: list[str]) -> pa.Table:
-    """`scores` rows for one shard of anchors. `encode(texts) -> unit vectors` embeds positive candidates."""
+    """`scores` rows for one shard of anchors. `encode(texts) -> unit vectors` embeds positive candidates.
+    Columnar: pools are built, joined and sorted in Arrow; edit distances run over Arrow columns in chunks."""
     neg = negative_pool(neighbours, all_sentences)
     pos_t = positive_texts(sentences, variants, backtranslations, sources)
-    sids, vecs = table_vectors(embeddings)
-    row_of = {s: i for i, s in enumerate(sids.tolist())}
-    if pos_t.num_rows:
-        cand_vecs = encode(pos_t.column("text").to_pylist())
-        anchor_vecs = vecs[[row_of[s] for s in pos_t.column("sid").to_pylist()]]
-        pos_cos = np.einsum("nd,nd->n", cand_vecs.astype(np.float64), anchor_vecs.astype(np.float64))
-    else:
-        pos_cos = np.zeros(0)
+    pos_cos = positive_cos(pos_t, embeddings, encode)
     n = pos_t.num_rows
-    pos = pa.table({"sid": pos_t.column("sid"), "kind": pa.array(["pos"] * n, pa.string()),
-                    "cand_sid": pa.nulls(n, pa.int64()), "text": pos_t.column("text"),
-                    "source": pos_t.column("source"), "cos": pa.array(pos_cos, pa.float32()),
-                    "variant": pos_t.column("variant")})
+    pos = pa.table({"sid": pos_t.column("sid"), "kind": _repeat("pos", n), "cand_sid": pa.nulls(n, pa.int64()),
+                    "text": pos_t.column("text"), "source": pos_t.column("source"),
+                    "cos": pa.array(pos_cos, pa.float32()), "variant": pos_t.column("variant")})
     pools = pa.concat_tables([neg.cast(pos.schema), pos])
-    anchors = dict(zip(sentences.column("sid").to_pylist(), sentences.column("text").to_pylist()))
-    anchor_texts = [anchors[s] for s in pools.column("sid").to_pylist()]
-    edit = edit_distance(anchor_texts, pools.column("text").to_pylist(), cfg.scores.edit_level)
+    edit = edit_distance(anchor_texts(sentences, pools.column("sid")), pools.column("text"), cfg.scores.edit_level)
     pools = pools.append_column("edit", pa.array(edit, pa.float32()))
     pools = pools.sort_by([("sid", "ascending"), ("kind", "ascending"), ("source", "ascending"),
                            ("text", "ascending")])
