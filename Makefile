@@ -33,7 +33,7 @@ PYTEST_ARGS ?= -q
 # Everything passed on to the CLI, only when set.
 ARGS = --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(CORPUS),--corpus $(CORPUS)) $(if $(SET),--set $(SET)) $(if $(FORCE),--force)
 
-.PHONY: install mine stage sql test eval report train bench scale clean
+.PHONY: install mine stage sql test eval report train compare bench scale clean
 install: $(STAMP)
 $(STAMP): pyproject.toml requirements-extra.txt
 	@test "$(ACCEL)" = cpu || test "$(ACCEL)" = gpu || { echo "ACCEL must be cpu or gpu, not '$(ACCEL)'"; exit 2; }
@@ -67,6 +67,10 @@ eval: $(STAMP)
 
 train: $(STAMP)
 	$(BIN)/python -m trainer.train --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(OBJECTIVE),--objective $(OBJECTIVE)) $(if $(SET),--set $(SET))
+
+# every objective from the same start on RUN's tables, same budget, SEEDS seeds: table, paired bootstrap, plots
+compare: $(STAMP)
+	$(BIN)/python -m trainer.compare --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(OBJECTIVES),--objectives $(OBJECTIVES)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(SET),--set $(SET))
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run

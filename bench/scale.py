@@ -30,6 +30,7 @@ import numpy as np
 from pipeline.config import ROOT, SHARED_DATA
 
 OUT = ROOT / "artifacts" / "scale"
+OUT.mkdir(parents=True, exist_ok=True)  # PREFECT_HOME below lives under artifacts/, which a fresh clone lacks
 for _k, _v in (("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("DO_NOT_TRACK", "1"), ("TOKENIZERS_PARALLELISM", "false"),
                ("PREFECT_HOME", str(ROOT / "artifacts" / ".prefect-scale"))):
     os.environ.setdefault(_k, _v)  # as the Makefile sets them: no telemetry, nothing sent beyond this machine

@@ -94,6 +94,8 @@ class NeighboursCfg(Section):
     ivf_threshold: int = Field(200_000, ge=1, description="index = auto switches from exact flat to IVF past this many sentences")
     nlist: int = Field(0, ge=0, description="IVF lists; 0 = 4*sqrt(N)")
     nprobe: int = Field(32, ge=1)
+    ivf_train_per_list: int = Field(64, ge=39, description="k-means training vectors per IVF list (FAISS wants "
+                                    "39-256; 64 trains 4x faster than 256 at 1M, min_recall guards the result)")
     hnsw_m: int = Field(32, ge=4)
     gpu: Literal["auto", "never", "always"] = "auto"
     max_block_elems: int = Field(1 << 24, ge=1 << 10, description="query block size x k bound: caps search memory")
@@ -268,6 +270,7 @@ class TrainCfg(Section):
     device: str = "auto"
     seed: int = Field(42, ge=0)
     final_eval: bool = True
+    output: str = Field("", description="where best/, last/ and metrics.jsonl go (default: <run>/train/<objective>)")
     num_workers: int = Field(2, ge=0, description="DataLoader workers that run objective.collate (tokenisation)")
     unpad: bool = Field(True, description="padding-free encoder forward for BERT-family models "
                                           "(pipeline/models/unpad.py): same outputs, no arithmetic on pad tokens")
@@ -301,6 +304,15 @@ class TrainCfg(Section):
         return data
 
 
+class CompareCfg(Section):
+    """`make compare` (trainer/compare.py): the objectives, seeds and shared step budget."""
+    objectives: list[Literal["simcse", "debcse", "osscse", "whitenedcse", "dclr"]] = list(OBJECTIVE_NAMES)
+    seeds: int = Field(2, ge=1, description="seeds per objective: train.seed, train.seed + 1, ...")
+    steps: int = Field(0, ge=0, description="steps per run; 0 = one epoch of the run's pairs at train.batch_size")
+    baseline: Literal["simcse", "debcse", "osscse", "whitenedcse", "dclr"] = "simcse"
+    bootstrap: int = Field(1000, ge=10, description="paired bootstrap resamples of STS-B test pairs")
+
+
 class Config(Section):
     run: RunCfg = RunCfg()
     runner: RunnerCfg = RunnerCfg()
@@ -315,6 +327,7 @@ class Config(Section):
     negate: NegateCfg = NegateCfg()
     paraphrases: ParaphrasesCfg = ParaphrasesCfg()
     train: TrainCfg = TrainCfg()
+    compare: CompareCfg = CompareCfg()
     profile: str = "default"
 
     @model_validator(mode="after")

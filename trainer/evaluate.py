@@ -171,8 +171,10 @@ def evaluate_dev(encoder, senteval_dir, sick: bool = False, max_pairs: int = 0, 
     return {p.name: x100(spearman(emb.cosines(p.s1, p.s2), p.gold)) for p in sets}
 
 
-def evaluate_all(encoder, senteval_dir, probe_path=None, batch_size: int = 128, progress: bool = True) -> dict:
-    """Everything results.json holds (see module docstring); `probe` is None without a probe file."""
+def evaluate_all(encoder, senteval_dir, probe_path=None, batch_size: int = 128, progress: bool = True,
+                 keep_cosines: tuple[str, ...] = ()) -> dict:
+    """Everything results.json holds (see module docstring); `probe` is None without a probe file. `keep_cosines`:
+    tasks whose per-pair cosines to return too, under "cosines" (paired tests, trainer/compare.py)."""
     t0 = time.perf_counter()
     senteval_dir = check_senteval_dir(senteval_dir)
     tasks = {task: load_sts_task(senteval_dir, task) for task in STS_TASKS}
@@ -203,6 +205,8 @@ def evaluate_all(encoder, senteval_dir, probe_path=None, batch_size: int = 128, 
         "align_uniform": alignment_uniformity(tasks["STSBenchmark"][0], emb),
         "probe": probe_scores(probe, emb) if probe else None,
         "n_distinct_sentences": len(emb.row),
+        **({"cosines": {t: np.concatenate([cos[p.name] for p in tasks[t]]).round(6).tolist() for t in keep_cosines}}
+           if keep_cosines else {}),
         "seconds": round(time.perf_counter() - t0, 2),
     }
 

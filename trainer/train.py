@@ -87,7 +87,7 @@ def config_hash(cfg: Config, model: str, pooler: str, prompt: str, eval_len: int
     """What decides the trajectory of the weights. Settings that do not (final_eval, num_workers: collate is
     deterministic) are left out, so changing them does not throw away a half-done run."""
     train = cfg.train.model_dump(mode="json")
-    for key in ("final_eval", "num_workers"):
+    for key in ("final_eval", "num_workers", "output"):
         train.pop(key, None)
     blob = {"train": train, "model": model, "pooler": pooler, "prompt": prompt,
             "eval_max_length": eval_len, "senteval": str(cfg.data.senteval_dir), "data": data}
@@ -187,7 +187,7 @@ def train(cfg: Config, resume: bool = True) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_schedule(tc.warmup_steps, total))
 
     # --- where things go; resume from last/ when it belongs to this configuration -------------------------------------
-    out = cfg.run.dir / "train" / tc.objective
+    out = Path(tc.output) if tc.output else cfg.run.dir / "train" / tc.objective
     best_dir, last_dir, log_path = out / "best", out / "last", out / "metrics.jsonl"
     chash = config_hash(cfg, model_name, pooler, prompt, eval_len, fingerprint(cfg.run.dir, objective.tables))
     meta = {"objective": tc.objective, "model": model_name, "pooler": pooler, "prompt": prompt, "config_hash": chash,

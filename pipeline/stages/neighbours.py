@@ -89,7 +89,7 @@ def build_index(vectors: np.ndarray, kind: str, cfg, seed: int = 0):
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
         index.cp.seed = seed  # k-means initialisation: deterministic
         rng = np.random.default_rng(seed)
-        sample = vectors[np.sort(rng.choice(n, size=min(n, nlist * 256), replace=False))]
+        sample = vectors[np.sort(rng.choice(n, size=min(n, nlist * cfg.ivf_train_per_list), replace=False))]
         index.train(sample)
         index.nprobe = min(cfg.nprobe, nlist)
     elif kind == "hnsw":

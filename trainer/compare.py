@@ -1,0 +1,316 @@
+"""`make compare`: every objective from the same start, on the same mined run, with the same budget, for several seeds.
+
+    python -m trainer.compare --run default [--objectives simcse debcse] [--seeds 2] [--set compare.steps=200]
+
+For each (objective, seed) it runs the ordinary trainer (trainer/train.py, nothing re-implemented) into
+artifacts/<run>/compare/<objective>/seed-<k>/ with `train.max_steps` = the budget, evaluates that run's best/
+checkpoint once (trainer/evaluate.py, the numbers `make eval` prints), and writes `run.json` there last: a run
+with a `run.json` of the same configuration is reused, any other one is (re)trained — and the trainer itself
+resumes a half-done run from its last/ — so a killed compare continues where it stopped. Then, under
+artifacts/<run>/compare/: table.md (mean ± std over seeds, the starting model first), a paired bootstrap of each
+objective against the baseline on STS-B test (same resampled sentence pairs for both, per seed and pooled over
+seeds), dev_curves.png, sts_bars.png and compare.json with everything and the command that reproduces each run.
+
+Same for every objective: the start model, batch size, steps, learning rate and schedule, dev selection
+(`train.eval_every`) and seeds. Each keeps its own published extras ([train.<objective>], listed in the table).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import Config, ConfigError, load_config
+from pipeline.engine.atomic import atomic_write_bytes, atomic_write_json
+from pipeline.engine.tables import RunTables, TableMissing
+from pipeline.markdown import cell
+
+STS_KEYS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"]
+STS_HEAD = ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg."]
+
+
+# ------------------------------------------------------------------------------------------------ plan
+def budget_steps(cfg: Config) -> int:
+    """`compare.steps`, or one epoch of the run's mined pairs (DebCSE's rows) at `train.batch_size`."""
+    if cfg.compare.steps:
+        return cfg.compare.steps
+    n = RunTables(cfg.run.dir).dataset("pairs").count_rows()
+    return max(1, n // cfg.train.batch_size)
+
+
+def run_overrides(cfg: Config, objective: str, k: int, steps: int) -> list[str]:
+    out = cfg.run.dir / "compare" / objective / f"seed-{k}"
+    return [f"train.objective={objective}", f"train.seed={cfg.train.seed + k}", f"train.max_steps={steps}",
+            f"train.output={out}", "train.final_eval=false"]
+
+
+def run_key(cfg: Config) -> str:
+    """What decides a compare run's result: the whole train section (start model, budget, seed, extras), the run's
+    tables and the evaluation data."""
+    from trainer.data import fingerprint
+    from trainer.objectives import get_objective
+
+    blob = {"train": cfg.train.model_dump(mode="json"), "encoder": cfg.encoder.model_dump(mode="json"),
+            "data": fingerprint(cfg.run.dir, get_objective(cfg.train.objective).tables),
+            "senteval": str(cfg.data.senteval_dir), "probe": str(cfg.data.probe)}
+    return hashlib.blake2b(json.dumps(blob, sort_keys=True).encode(), digest_size=12).hexdigest()
+
+
+def command(profile: str, run: str, user_sets: list[str], overrides: list[str]) -> str:
+    sets = " ".join([*user_sets, *(o for o in overrides if not o.startswith("train.objective="))])
+    objective = overrides[0].split("=", 1)[1]
+    return (f"make train PROFILE={profile} RUN={run} OBJECTIVE={objective} SET={shlex.quote(sets)} && "
+            f"make eval MODEL={overrides[3].split('=', 1)[1]}/best")
+
+
+# ------------------------------------------------------------------------------------------------ one run
+def evaluate_checkpoint(model: str, cfg: Config) -> dict:
+    """evaluate_all on a checkpoint (its own pooler/prompt/length, as `make eval`) or the starting model."""
+    from pipeline.models.encoder import DEFAULT_PROMPT, Encoder
+    from pipeline.models.hub import pick_device, resolve_model
+    from trainer.evaluate import checkpoint_settings, default_max_length, evaluate_all
+
+    path = resolve_model(model, "model")
+    trained = checkpoint_settings(path)
+    enc = Encoder.load(model, pooler=trained.get("pooler") or cfg.train.pooler or cfg.encoder.pooler,
+                       prompt=trained.get("prompt") or cfg.encoder.prompt or DEFAULT_PROMPT,
+                       max_length=trained.get("max_length") or default_max_length(path),
+                       device=pick_device(cfg.train.device), precision=cfg.train.eval_precision)
+    probe = cfg.data.probe if Path(cfg.data.probe).is_file() else None
+    res = evaluate_all(enc, cfg.data.senteval_dir, probe_path=probe, progress=False, keep_cosines=("STSBenchmark",))
+    del enc
+    return res
+
+
+def dev_curve(metrics: Path) -> list[list[float]]:
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
+    return [[r["step"], r["dev_score"]] for r in rows if "dev_score" in r]
+
+
+def train_and_evaluate(profile: str, overrides: list[str], user_sets: list[str], run: str) -> dict:
+    """One compare run: reused when its run.json has the same key, else trained (resuming last/) and evaluated."""
+    from trainer.data import MinedRows
+    from trainer.objectives import get_objective
+    from trainer.train import train
+
+    cfg = load_config(profile, [*user_sets, f"run.name={run}", *overrides])
+    out = Path(cfg.train.output)
+    key, done = run_key(cfg), out / "run.json"
+    if done.is_file():
+        prev = json.loads(done.read_text())
+        if prev.get("key") == key:
+            return prev
+    t0 = time.perf_counter()
+    cls = get_objective(cfg.train.objective)
+    notes = list(cls.data_notes(MinedRows(cfg.run.dir, cls.tables)))
+    res = train(cfg, resume=True)
+    results = evaluate_checkpoint(res["best_dir"], cfg)
+    gc.collect()
+    row = {"key": key, "objective": cfg.train.objective, "seed": cfg.train.seed, "out": str(out),
+           "command": command(profile, run, user_sets, overrides), "steps": res["steps"],
+           "best_step": res["best_step"], "best_dev": res["best_dev"], "dev_curve": dev_curve(out / "metrics.jsonl"),
+           "inputs": list(cls.tables), "data_notes": notes,
+           "extras": cls.Settings.model_validate(getattr(cfg.train, cls.name) or {}).model_dump(mode="json"),
+           "results": results, "wall_s": round(time.perf_counter() - t0, 1)}
+    atomic_write_json(done, row, indent=1)
+    return row
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+def _spearman_rows(pred: np.ndarray, gold: np.ndarray) -> np.ndarray:
+    """Spearman of every row of pred (B×n) against the same row of gold (average ranks for ties)."""
+    from scipy.stats import rankdata
+
+    rp, rg = rankdata(pred, axis=1), rankdata(gold, axis=1)
+    rp -= rp.mean(1, keepdims=True)
+    rg -= rg.mean(1, keepdims=True)
+    den = np.sqrt((rp ** 2).sum(1) * (rg ** 2).sum(1))
+    return np.divide((rp * rg).sum(1), den, out=np.zeros(len(den)), where=den > 0)
+
+
+def paired_bootstrap(gold: np.ndarray, ours: list[np.ndarray], base: list[np.ndarray], n_boot: int,
+                     seed: int = 0) -> dict:
+    """Δ = Spearman(ours) − Spearman(base) ×100 on the same resampled pairs (seed k of ours against seed k of the
+    baseline). Per seed and pooled (the mean Δ over seeds on each resample): Δ, 95% interval, and p = the share
+    of resamples with Δ ≤ 0 (one-sided: how often the gain vanishes)."""
+    gold = np.asarray(gold, np.float64)
+    idx = np.random.default_rng(seed).integers(0, len(gold), size=(n_boot, len(gold)))
+    g = gold[idx]
+    per_seed, deltas = [], []
+    for a, b in zip(ours, base):
+        d = 100 * (_spearman_rows(np.asarray(a)[idx], g) - _spearman_rows(np.asarray(b)[idx], g))
+        full = 100 * (_spearman_rows(np.asarray(a)[None], gold[None])[0] - _spearman_rows(np.asarray(b)[None],
+                                                                                           gold[None])[0])
+        deltas.append(d)
+        per_seed.append(_summary(full, d))
+    pooled_full = float(np.mean([s["delta"] for s in per_seed])) if per_seed else 0.0
+    return {"per_seed": per_seed, "pooled": _summary(pooled_full, np.mean(deltas, axis=0)) if deltas else None,
+            "n_boot": n_boot, "n_pairs": len(gold)}
+
+
+def _summary(full: float, d: np.ndarray) -> dict:
+    lo, hi = np.percentile(d, [2.5, 97.5])
+    return {"delta": round(float(full), 2), "ci95": [round(float(lo), 2), round(float(hi), 2)],
+            "p_le_0": round(float((d <= 0).mean()), 4)}
+
+
+def mean_std(values: list) -> tuple[float | None, float | None]:
+    v = [x for x in values if x is not None]
+    if not v:
+        return None, None
+    return round(float(np.mean(v)), 2), round(float(np.std(v, ddof=1)), 2) if len(v) > 1 else 0.0
+
+
+# ------------------------------------------------------------------------------------------------ report
+def summarise(rows: list[dict]) -> dict:
+    """Mean and std over seeds of every number in the table, for one objective (or the start model: one row)."""
+    res = [r["results"] for r in rows]
+    out = {k: mean_std([x["sts"].get(k) for x in res]) for k in STS_KEYS}
+    out["stsb_dev"] = mean_std([x["dev"].get("STSBenchmark/dev") for x in res])
+    out["alignment"] = mean_std([x["align_uniform"]["alignment"] for x in res])
+    out["uniformity"] = mean_std([x["align_uniform"]["uniformity"] for x in res])
+    out["probe_paraphrase"] = mean_std([(x.get("probe") or {}).get("paraphrase_mean") for x in res])
+    out["probe_negation"] = mean_std([(x.get("probe") or {}).get("negation_mean") for x in res])
+    out["cont"] = mean_std([x["splits"]["weighted"]["spearman_cont"] for x in res])
+    out["oppn"] = mean_std([x["splits"]["weighted"]["spearman_oppn"] for x in res])
+    return out
+
+
+def _ms(pair: tuple) -> str:
+    m, s = pair
+    return "—" if m is None else (cell(m) if not s else f"{cell(m)} ± {cell(s)}")
+
+
+def table_markdown(start: dict, summaries: dict, tests: dict, rows: dict, baseline: str) -> str:
+    head = ["model", *STS_HEAD, "STS-B dev", "align", "uniform", "probe para / neg", "Cont. / Oppn.",
+            f"Δ STS-B vs {baseline} [95%], p", "inputs"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 2) + "---|"]
+    for name, s in [("start", start), *summaries.items()]:
+        t = tests.get(name, {}).get("pooled")
+        test = f"{t['delta']:+.2f} [{t['ci95'][0]:+.2f}, {t['ci95'][1]:+.2f}], {t['p_le_0']:.3f}" if t else "—"
+        first = rows.get(name, [{}])[0]
+        inputs = "+".join(first.get("inputs", [])) + ("; " + "; ".join(first["data_notes"])
+                                                       if first.get("data_notes") else "")
+        lines.append(f"| {name} | " + " | ".join(_ms(s[k]) for k in STS_KEYS) + f" | {_ms(s['stsb_dev'])} | "
+                     f"{_ms(s['alignment'])} | {_ms(s['uniformity'])} | {_ms(s['probe_paraphrase'])} / "
+                     f"{_ms(s['probe_negation'])} | {_ms(s['cont'])} / {_ms(s['oppn'])} | {test} | "
+                     f"{inputs or 'none (not trained)'} |")
+    return "\n".join(lines)
+
+
+def plots(rows: dict[str, list[dict]], start: dict, summaries: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for c, (name, runs) in enumerate(rows.items()):
+        for k, r in enumerate(runs):
+            if r["dev_curve"]:
+                steps, dev = zip(*r["dev_curve"])
+                ax.plot(steps, dev, color=colours[c % len(colours)], linestyle=["-", "--", ":", "-."][k % 4],
+                        marker="o", markersize=3, label=f"{name} seed {r['seed']}")
+    ax.set(xlabel="step", ylabel="STS-B dev Spearman ×100", title="dev score against step (one line per seed)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "dev_curves.png", dpi=120)
+    plt.close(fig)
+
+    models = [("start", start), *summaries.items()]
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    width = 0.8 / len(models)
+    x = np.arange(len(STS_KEYS))
+    for i, (name, s) in enumerate(models):
+        mean = [s[k][0] if s[k][0] is not None else np.nan for k in STS_KEYS]
+        std = [s[k][1] or 0 for k in STS_KEYS]
+        ax.bar(x + (i - (len(models) - 1) / 2) * width, mean, width, yerr=std, capsize=2, label=name,
+               color=colours[(i - 1) % len(colours)] if i else "0.6")
+    ax.set_xticks(x, STS_HEAD)
+    ax.set(ylabel="Spearman ×100", title="STS test sets: mean over seeds, error bars = std")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "sts_bars.png", dpi=120)
+    plt.close(fig)
+    return ["dev_curves.png", "sts_bars.png"]
+
+
+# ------------------------------------------------------------------------------------------------ driver
+def compare(profile: str, run: str | None, user_sets: list[str], objectives: list[str] | None = None,
+            seeds: int | None = None) -> dict:
+    t0 = time.perf_counter()
+    base = load_config(profile, [*user_sets, *([f"run.name={run}"] if run else [])])
+    cc = base.compare
+    objectives, seeds = objectives or cc.objectives, seeds or cc.seeds
+    if cc.baseline not in objectives:
+        objectives = [cc.baseline, *objectives]  # the paired test needs it
+    steps, out = budget_steps(base), base.run.dir / "compare"
+    print(f"[compare] run {base.run.name}: {', '.join(objectives)} x {seeds} seed(s), {steps} steps each "
+          f"(batch {base.train.batch_size}, lr {base.train.lr}, dev every {base.train.eval_every}) -> {out}")
+    start_path = out / "start.json"
+    start = json.loads(start_path.read_text()) if start_path.is_file() else None
+    start_model = base.train.model or base.encoder.model
+    if start is None or start.get("model") != start_model:
+        start = {"model": start_model, "results": evaluate_checkpoint(start_model, base)}
+        atomic_write_json(start_path, start, indent=1)
+    rows: dict[str, list[dict]] = {}
+    for objective in objectives:
+        for k in range(seeds):
+            print(f"[compare] {objective} seed {k + 1}/{seeds}", flush=True)
+            rows.setdefault(objective, []).append(
+                train_and_evaluate(profile, run_overrides(base, objective, k, steps), user_sets, base.run.name))
+    gold = _stsb_gold(base)
+    tests = {o: paired_bootstrap(gold, [r["results"]["cosines"]["STSBenchmark"] for r in rs],
+                                 [r["results"]["cosines"]["STSBenchmark"] for r in rows[cc.baseline]], cc.bootstrap)
+             for o, rs in rows.items() if o != cc.baseline}
+    summaries = {o: summarise(rs) for o, rs in rows.items()}
+    start_summary = summarise([start])
+    table = table_markdown(start_summary, summaries, tests, rows, cc.baseline)
+    pngs = plots(rows, start_summary, summaries, out)
+    report = {"run": base.run.name, "profile": profile, "set": user_sets, "objectives": objectives, "seeds": seeds,
+              "budget": {"steps": steps, "batch_size": base.train.batch_size, "lr": base.train.lr,
+                         "warmup_steps": base.train.warmup_steps, "eval_every": base.train.eval_every,
+                         "start_model": start_model, "base_seed": base.train.seed},
+              "start": start, "runs": rows, "summary": summaries, "start_summary": start_summary,
+              "paired_bootstrap": tests, "baseline": cc.baseline, "table": table, "plots": pngs,
+              "wall_s": round(time.perf_counter() - t0, 1)}
+    atomic_write_json(out / "compare.json", report, indent=1)
+    atomic_write_bytes(out / "table.md", (table + "\n").encode())
+    print("\n" + table + f"\n\nwrote {out / 'compare.json'}, table.md, {', '.join(pngs)} "
+          f"({report['wall_s']:.0f} s this invocation)")
+    return report
+
+
+def _stsb_gold(cfg: Config) -> np.ndarray:
+    from trainer.sts import load_stsb
+
+    return np.asarray(load_stsb(cfg.data.senteval_dir, "test").gold, np.float64)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer.compare", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", default="default")
+    ap.add_argument("--run", help="the mining run whose tables every objective trains on (artifacts/<run>)")
+    ap.add_argument("--objectives", nargs="+", help="default: compare.objectives (all five)")
+    ap.add_argument("--seeds", type=int, help="default: compare.seeds")
+    ap.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                    help="overrides for every run, e.g. compare.steps=200 train.lr=1e-5")
+    a = ap.parse_args(argv)
+    try:
+        compare(a.profile, a.run, a.set, a.objectives, a.seeds)
+    except (ConfigError, TableMissing, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
