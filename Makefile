@@ -33,7 +33,7 @@ PYTEST_ARGS ?= -q
 # Everything passed on to the CLI, only when set.
 ARGS = --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(CORPUS),--corpus $(CORPUS)) $(if $(SET),--set $(SET)) $(if $(FORCE),--force)
 
-.PHONY: install mine stage sql test eval report train compare bench scale clean
+.PHONY: install mine stage sql test eval report export train compare bench scale clean
 install: $(STAMP)
 $(STAMP): pyproject.toml requirements-extra.txt
 	@test "$(ACCEL)" = cpu || test "$(ACCEL)" = gpu || { echo "ACCEL must be cpu or gpu, not '$(ACCEL)'"; exit 2; }
@@ -61,6 +61,10 @@ sql: $(STAMP)
 
 report: $(STAMP)
 	$(BIN)/python -m flows.cli report $(ARGS)
+
+# a run's mined rows as a Hugging Face dataset folder (FORMAT: triplet | n-tuple | labeled-pair | osscse-triplet)
+export: $(STAMP)
+	$(BIN)/python -m flows.cli export $(ARGS) --format $(or $(FORMAT),triplet)
 
 eval: $(STAMP)
 	$(BIN)/python -m trainer.evaluate $(if $(MODEL),--model $(MODEL)) $(if $(POOLER),--pooler $(POOLER)) $(if $(NAME),--name $(NAME)) $(if $(COMPARE),--compare $(COMPARE))

@@ -104,7 +104,10 @@ def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: boo
     from pipeline.engine.store import Store
 
     out.mkdir(parents=True, exist_ok=True)
-    results_path, results = out / "results.json", []
+    results_path = out / "results.json"
+    # sizes run in parts (largest first when time is short) merge: rows of the sizes not re-run are kept
+    kept = json.loads(results_path.read_text()) if results_path.exists() else []
+    results = [r for r in kept if r["n"] not in sizes]
     stages = load_stages()
     with prefect_test_harness(server_startup_timeout=120):
         import prefect.settings
@@ -119,7 +122,7 @@ def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: boo
             for name, spec in stages.items():
                 child_s, rss = run_stage(name, run, corpus, sets, env, out / f"{run}.log")
                 manifest = Store(out / run).manifest(spec.writes[0])
-                row = {"n": n, "stage": name, "seconds": round(manifest["wall_seconds_last_run"], 2),
+                row = {"n": n, "stage": name, "settings": list(extra), "seconds": round(manifest["wall_seconds_last_run"], 2),
                        "child_seconds": round(child_s, 2), "peak_rss_mb": rss, "shards": shards,
                        "rows": manifest["rows"]}
                 results.append(row)
@@ -183,12 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--keep", action="store_true", help="keep the run folders")
     ap.add_argument("--set", nargs="*", default=[], help="more config overrides, e.g. neighbours.pool_size=32")
+    ap.add_argument("--largest-first", action="store_true", help="run N first (results of other sizes are kept)")
     ap.add_argument("--table", action="store_true", help="print the Markdown table of OUT/results.json and stop")
     a = ap.parse_args(argv)
     if a.table:
         print(markdown_table(json.loads((a.out / "results.json").read_text())))
         return 0
-    sizes = sorted({max(1, a.n >> k) for k in range(a.steps)})
+    sizes = sorted({max(1, a.n >> k) for k in range(a.steps)}, reverse=a.largest_first)
     simulate(sizes, a.out, a.set, a.keep)
     return 0
 

@@ -121,10 +121,17 @@ def cmd_report(args, cfg: Config) -> None:
     print(write_report(cfg.run.dir))
 
 
+def cmd_export(args, cfg: Config) -> None:
+    from pipeline.export import export_run
+
+    for fmt in args.format:
+        print(f"{fmt}: wrote {export_run(cfg.run.dir, fmt)} (load it with datasets.load_dataset(<that folder>))")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="contramine", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("mine", "stage", "sql", "report"):
+    for name in ("mine", "stage", "sql", "report", "export"):
         s = sub.add_parser(name)
         if name == "stage":
             s.add_argument("name", help=f"one of: {', '.join(ORDER)}")
@@ -137,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
                            help="recompute these stages (all when none named) even where shards are intact")
         elif name == "stage":
             s.add_argument("--force", nargs="*", default=None, help="recompute even where shards are intact")
+        if name == "export":
+            from pipeline.export import FORMATS
+
+            s.add_argument("--format", nargs="+", default=["triplet"], choices=list(FORMATS),
+                           help="the sentence-transformers dataset format(s) to write")
         if name == "sql":
             s.add_argument("--query", "-q", default=None)
             s.add_argument("--max-rows", type=int, default=40)
@@ -145,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     args.set = [kv for item in args.set for kv in split_overrides(item)]
     try:
         cfg = configure(args.profile, args.run, args.corpus, args.set)
-        {"mine": cmd_mine, "stage": cmd_stage, "sql": cmd_sql, "report": cmd_report}[args.cmd](args, cfg)
+        {"mine": cmd_mine, "stage": cmd_stage, "sql": cmd_sql, "report": cmd_report,
+         "export": cmd_export}[args.cmd](args, cfg)
     except (ConfigError, ModelUnavailable, CorpusError, InputMissing, TableMissing) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -6,11 +6,13 @@ never tables, so they run the same on threads or on a Dask cluster.
 """
 from __future__ import annotations
 
+import re
 import time
 from contextlib import ExitStack
 
 from . import env  # noqa: F401  (Prefect settings before Prefect)
 from prefect import flow, get_run_logger, task, unmapped
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -51,9 +53,25 @@ def execute_stage(stage: str, cfg: Config, force: bool = False) -> dict:
                                  unmapped(progress))
         results = [f.result() for f in futures]
     manifest = finish_stage(stage, cfg, results, time.perf_counter() - t0)
+    publish_stage(stage, cfg, manifest)
     log.info(f"{stage}: {manifest['shards_computed']} shards computed, {manifest['shards_cached']} reused; "
              f"rows {manifest['rows']}; {time.perf_counter() - t0:.1f}s")
     return manifest
+
+
+def artifact_key(run: str, what: str) -> str:
+    """Prefect artifact keys allow lower-case letters, digits and dashes only."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", f"{run}-{what}".lower())).strip("-")
+
+
+def publish_stage(stage: str, cfg: Config, manifest: dict) -> None:
+    """A table artifact per stage run (Prefect UI > Artifacts, and on the flow run): what it wrote and reused."""
+    create_table_artifact(
+        key=artifact_key(cfg.run.name, stage),
+        table=[{"table": t, "rows": n, "shards computed": manifest["shards_computed"],
+                "shards reused": manifest["shards_cached"], "seconds": manifest["wall_seconds_last_run"]}
+               for t, n in manifest["rows"].items()],
+        description=f"stage `{stage}` of run `{cfg.run.name}` ({cfg.run.dir})")
 
 
 def make_stage_flow(stage: str):
@@ -94,5 +112,10 @@ def mine_flow(profile: str = "default", run: str | None = None, corpus: str | No
                                                        processes=True, dashboard_address=None))
             overrides += ["runner.kind=dask", f"runner.address={cluster.scheduler_address}"]
             cfg = configure(profile, run, corpus, overrides)
-        return {s: run_stage_flow(s, cfg, profile=profile, run=run, corpus=corpus, overrides=overrides,
+        rows = {s: run_stage_flow(s, cfg, profile=profile, run=run, corpus=corpus, overrides=overrides,
                                   force=s in (force or []))["rows"] for s in load_stages()}
+    from pipeline.report import headline  # matplotlib: imported when a whole mine ends, not by every stage flow
+
+    create_markdown_artifact(key=artifact_key(cfg.run.name, "mine"), markdown=headline(cfg.run.dir),
+                             description=f"what run `{cfg.run.name}` mined")
+    return rows

@@ -94,6 +94,8 @@ class NeighboursCfg(Section):
     ivf_threshold: int = Field(200_000, ge=1, description="index = auto switches from exact flat to IVF past this many sentences")
     nlist: int = Field(0, ge=0, description="IVF lists; 0 = 4*sqrt(N)")
     nprobe: int = Field(32, ge=1)
+    skip_top: int = Field(0, ge=0, description="leave out each sentence's r most similar sentences, in band or not "
+                          "(sentence-transformers' range_min: a guard against false negatives)")
     ivf_train_per_list: int = Field(64, ge=39, description="k-means training vectors per IVF list (FAISS wants "
                                     "39-256; 64 trains 4x faster than 256 at 1M, min_recall guards the result)")
     hnsw_m: int = Field(32, ge=4)
@@ -144,6 +146,13 @@ class IpwCfg(Section):
     m_pos: int = Field(2, ge=0)
     m_neg: int = Field(2, ge=0)
     normalize: Literal["softmax", "none"] = "softmax"
+    # sentence-transformers' `mine_hard_negatives` options (PEERS.md), for the negatives:
+    strategy: Literal["ipw", "top", "random"] = Field(
+        "ipw", description="how negatives are drawn: ipw (DebCSE), top (highest cosine first), random (uniform)")
+    absolute_margin: float | None = Field(None, description="drop a negative when cos_neg + margin > the anchor's "
+                                          "lowest chosen positive cos")
+    relative_margin: float | None = Field(None, ge=0.0, le=1.0, description="drop a negative when cos_neg > "
+                                          "pos - |pos| * margin (pos: the lowest chosen positive cos)")
 
 
 ChainRole = Literal["positives", "paraphrases", "both"]

@@ -88,3 +88,62 @@ def test_low_temperature_concentrates_choice():
     p1 = ipw_probabilities(edit, cos, "neg", 0.8, 1.0, "none")[3]
     p2 = ipw_probabilities(edit, cos, "neg", 0.8, 0.05, "none")[3]
     assert p2.max() / p2.min() > 100 * p1.max() / p1.min()
+
+
+# ---- sentence-transformers' options: strategy and margins, against a direct computation per anchor -----------------
+def _chosen(t, kind):
+    out = {}
+    for r in t.to_pylist():
+        if r["kind"] == kind and r["chosen"]:
+            out.setdefault(r["sid"], []).append((r["pick"], r["cos"], r["text"]))
+    return {s: [x[1:] for x in sorted(v)] for s, v in out.items()}
+
+
+def _pools(t, kind):
+    out = {}
+    for r in t.to_pylist():
+        if r["kind"] == kind:
+            out.setdefault(r["sid"], []).append((r["cos"], r["text"]))
+    return out
+
+
+def test_strategy_top_takes_the_highest_cosines_in_order():
+    cand = ipw_table(_scores(), IpwCfg(strategy="top", m_neg=3), seed=7)
+    chosen = _chosen(cand, "neg")
+    for sid, pool in _pools(cand, "neg").items():
+        assert chosen[sid] == sorted(pool, key=lambda x: -x[0])[:3]
+    # positives keep IPW: identical to the default run's
+    assert _chosen(cand, "pos") == _chosen(ipw_table(_scores(), IpwCfg(m_neg=3), seed=7), "pos")
+
+
+def test_strategy_random_is_uniform_seeded_and_ignores_p():
+    scores = _scores(n_anchor=400, pool=6)
+    a = ipw_table(scores, IpwCfg(strategy="random", m_neg=1, lambda_neg=1.0, temperature=0.05), seed=3)
+    assert a.equals(ipw_table(scores, IpwCfg(strategy="random", m_neg=1, lambda_neg=1.0, temperature=0.05), seed=3))
+    picks = [r["cand_sid"] for r in a.to_pylist() if r["kind"] == "neg" and r["chosen"]]
+    counts = np.bincount(picks, minlength=6)
+    assert len(picks) == 400 and counts.min() > 40  # uniform: ~67 each; IPW at T = 0.05 would pile on a few
+    ipw = ipw_table(scores, IpwCfg(m_neg=1, lambda_neg=1.0, temperature=0.05), seed=3)
+    assert np.bincount([r["cand_sid"] for r in ipw.to_pylist() if r["kind"] == "neg" and r["chosen"]],
+                       minlength=6).max() > counts.max()
+
+
+@pytest.mark.parametrize("absolute, relative", [(0.05, None), (None, 0.2), (0.0, 0.1), (-0.3, None)])
+def test_margins_drop_negatives_too_close_to_the_lowest_chosen_positive(absolute, relative):
+    scores = _scores(n_anchor=60, pool=9)
+    cfg = IpwCfg(m_neg=3, absolute_margin=absolute, relative_margin=relative)
+    cand = ipw_table(scores, cfg, seed=5)
+    pos, neg, pools = _chosen(cand, "pos"), _chosen(cand, "neg"), _pools(cand, "neg")
+    n_excluded = 0
+    for sid, pool in pools.items():
+        lowest = min(c for c, _ in pos[sid])  # every anchor of _scores has positives
+        ok = [(c, t) for c, t in pool if (absolute is None or not c + absolute > lowest)
+              and (relative is None or not c > lowest - abs(lowest) * relative)]
+        n_excluded += len(pool) - len(ok)
+        got = neg.get(sid, [])
+        assert set(got) <= set(ok) and len(got) == min(3, len(ok))
+    assert n_excluded > 0  # the margins did exclude something here
+    # positives are untouched by the margins, and without margins nothing changes
+    assert pos == _chosen(ipw_table(scores, IpwCfg(m_neg=3), seed=5), "pos")
+    assert ipw_table(scores, IpwCfg(m_neg=3), seed=5).equals(
+        ipw_table(scores, IpwCfg(m_neg=3, absolute_margin=None, relative_margin=None), seed=5))

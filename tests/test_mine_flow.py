@@ -1,4 +1,5 @@
 """`mine` end to end through Prefect on a small real corpus with the offline MiniLM encoder."""
+import json
 from pathlib import Path
 
 import numpy as np
@@ -132,3 +133,21 @@ def test_same_tables_whatever_the_shards_and_workers(mined, small_corpus):
         other = _tables(_mine(small_corpus, root, name, *extra))
         for table, data in base.items():
             assert other[table].equals(data), f"{table} differs with {extra}"
+
+
+def test_stage_flows_and_mine_publish_prefect_artifacts(mined):
+    """Prefect's UI shows each stage's table (rows, shards computed / reused, seconds) and the mine's summary."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(
+            any_=["base-neighbours", "base-sentences", "base-mine"])))
+    latest = {a.key: a for a in sorted(arts, key=lambda a: a.created)}
+    assert set(latest) == {"base-neighbours", "base-sentences", "base-mine"}
+    assert latest["base-sentences"].type == "table" and latest["base-mine"].type == "markdown"
+    rows = {r["table"]: r for r in json.loads(latest["base-sentences"].data)}  # stored as JSON text
+    cfg, _ = mined
+    assert rows["sentences"]["rows"] == RunTables(cfg.run.dir).read("sentences").num_rows
+    assert {"shards computed", "shards reused", "seconds"} <= set(rows["rejected"])
+    assert "| pairs |" in latest["base-mine"].data and "chosen negatives" in latest["base-mine"].data

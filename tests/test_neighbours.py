@@ -106,6 +106,31 @@ def test_near_ties_at_the_pool_cutoff_and_band_edges_follow_exact_cosines(edges)
     sids = np.arange(len(x), dtype=np.int64)
     for pool in (5, 10, 30, 70):
         for seed in range(5):
-            index = _NoisyFlatIndex(x, seed)
-            got = band_neighbours(x[:1], sids[:1], x, sids, index, index, 0.25, 0.75, pool)
-            assert got.equals(exact_band_neighbours(x[:1], sids[:1], x, sids, 0.25, 0.75, pool)), (pool, seed)
+            for skip in (0, 3, 12):  # 3: inside the near-tied group above the band; 12: past it, into the band
+                index = _NoisyFlatIndex(x, seed)
+                got = band_neighbours(x[:1], sids[:1], x, sids, index, index, 0.25, 0.75, pool, skip_top=skip)
+                want = exact_band_neighbours(x[:1], sids[:1], x, sids, 0.25, 0.75, pool, skip)
+                assert got.equals(want), (pool, seed, skip)
+
+
+@pytest.mark.parametrize("skip_top, pool", [(1, 5), (3, 5), (10, 40), (25, 3)])
+def test_skip_top_leaves_out_the_most_similar_exactly_as_brute_force(skip_top, pool):
+    """sentence-transformers' range_min: the r most similar sentences (in band or not) are never candidates."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(300, 16))
+    x[40:100] = x[:60] + 0.3 * rng.normal(size=(60, 16))  # close neighbours inside and above the band
+    x = _unit(x)
+    sids = rng.permutation(5000)[:300].astype(np.int64)
+    sims = x.astype(np.float64) @ x.astype(np.float64).T
+    want = []
+    for i in range(len(x)):
+        others = sorted((-sims[i, j], sids[j]) for j in range(len(x)) if j != i)[skip_top:]
+        kept = [(c, s) for c, s in others if 0.25 <= -c <= 0.75][:pool]
+        want += [(sids[i], s, r + 1) for r, (_, s) in enumerate(kept)]
+    cfg = NeighboursCfg(lo=0.25, hi=0.75, pool_size=pool, index="flat", skip_top=skip_top)
+    index, cpu = build_index(x, "flat", cfg)
+    got = band_neighbours(x, sids, x, sids, index, cpu, 0.25, 0.75, pool, cfg.slack, cfg.max_block_elems,
+                          skip_top=skip_top)
+    assert list(zip(*(got.column(c).to_pylist() for c in ("sid", "cand_sid", "rank")))) == want
+    assert got.equals(exact_band_neighbours(x, sids, x, sids, 0.25, 0.75, pool, skip_top))
+    assert not got.equals(band_neighbours(x, sids, x, sids, index, cpu, 0.25, 0.75, pool))  # it did change pools

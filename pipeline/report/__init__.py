@@ -277,6 +277,27 @@ def section_timings(run: Run, out: Path) -> list[str]:
     return md
 
 
+def headline(run_dir: Path, seed: int = 0) -> str:
+    """A few lines on what the run mined (Prefect's `mine` artifact; the full page is `write_report`): rows per
+    table, the chosen pairs' mean cosine and lexical overlap (DebCSE Table 4), seconds per stage."""
+    run = Run(Path(run_dir))
+    md = [f"# contramine run `{Path(run_dir).name}`", ""]
+    md += table(["table", "rows"], [[t, f"{run.count(t):,}" if run.present[t] else ABSENT] for t in SCHEMAS]) + [""]
+    if run.present["candidates"]:
+        overlap = overlap_stats(run, seed)
+        for kind, name in (("pos", "positives"), ("neg", "negatives")):
+            cos, (ov, n, _) = chosen_cos(run, kind), overlap[kind]
+            md.append(f"- chosen {name}: **{len(cos):,}**, mean cosine {cell(float(cos.mean()) if len(cos) else None)}"
+                      f", mean lexical overlap {cell(ov)} ({n:,} sampled)")
+    seconds: dict = {}
+    for m in run.manifests.values():  # one entry per stage (a stage may write several tables)
+        seconds.setdefault(m.get("stage"), m.get("wall_seconds_last_run"))
+    md += ([""] if md[-1] else []) + ["Seconds per stage (last run): " + ", ".join(f"{t} {cell(s)}" for t, s in seconds.items()
+                                                          if s is not None),
+           "", f"The full audit page with plots: `make report RUN={Path(run_dir).name}`."]
+    return "\n".join(md)
+
+
 def write_report(run_dir: Path, out_dir: Path | None = None, seed: int = 0) -> Path:
     run_dir = Path(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir / "report"

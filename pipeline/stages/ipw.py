@@ -8,6 +8,10 @@ Over the n candidates j of anchor i (one pool per kind):
 `normalize = "none"` uses the raw scores instead (S_sur = 1 − edit, S_sem = cos). T = 1 is the paper; with
 large pools the softmaxes make P nearly uniform, which the mining report shows. m candidates per anchor and
 kind are drawn without replacement, seeded per (anchor, kind).
+
+sentence-transformers' mining options, for the negatives (PEERS.md): `strategy = "top"` takes the m highest
+cosines, `"random"` draws uniformly (IPW's columns are still computed, for the report); `absolute_margin` /
+`relative_margin` exclude negatives too close to the anchor's lowest chosen positive (positives are drawn first).
 """
 from __future__ import annotations
 
@@ -71,6 +75,39 @@ def ipw_sample(p: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
     return rng.choice(len(p), size=m, replace=False, p=p) if m else np.zeros(0, dtype=np.int64)
 
 
+def within_margins(neg_cos: np.ndarray, positive: float | None, cfg) -> np.ndarray | None:
+    """Negatives that pass sentence-transformers' margins against the anchor's lowest chosen positive cosine
+    (`absolute_margin`: keep cos + margin <= pos; `relative_margin`: keep cos <= pos - |pos| * margin). None when
+    no margin applies (none set, or the anchor has no chosen positive to compare with)."""
+    if positive is None or (cfg.absolute_margin is None and cfg.relative_margin is None):
+        return None
+    keep = np.ones(len(neg_cos), dtype=bool)
+    if cfg.absolute_margin is not None:
+        keep &= ~(neg_cos + cfg.absolute_margin > positive)
+    if cfg.relative_margin is not None:
+        keep &= ~(neg_cos > positive - abs(positive) * cfg.relative_margin)
+    return keep
+
+
+def draw_negatives(p: np.ndarray, cos: np.ndarray, m: int, rng: np.random.Generator, strategy: str,
+                   eligible: np.ndarray | None = None) -> np.ndarray:
+    """Indices of the chosen negatives of one pool, in pick order: `ipw` draws with the IPW probabilities p,
+    `top` takes the highest cosines (ties: pool order), `random` draws uniformly; only `eligible` ones (margins)."""
+    if eligible is not None:
+        idx = np.flatnonzero(eligible)
+        q = p[idx]
+        q = q / q.sum() if q.sum() > 0 else np.full(len(idx), 1.0 / max(len(idx), 1))
+        return idx[draw_negatives(q, cos[idx], m, rng, strategy)]
+    if strategy == "ipw":
+        return ipw_sample(p, m, rng)
+    m = min(m, len(p))
+    if strategy == "top":
+        return np.lexsort((np.arange(len(cos)), -cos))[:m]
+    if strategy == "random":
+        return rng.choice(len(p), size=m, replace=False) if m else np.zeros(0, dtype=np.int64)
+    raise ValueError(f"ipw.strategy {strategy!r}: expected 'ipw', 'top' or 'random'")
+
+
 def ipw_table(scores: pa.Table, cfg, seed: int) -> pa.Table:
     """`scores` (sorted by sid, kind) → `candidates` with s_sur, s_sem, p_tilde, p, chosen and pick (draw order).
     Columnar: probabilities for all pools at once; only the draws loop over pools (one seeded stream each)."""
@@ -88,16 +125,28 @@ def ipw_table(scores: pa.Table, cfg, seed: int) -> pa.Table:
     starts = np.flatnonzero(change)
     lengths = np.diff(np.append(starts, n))
     lam = np.where(is_neg, float(cfg.lambda_neg), float(cfg.lambda_pos))
-    s_sur, s_sem, p_tilde, p = pool_probabilities(
-        scores.column("edit").to_numpy().astype(np.float64), scores.column("cos").to_numpy().astype(np.float64),
-        is_neg, lam, cfg.temperature, cfg.normalize, starts, lengths)
+    cos = scores.column("cos").to_numpy().astype(np.float64)
+    s_sur, s_sem, p_tilde, p = pool_probabilities(scores.column("edit").to_numpy().astype(np.float64), cos,
+                                                  is_neg, lam, cfg.temperature, cfg.normalize, starts, lengths)
     chosen = np.zeros(n, dtype=bool)
     pick = np.zeros(n, dtype=np.int32)
-    for a, length, neg in zip(starts.tolist(), lengths.tolist(), is_neg[starts].tolist()):
-        picked = ipw_sample(p[a:a + length], cfg.m_neg if neg else cfg.m_pos,
-                            row_rng(seed, "ipw-neg" if neg else "ipw-pos", int(sid[a])))
-        chosen[a + picked] = True
-        pick[a + picked] = np.arange(1, len(picked) + 1, dtype=np.int32)
+    lowest_positive: dict[int, float] = {}
+    # positives first (the margins compare negatives with them); every pool draws from its own stream, so the
+    # order of the pools never changes a draw
+    for pass_neg in (False, True):
+        for a, length, neg in zip(starts.tolist(), lengths.tolist(), is_neg[starts].tolist()):
+            if neg != pass_neg:
+                continue
+            rng = row_rng(seed, "ipw-neg" if neg else "ipw-pos", int(sid[a]))
+            if neg:
+                eligible = within_margins(cos[a:a + length], lowest_positive.get(int(sid[a])), cfg)
+                picked = draw_negatives(p[a:a + length], cos[a:a + length], cfg.m_neg, rng, cfg.strategy, eligible)
+            else:
+                picked = ipw_sample(p[a:a + length], cfg.m_pos, rng)
+                if len(picked):
+                    lowest_positive[int(sid[a])] = float(cos[a + picked].min())
+            chosen[a + picked] = True
+            pick[a + picked] = np.arange(1, len(picked) + 1, dtype=np.int32)
     out = scores
     for name, v in zip(("s_sur", "s_sem", "p_tilde", "p"), (s_sur, s_sem, p_tilde, p)):
         out = out.append_column(name, pa.array(v, pa.float64()))

@@ -108,14 +108,15 @@ def build_index(vectors: np.ndarray, kind: str, cfg, seed: int = 0):
 
 def band_neighbours(q_vecs: np.ndarray, q_sids: np.ndarray, base_vecs: np.ndarray, base_sids: np.ndarray,
                     index, cpu_index, lo: float, hi: float, pool_size: int, slack: int = 8,
-                    max_block_elems: int = 1 << 24, progress: bool = False) -> pa.Table:
-    """Top `pool_size` in-band neighbours of each query, as a `neighbours` table sorted by (sid, rank).
+                    max_block_elems: int = 1 << 24, progress: bool = False, skip_top: int = 0) -> pa.Table:
+    """Top `pool_size` in-band neighbours of each query, as a `neighbours` table sorted by (sid, rank), leaving out
+    the query's `skip_top` most similar sentences (in band or not: sentence-transformers' `range_min`).
     Exact with a flat index; with IVF/HNSW the same widening runs until the index has nothing more to return."""
     n_base = len(base_sids)
     out_sid, out_cand, out_cos, out_rank = [], [], [], []
     if n_base == 0 or len(q_sids) == 0:
         return _table(out_sid, out_cand, out_cos, out_rank)
-    k0 = min(n_base, pool_size + slack + 1 + 16)
+    k0 = min(n_base, pool_size + skip_top + slack + 1 + 16)
     pending = np.arange(len(q_sids))
     k = k0
     done: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -128,7 +129,7 @@ def band_neighbours(q_vecs: np.ndarray, q_sids: np.ndarray, base_vecs: np.ndarra
             rows = pending[start:start + block]
             scores, ids = search_index.search(q_vecs[rows], k)
             finished, cands, coss = _resolve_block(q_vecs[rows], q_sids[rows], scores, ids, base_vecs, base_sids,
-                                                   lo, hi, pool_size, k >= n_base)
+                                                   lo, hi, pool_size, k >= n_base, skip_top)
             for r, ok, cand, cos in zip(rows.tolist(), finished.tolist(), cands, coss):
                 if ok:
                     done[r] = (cand, cos)
@@ -169,29 +170,42 @@ def exact_cosines(q: np.ndarray, q_rows: np.ndarray, base_vecs: np.ndarray, ids:
     return out
 
 
-def _resolve_block(q, q_sids, scores, ids, base_vecs, base_sids, lo, hi, pool_size, seen_all):
+def _resolve_block(q, q_sids, scores, ids, base_vecs, base_sids, lo, hi, pool_size, seen_all, skip_top=0):
     """For a block of queries: (finished mask, per-query cand_sids, per-query exact cos) of each in-band top
     pool_size; a query is unfinished when k must widen (rule 3 of the module docstring).
 
     Exact cosines are recomputed only where the float32 FAISS score s (|s - cos| <= EPS) cannot decide: entries
     with s within EPS of the band, and, among those, only the ones with s >= t - 2 EPS, where t is the pool_size-th
     largest s of the entries surely in band (lo + EPS <= s <= hi - EPS). An entry below t - 2 EPS has
-    cos < t - EPS, below each of those pool_size sure ones, so it cannot make the pool."""
+    cos < t - EPS, below each of those pool_size sure ones, so it cannot make the pool. With `skip_top` = r, the r
+    most similar entries are left out: exact cosines also for every entry within 2 EPS of the r-th largest score
+    (the only ones that can be among the r), t moves to the (pool_size + r)-th sure score, and a query is finished
+    only when its r-th score is more than 2 EPS above the smallest returned one (nothing unseen is among the r)."""
     n_q, k = ids.shape
     valid = ids >= 0
     cand = np.where(valid, base_sids[np.maximum(ids, 0)], -1)
     other = valid & (cand != q_sids[:, None])
     s = scores.astype(np.float64)
     sure = other & (s >= lo + EPS) & (s <= hi - EPS)
-    if k > pool_size:
-        t = -np.partition(-np.where(sure, s, -np.inf), pool_size - 1, axis=1)[:, pool_size - 1]
+    if k > pool_size + skip_top:
+        t = -np.partition(-np.where(sure, s, -np.inf), pool_size + skip_top - 1, axis=1)[:, pool_size + skip_top - 1]
     else:
         t = np.full(n_q, -np.inf)
     need = other & (s >= lo - EPS) & (s <= hi + EPS) & (s >= t[:, None] - 2 * EPS)
+    if skip_top:
+        kr = min(skip_top, k)
+        t_r = -np.partition(-np.where(other, s, -np.inf), kr - 1, axis=1)[:, kr - 1]
+        near_top = other & (s >= t_r[:, None] - 2 * EPS)
+        need |= near_top
     rows, cols = np.nonzero(need)
     cos = np.full(ids.shape, np.nan)
     cos[rows, cols] = exact_cosines(q, rows, base_vecs, ids[rows, cols])
     band = need & (cos >= lo) & (cos <= hi)
+    if skip_top:  # the r most similar by exact cos (ties by sid) are not candidates
+        top = np.lexsort((cand, np.where(near_top, -cos, np.inf)), axis=1)[:, :skip_top]
+        skipped = np.zeros_like(band)
+        np.put_along_axis(skipped, top, True, axis=1)
+        band &= ~(skipped & near_top)
     # in-band first by descending exact cos, ties by sid; everything else last
     order = np.lexsort((cand, np.where(band, -cos, np.inf)), axis=1)[:, :pool_size]
     cand_sorted = np.take_along_axis(cand, order, axis=1)
@@ -202,17 +216,21 @@ def _resolve_block(q, q_sids, scores, ids, base_vecs, base_sids, lo, hi, pool_si
     s_min = np.where(n_valid > 0, s[np.arange(n_q), np.maximum(n_valid - 1, 0)], -np.inf)
     exhausted = seen_all | (n_valid < k)
     last = cos_sorted[np.arange(n_q), np.maximum(n_band - 1, 0)]
-    finished = exhausted | (s_min + EPS < lo) | ((n_band == pool_size) & (last > s_min + EPS))
+    top_ok = ((other.sum(axis=1) >= skip_top) & (t_r - EPS > s_min + EPS)) if skip_top else True
+    finished = exhausted | (top_ok & ((s_min + EPS < lo) | ((n_band == pool_size) & (last > s_min + EPS))))
     n_list = n_band.tolist()
     return finished, [cand_sorted[i, :n] for i, n in enumerate(n_list)], [cos_sorted[i, :n] for i, n in enumerate(n_list)]
 
 
-def exact_band_neighbours(q_vecs, q_sids, base_vecs, base_sids, lo, hi, pool_size) -> pa.Table:
+def exact_band_neighbours(q_vecs, q_sids, base_vecs, base_sids, lo, hi, pool_size, skip_top: int = 0) -> pa.Table:
     """Brute force (numpy, float64): the reference for tests and for the recall of approximate indexes."""
     sims = q_vecs.astype(np.float64) @ base_vecs.astype(np.float64).T
     out = ([], [], [], [])
     for r, row in enumerate(sims):
         band = (row >= lo) & (row <= hi) & (base_sids != q_sids[r])
+        if skip_top:
+            others = np.flatnonzero(base_sids != q_sids[r])
+            band[others[np.lexsort((base_sids[others], -row[others]))[:skip_top]]] = False
         cand, cos = base_sids[band], row[band]
         order = np.lexsort((cand, -cos))[:pool_size]
         out[0].append(np.full(len(order), q_sids[r], dtype=np.int64))
@@ -282,11 +300,11 @@ def neighbours(ctx: Ctx) -> dict[str, pa.Table]:
     q_sids, q = table_vectors(ctx.shard("embeddings"))
     exact = kind == "flat"
     table = band_neighbours(q, q_sids, base, base_sids, index, cpu_index, c.lo, c.hi, c.pool_size, c.slack,
-                            c.max_block_elems, progress=ctx.progress)
+                            c.max_block_elems, progress=ctx.progress, skip_top=c.skip_top)
     facts = {"index": kind, "exact": exact}
     if not exact and c.recall_sample and len(q_sids):
         pick = np.random.default_rng(ctx.cfg.run.seed).choice(len(q_sids), min(len(q_sids), c.recall_sample), False)
-        ref = exact_band_neighbours(q[pick], q_sids[pick], base, base_sids, c.lo, c.hi, c.pool_size)
+        ref = exact_band_neighbours(q[pick], q_sids[pick], base, base_sids, c.lo, c.hi, c.pool_size, c.skip_top)
         sub = table.filter(pc.is_in(table.column("sid"), pa.array(q_sids[pick])))
         recall = facts[f"recall_shard_{ctx.i}"] = recall_at_pool(sub, ref)
         if recall < c.min_recall:
