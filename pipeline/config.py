@@ -58,6 +58,8 @@ class DataCfg(Section):
     corpus: Path = SHARED_DATA / "wiki1m_head.txt"
     senteval_dir: Path = SHARED_DATA / "senteval"
     probe: Path = SHARED_DATA / "probe_transformations.tsv"
+    # negatives from another corpus (sentence-transformers' `corpus`): None = the anchors' own sentences
+    candidates: Path | None = None
 
 
 class SentencesCfg(Section):
@@ -84,6 +86,14 @@ class EncoderCfg(Section):
     # autocast of the mining encoder: auto = float32 on CPU, bf16 on a GPU that supports it (else fp16)
     precision: Literal["auto", "float32", "bf16", "fp16"] = "auto"
     prompt: str = 'This sentence : "{s}" means [MASK] .'  # used by pooler = "mask"
+
+
+class EmbeddingsCfg(Section):
+    """Where the sentence vectors come from: `encoder.model` (default) or a Parquet file of precomputed vectors."""
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+    source: Path | None = Field(None, alias="from", description="Parquet with `sid` or `text` and `emb` (any "
+                                "embedder); it replaces encoder.model in `embeddings` and `scores` (pipeline/models/"
+                                "precomputed.py)")
 
 
 class NeighboursCfg(Section):
@@ -328,6 +338,7 @@ class Config(Section):
     data: DataCfg = DataCfg()
     sentences: SentencesCfg = SentencesCfg()
     encoder: EncoderCfg = EncoderCfg()
+    embeddings: EmbeddingsCfg = EmbeddingsCfg()
     neighbours: NeighboursCfg = NeighboursCfg()
     noise: NoiseCfg = NoiseCfg()
     scores: ScoresCfg = ScoresCfg()

@@ -278,25 +278,28 @@ def _index_for(*key):
 
 
 @functools.lru_cache(maxsize=1)
-def _build_index_for(run_dir: str, n: int, table_hash: str, settings: str, seed: int):
+def _build_index_for(run_dir: str, n: int, table: str, table_hash: str, settings: str, seed: int):
     from pipeline.config import NeighboursCfg
     from pipeline.engine.store import Store
 
     cfg = NeighboursCfg.model_validate_json(settings)
-    base_sids, base = table_vectors(Store(Path(run_dir)).read("embeddings", n))
+    base_sids, base = table_vectors(Store(Path(run_dir)).read(table, n))
     kind = choose_index(len(base_sids), cfg)
     index, cpu_index = build_index(base, kind, cfg, seed) if len(base_sids) else (None, None)
     return base_sids, base, kind, index, cpu_index
 
 
-@stage(reads=("embeddings",), reads_whole=("embeddings",), writes=("neighbours",), settings=("neighbours",),
+@stage(reads=("embeddings",), reads_whole=("embeddings", "pool_embeddings"), writes=("neighbours",),
+       settings=("neighbours",),
        facts=lambda cfg: package_versions("faiss-cpu", "faiss-gpu"), manifest=index_facts)
 def neighbours(ctx: Ctx) -> dict[str, pa.Table]:
     from pipeline.engine.atomic import atomic_write_json
 
     c = ctx.cfg.neighbours
+    base_table = "pool_embeddings" if ctx.cfg.data.candidates is not None else "embeddings"  # data.candidates
     base_sids, base, kind, index, cpu_index = _index_for(
-        str(ctx.store.root), ctx.n, ctx.store.table_hash("embeddings", ctx.n), c.model_dump_json(), ctx.cfg.run.seed)
+        str(ctx.store.root), ctx.n, base_table, ctx.store.table_hash(base_table, ctx.n), c.model_dump_json(),
+        ctx.cfg.run.seed)
     q_sids, q = table_vectors(ctx.shard("embeddings"))
     exact = kind == "flat"
     table = band_neighbours(q, q_sids, base, base_sids, index, cpu_index, c.lo, c.hi, c.pool_size, c.slack,

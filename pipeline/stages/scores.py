@@ -101,12 +101,15 @@ def scores_facts(cfg) -> str:
     return f"{encoder_facts(cfg)};positives={','.join(positive_sources(cfg))};{package_versions('rapidfuzz')}"
 
 
-@stage(reads=("sentences", "embeddings", "neighbours", "variants", "backtranslations"), reads_whole=("sentences",),
-       writes=("scores",), settings=("scores", "encoder"), facts=scores_facts)
+@stage(reads=("sentences", "embeddings", "neighbours", "variants", "backtranslations"),
+       reads_whole=("sentences", "pool_sentences"),
+       writes=("scores",), settings=("scores", "encoder", "embeddings"),
+       facts=scores_facts)
 def scores(ctx: Ctx) -> dict[str, pa.Table]:
     enc, cfg = encoder_from(ctx.cfg), ctx.cfg
     encode = lambda texts: enc.encode(texts, batch_size=cfg.encoder.batch_size,  # noqa: E731
                                       progress=ctx.label("positives"))
     return {"scores": score_pools(ctx.shard("sentences"), ctx.shard("embeddings"), ctx.shard("neighbours"),
-                                  ctx.whole("sentences"), ctx.shard("variants"), ctx.shard("backtranslations"),
+                                  ctx.whole("pool_sentences" if cfg.data.candidates is not None else "sentences"),
+                                  ctx.shard("variants"), ctx.shard("backtranslations"),
                                   encode, cfg, positive_sources(cfg))}

@@ -1,0 +1,19 @@
+"""Stage `pool_embeddings`: the vectors of `pool_sentences` (the `data.candidates` corpus), by the same encoder as
+`embeddings` (or the same `embeddings.from` file). Empty, and no model loaded, when `data.candidates` is unset."""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from pipeline.engine.spec import Ctx, stage
+from pipeline.schema import SCHEMAS
+from pipeline.stages.embeddings import embed_sentences, encoder_facts, encoder_from
+
+@stage(reads=("pool_sentences",), writes=("pool_embeddings",), settings=("encoder", "embeddings"),
+       facts=lambda cfg: encoder_facts(cfg) if cfg.data.candidates is not None else "candidates:none",
+       schemas={"pool_embeddings": SCHEMAS["embeddings"]})
+def pool_embeddings(ctx: Ctx) -> dict[str, pa.Table]:
+    shard = ctx.shard("pool_sentences")
+    if not shard.num_rows:
+        return {"pool_embeddings": SCHEMAS["embeddings"].empty_table()}
+    return {"pool_embeddings": embed_sentences(shard, encoder_from(ctx.cfg), ctx.cfg.encoder.batch_size,
+                                               progress=ctx.label("pool embeddings"))}
