@@ -4,9 +4,10 @@ a model this project cannot run) instead of `encoder.model`.
 The file has a vector column `emb` (list<float> or fixed_size_list<float>, one length) and a key column: `sid` (our
 sentence id, see pipeline/stages/sentences.py) or `text` (normalised as the `sentences` stage does, then hashed to
 the sid). Lookup is by sid, so a text matches whatever its row, shard or duplicate count. Vectors are L2-normalised
-here (cosines, as with `encoder.model`). Every text the run embeds must be in the file: the sentences (`embeddings`
-stage) and, for DebCSE, the positive candidates the `scores` stage embeds (noised copies, back-translations: their
-texts are in the `variants` and `backtranslations` tables). A missing text fails the stage with the count and the
+here (cosines, as with `encoder.model`; rows already of unit length are kept bit for bit). Every text the run
+embeds must be in the file: the sentences (`embeddings` stage) and, for DebCSE, the positive candidates the
+`scores` stage embeds (noised copies, back-translations: their texts are in the `variants` and `backtranslations`
+tables). A missing text fails the stage with the count and the
 first few missing texts; vectors are never mixed with another model's.
 """
 from __future__ import annotations
@@ -46,8 +47,9 @@ class PrecomputedEncoder:
             raise PrecomputedError(f"embeddings.from {self.path}: expected a vector column `emb` and a key column "
                                    f"`sid` or `text`; found {names}")
         emb = table.column("emb").combine_chunks()
-        if not (pa.types.is_list(emb.type) or pa.types.is_fixed_size_list(emb.type) or pa.types.is_large_list(emb.type)):
-            raise PrecomputedError(f"embeddings.from {self.path}: column `emb` is {emb.type}, expected a list of floats")
+        if not any(f(emb.type) for f in (pa.types.is_list, pa.types.is_fixed_size_list, pa.types.is_large_list)):
+            raise PrecomputedError(f"embeddings.from {self.path}: column `emb` is {emb.type}, expected a list of "
+                                   f"floats")
         lengths = pc.list_value_length(emb).to_numpy(zero_copy_only=False)
         if emb.null_count or len(set(lengths.tolist())) > 1:
             row = int(np.flatnonzero(emb.is_null().to_numpy(zero_copy_only=False) | (lengths != lengths[0]))[0])
@@ -63,7 +65,9 @@ class PrecomputedEncoder:
         sids = (table.column("sid").to_numpy().astype(np.int64) if "sid" in names
                 else _sids_of(table.column("text").to_pylist()))
         order = np.argsort(sids, kind="stable")
-        self.sids, self.vecs = sids[order], vecs[order] / norms[order, None]
+        # rows already unit length (as most embedders return them) are kept bit for bit; others are normalised
+        scale = np.where(np.abs(norms - 1.0) < 1e-6, 1.0, norms).astype(np.float32)
+        self.sids, self.vecs = sids[order], vecs[order] / scale[order, None]
         dup = np.flatnonzero(self.sids[1:] == self.sids[:-1])
         if len(dup) and not np.array_equal(self.vecs[dup], self.vecs[dup + 1]):
             raise PrecomputedError(f"embeddings.from {self.path}: the same sentence has two different vectors "

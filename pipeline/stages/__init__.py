@@ -5,5 +5,6 @@ ORDER is the order `make mine` runs them in (each stage after the stages whose t
 a new module here with one `@stage` function, its name in ORDER, and `python -m flows.deployments > prefect.yaml`.
 An entry with a dot is a full module path (a stage that lives outside this package).
 """
-ORDER = ["sentences", "pool_sentences", "embeddings", "pool_embeddings", "neighbours", "noise", "backtranslate", "negate", "scores", "ipw", "pairs",
+ORDER = ["sentences", "pool_sentences", "embeddings", "pool_embeddings", "neighbours",
+         "noise", "backtranslate", "negate", "scores", "ipw", "pairs",
          "paraphrases", "triplets"]

@@ -1,5 +1,5 @@
-"""Stage `pool_sentences`: `data.candidates` → the negative pool's own sentences + pool_rejected (sentence-transformers'
-`corpus` argument of `mine_hard_negatives`: negatives from another corpus than the anchors).
+"""Stage `pool_sentences`: `data.candidates` → the negative pool's own sentences + pool_rejected (the `corpus`
+argument of sentence-transformers' `mine_hard_negatives`: negatives from another corpus than the anchors').
 
 The candidate file is read and filtered exactly as the `sentences` stage reads the corpus (same normalisation,
 length limits, sids, rejections with their reasons), and split into the run's shards. With `data.candidates` unset
