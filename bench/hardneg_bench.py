@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 GOAL = 1.5
-STAGES = ["sentences", "embeddings", "neighbours", "noise", "backtranslate", "scores", "ipw"]
+STAGES = ["sentences", "pool_sentences", "embeddings", "pool_embeddings", "neighbours", "noise", "backtranslate", "scores", "ipw"]
 
 
 def ours(texts: list[str], model: str, work: Path) -> tuple[float, int]:

@@ -35,7 +35,7 @@ def test_code_version_follows_every_module_a_stage_imports(tmp_path):
     (src / "models" / "unpad.py").write_text((src / "models" / "unpad.py").read_text() + "\n# the forward\n")
     code_version.cache_clear()
     again = versions()
-    assert {s for s in STAGES if again[s] != after[s]} == {"embeddings", "scores"}  # the stages that embed
+    assert {s for s in STAGES if again[s] != after[s]} == {"embeddings", "pool_embeddings", "scores"}  # they embed
 
 
 def test_device_and_precision_are_part_of_the_key(monkeypatch):

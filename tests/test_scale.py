@@ -125,7 +125,7 @@ def test_gpu_index_one_per_process_and_one_search_at_a_time(tmp_path, monkeypatc
     monkeypatch.setattr(nb, "gpu_count", lambda: 1)
     monkeypatch.setattr(nb, "to_gpu", lambda index, n: fakes.append(FakeGpuFaiss(index)) or fakes[-1])
     nb._build_index_for.cache_clear()
-    key = (str(tmp_path), 1, store.table_hash("embeddings", 1), NeighboursCfg(pool_size=4).model_dump_json(), 0)
+    key = (str(tmp_path), 1, "embeddings", store.table_hash("embeddings", 1), NeighboursCfg(pool_size=4).model_dump_json(), 0)
     got = []
     threads = [threading.Thread(target=lambda: got.append(nb._index_for(*key))) for _ in range(4)]
     [t.start() for t in threads]
@@ -172,6 +172,7 @@ def test_approximate_index_below_min_recall_fails_the_stage(tmp_path):
     sets = [f"run.root={tmp_path}", "run.name=r", "run.shards=1", "neighbours.index=ivf", "neighbours.nlist=64",
             "neighbours.nprobe=1", "neighbours.pool_size=16", "neighbours.recall_sample=100"]
     Store(tmp_path / "r").write_shard("embeddings", 0, 1, vectors_table(sids, x), "k")
+    Store(tmp_path / "r").write_shard("pool_embeddings", 0, 1, vectors_table(sids[:0], x[:0]), "k")  # no candidates
     with pytest.raises(RuntimeError, match=r"neighbours.min_recall 0.99\): raise neighbours.nprobe \(now 1\)"):
         run_shard("neighbours", load_config("default", [*sets, "neighbours.min_recall=0.99"]), 0)
     assert run_shard("neighbours", load_config("default", [*sets, "neighbours.min_recall=0"]), 0)["rows"]
