@@ -27,6 +27,9 @@ MODEL   ?=
 POOLER  ?=
 NAME    ?=
 OBJECTIVE ?=
+OBJECTIVES ?=
+SEEDS   ?=
+FORMAT  ?= triplet
 N       ?= 1000000
 PYTEST_ARGS ?= -q
 
@@ -64,7 +67,7 @@ report: $(STAMP)
 
 # a run's mined rows as a Hugging Face dataset folder (FORMAT: triplet | n-tuple | labeled-pair | osscse-triplet)
 export: $(STAMP)
-	$(BIN)/python -m flows.cli export $(ARGS) --format $(or $(FORMAT),triplet)
+	$(BIN)/python -m flows.cli export $(ARGS) --format $(FORMAT)
 
 eval: $(STAMP)
 	$(BIN)/python -m trainer.evaluate $(if $(MODEL),--model $(MODEL)) $(if $(POOLER),--pooler $(POOLER)) $(if $(NAME),--name $(NAME)) $(if $(COMPARE),--compare $(COMPARE))

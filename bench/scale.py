@@ -96,7 +96,8 @@ def reader_cost(run_dir: Path, tables: tuple[str, ...], env: dict, log: Path) ->
     return {"seconds": seconds, "child_seconds": seconds, "peak_rss_mb": round(usage.ru_maxrss / 1024)}
 
 
-def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: bool = False) -> list[dict]:
+def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: bool = False,
+             resume: bool = False) -> list[dict]:
     from prefect.testing.utilities import prefect_test_harness
 
     from pipeline.config import configure
@@ -107,7 +108,10 @@ def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: boo
     results_path = out / "results.json"
     # sizes run in parts (largest first when time is short) merge: rows of the sizes not re-run are kept
     kept = json.loads(results_path.read_text()) if results_path.exists() else []
-    results = [r for r in kept if r["n"] not in sizes]
+    # --resume (after a killed run): keep the run folder and the rows of the stages it already measured with the
+    # same settings; the stage that was cut off starts again from nothing, so its seconds are a whole stage's
+    done = {(r["n"], r["stage"]) for r in kept if resume and r.get("settings") == list(extra)}
+    results = [r for r in kept if r["n"] not in sizes or (r["n"], r["stage"]) in done]
     stages = load_stages()
     with prefect_test_harness(server_startup_timeout=120):
         import prefect.settings
@@ -116,10 +120,15 @@ def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: boo
         for n in sizes:
             run, corpus = f"scale-{n}", synthetic_corpus(n, out / "corpora" / f"{n}.txt")
             sets = [*STANDIN_SETTINGS, f"run.root={out}", *extra]
-            shutil.rmtree(out / run, ignore_errors=True)
+            if not resume:
+                shutil.rmtree(out / run, ignore_errors=True)
             shards = configure("default", run, str(corpus), sets).run.shards
             print(f"scale n={n:,}: {shards} shards", flush=True)
             for name, spec in stages.items():
+                if (n, name) in done:
+                    continue
+                for table in spec.writes:  # a stage cut off mid-way: measure it whole, not its last shards
+                    shutil.rmtree(out / run / table, ignore_errors=True)
                 child_s, rss = run_stage(name, run, corpus, sets, env, out / f"{run}.log")
                 manifest = Store(out / run).manifest(spec.writes[0])
                 row = {"n": n, "stage": name, "settings": list(extra), "seconds": round(manifest["wall_seconds_last_run"], 2),
@@ -130,6 +139,8 @@ def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: boo
                 print(f"  {name:14s} {row['seconds']:9.1f} s  (process {child_s:7.1f} s)  peak RSS {rss:6,} MB  "
                       f"rows {sum(manifest['rows'].values()):,}", flush=True)
             for tables in READER_TABLES:  # what `make train` holds in memory before its first step
+                if (n, "train-reader:" + "+".join(tables)) in done:
+                    continue
                 row = {"n": n, "stage": "train-reader:" + "+".join(tables), "shards": shards,
                        **reader_cost(out / run, tables, env, out / f"{run}.log")}
                 results.append(row)
@@ -187,13 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the run folders")
     ap.add_argument("--set", nargs="*", default=[], help="more config overrides, e.g. neighbours.pool_size=32")
     ap.add_argument("--largest-first", action="store_true", help="run N first (results of other sizes are kept)")
+    ap.add_argument("--resume", action="store_true", help="after a killed run: skip the (size, stage) rows measured")
     ap.add_argument("--table", action="store_true", help="print the Markdown table of OUT/results.json and stop")
     a = ap.parse_args(argv)
     if a.table:
         print(markdown_table(json.loads((a.out / "results.json").read_text())))
         return 0
     sizes = sorted({max(1, a.n >> k) for k in range(a.steps)}, reverse=a.largest_first)
-    simulate(sizes, a.out, a.set, a.keep)
+    simulate(sizes, a.out, a.set, a.keep, a.resume)
     return 0
 
 

@@ -221,6 +221,26 @@ class BacktranslateCfg(Section):
     # take a >>code<< token, M2M100 / NLLB a language code; a model that needs one and has none stops the run.
     target_lang: dict[str, str] = {}
     source_lang: dict[str, str] = {}
+    # Which library generates (pipeline/models/ct2.py): "hf" (transformers generate), "ctranslate2" (every model
+    # converted on first use; refused for architectures its converter lacks, e.g. FSMT/wmt19), or "auto"
+    # (CTranslate2 where the model converts — Marian/opus-mt, M2M100, NLLB — and HF otherwise).
+    engine: Literal["hf", "ctranslate2", "auto"] = "hf"
+    # CTranslate2's weights and arithmetic: "auto" = int8 on CPU, float16 on a GPU.
+    compute_type: Literal["auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16", "bfloat16",
+                          "float32"] = "auto"
+    # CTranslate2 only: > 0 batches by this many source tokens (batch_type="tokens") instead of batch_size rows.
+    batch_tokens: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _engine_settings(self):
+        if self.engine == "hf" and (self.compute_type != "auto" or self.batch_tokens):
+            raise ValueError("backtranslate.compute_type / batch_tokens are CTranslate2 settings and engine = 'hf': "
+                             "set backtranslate.engine = 'ctranslate2' or 'auto' (the HF engine's is `dtype`)")
+        if self.engine == "ctranslate2" and self.do_sample:
+            raise ValueError("backtranslate.do_sample with engine = 'ctranslate2': its sampler draws from per-thread "
+                             "generators that per-row seeds cannot reach, so rows would not be reproducible; use "
+                             "engine = 'hf' (or 'auto', which samples with HF) for sampling")
+        return self
 
     @model_validator(mode="after")
     def _global_variants(self):

@@ -29,6 +29,7 @@ SIZE = dict(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_he
             attention_dropout=0.0, activation_dropout=0.0)
 INIT_STD = 0.3  # default 0.02 gives near-uniform logits, where float noise between batchings decides argmax
 EOS_BIAS = 5.0  # so random models stop by themselves (the length limit is the backstop)
+MARIAN_EOS_BIAS = 3.0  # Marian's first step starts from a zero embedding: at 5.0 most outputs would be empty
 
 
 def corpus_lines(n: int = 400) -> list[str]:
@@ -99,7 +100,8 @@ def build_tiny_marian(out_dir: str | Path, seed: int = 0, vocab_size: int = 400,
     model = MarianMTModel(config)
     _randomise(model, seed)
     with torch.no_grad():
-        model.final_logits_bias[0, eos] = EOS_BIAS
+        model.final_logits_bias[0, eos] = MARIAN_EOS_BIAS
+        model.model.shared.weight[pad] = 0.0  # as in opus-mt: the decoder starts from <pad>'s zero embedding
     model.generation_config = GenerationConfig(decoder_start_token_id=pad, eos_token_id=eos, pad_token_id=pad,
                                                bad_words_ids=[[pad]], max_new_tokens=16, num_beams=1)
     model.eval().save_pretrained(out)

@@ -61,6 +61,33 @@ def target_language_problem(name: str, path: str | Path, cfg: BacktranslateCfg) 
     return None
 
 
+def row_limit(n_tokens: int, cfg: BacktranslateCfg) -> int:
+    """A row's length cap in generated tokens (a language token the decoder must start with counts)."""
+    return min(cfg.max_length, max(cfg.max_new_tokens_min, math.ceil(cfg.max_new_tokens_factor * n_tokens)))
+
+
+def language_settings(name: str, tok, cfg: BacktranslateCfg, model_type: str | None) -> tuple[str, str | None]:
+    """(text put before every input, token the decoder must start with) for model `name`: a multi-target Marian
+    model reads a >>code<< prefix, M2M100 / NLLB start their output with the target language's token. Sets the
+    tokenizer's source language where the model has one."""
+    tgt, src = cfg.target_lang.get(name), cfg.source_lang.get(name)
+    if src is not None and hasattr(tok, "src_lang"):
+        tok.src_lang = src  # M2M100 / NLLB put the source code in front of the input
+    if tgt is None:
+        if model_type in NEEDS_TARGET or getattr(tok, "supported_language_codes", None):
+            raise ValueError(f"backtranslate.target_lang has no entry for multilingual model {name!r}")
+        return "", None
+    if getattr(tok, "supported_language_codes", None):  # multi-target Marian: a >>code<< prefix token
+        return (tgt if tgt.startswith(">>") else f">>{tgt}<<") + " ", None
+    try:
+        tid = tok.get_lang_id(tgt) if hasattr(tok, "get_lang_id") else tok.convert_tokens_to_ids(tgt)
+    except KeyError:
+        tid = None
+    if tid is None or tid == tok.unk_token_id:
+        raise ValueError(f"backtranslate.target_lang {tgt!r} is not a language token of {name!r}")
+    return "", tok.convert_ids_to_tokens(tid)
+
+
 class GumbelSampler(LogitsProcessor):
     """Exact sampling from softmax(scores) as argmax(scores + Gumbel noise), the noise of score row r at decoding
     step t drawn from a CPU generator seeded by (seeds[r], t): independent of batch composition and device."""
@@ -116,45 +143,27 @@ class Translator:
         self.pad_id = pad if pad is not None else self.eos_id
 
     def _set_languages(self) -> None:
-        tgt, src = self.cfg.target_lang.get(self.name), self.cfg.source_lang.get(self.name)
-        tok = self.tokenizer
-        if src is not None and hasattr(tok, "src_lang"):
-            tok.src_lang = src  # M2M100 / NLLB put the source code in front of the input
-        if tgt is None:
-            if self.model.config.model_type in NEEDS_TARGET or getattr(tok, "supported_language_codes", None):
-                raise ValueError(f"backtranslate.target_lang has no entry for multilingual model {self.name!r}")
-            return
-        if getattr(tok, "supported_language_codes", None):  # multi-target Marian: a >>code<< prefix token
-            self.prefix = (tgt if tgt.startswith(">>") else f">>{tgt}<<") + " "
-            return
-        try:
-            tid = tok.get_lang_id(tgt) if hasattr(tok, "get_lang_id") else tok.convert_tokens_to_ids(tgt)
-        except KeyError:
-            tid = None
-        if tid is None or tid == tok.unk_token_id:
-            raise ValueError(f"backtranslate.target_lang {tgt!r} is not a language token of {self.name!r}")
-        self.gen.forced_bos_token_id = tid
-
-    def _limit(self, n_tokens: int) -> int:
-        c = self.cfg
-        return min(c.max_length, max(c.max_new_tokens_min, math.ceil(c.max_new_tokens_factor * n_tokens)))
+        self.prefix, target = language_settings(self.name, self.tokenizer, self.cfg, self.model.config.model_type)
+        if target is not None:
+            self.gen.forced_bos_token_id = self.tokenizer.convert_tokens_to_ids(target)
 
     def translate(self, texts: list[str], seeds: list[int] | None = None, progress: bool = False,
                   num_return_sequences: int | None = None) -> list[list[str]]:
-        """num_return_sequences (default: the config's) translations per text, in input order."""
+        """num_return_sequences (default: the config's) translations per text, in input order. An empty text
+        translates to empty texts (generate would otherwise invent a sentence from a lone </s>)."""
         c, k = self.cfg, num_return_sequences or self.cfg.num_return_sequences
         if not texts:
             return []
         if seeds is None:  # the text itself seeds its row: still independent of batching
             seeds = [row_seed(0, "translate-text", t) for t in texts]
         ids = self.tokenizer([self.prefix + t for t in texts], truncation=True, max_length=c.max_length)["input_ids"]
-        order = sorted(range(len(texts)), key=lambda i: (-len(ids[i]), i))  # longest first: little padding
-        out: list[list[str] | None] = [None] * len(texts)
+        out: list[list[str] | None] = [[""] * k if not t.strip() else None for t in texts]  # nothing to translate
+        order = sorted((i for i in range(len(texts)) if out[i] is None), key=lambda i: (-len(ids[i]), i))
         bar = None
         if progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(texts), desc=f"translate {chain_name([self.name])}", unit="sent")
+            bar = tqdm(total=len(order), desc=f"translate {chain_name([self.name])}", unit="sent")
         for b in range(0, len(order), c.batch_size):
             idx = order[b:b + c.batch_size]
             for i, hyps in zip(idx, self._generate([ids[i] for i in idx], [seeds[i] for i in idx], k)):
@@ -172,7 +181,7 @@ class Translator:
         mask = torch.zeros((len(batch), width), dtype=torch.long)
         for r, x in enumerate(batch):
             input_ids[r, :len(x)], mask[r, :len(x)] = torch.tensor(x), 1
-        limits = [self._limit(len(x)) for x in batch]
+        limits = [row_limit(len(x), c) for x in batch]
         gen = copy.deepcopy(self.gen)
         # one step past the longest cap: every row, the longest too, then ends on the eos we force, so beam scores
         # (which count that eos) do not depend on whether the row was the longest of its batch
@@ -206,6 +215,10 @@ def load_translator(name: str, cfg: BacktranslateCfg) -> Translator:
         return StandInTranslator(name, cfg.num_return_sequences)  # same interface, no weights: `make scale`
     path = resolve_model(name, "translation model")
     device = pick_device(cfg.device)
+    from pipeline.models.ct2 import engine_for, load_ct2_translator
+
+    if engine_for(name, path, cfg) == "ctranslate2":
+        return load_ct2_translator(name, path, cfg, device)
     dtype = resolve_dtype(cfg.dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForSeq2SeqLM.from_pretrained(path, dtype=dtype).to(device).eval()

@@ -25,10 +25,11 @@ from pipeline.schema import SCHEMAS
 
 @functools.cache
 def _availability(bt_json: str) -> tuple[tuple[str, ...], tuple[tuple[str, str, str], ...]]:
+    from pipeline.models.ct2 import engine_for
     from pipeline.models.translator import target_language_problem
 
     bt = BacktranslateCfg.model_validate_json(bt_json)
-    used, skipped = [], []
+    used, skipped, engines = [], [], []
     for chain in bt.chains:
         problem = None
         for model in chain.models:
@@ -40,19 +41,33 @@ def _availability(bt_json: str) -> tuple[tuple[str, ...], tuple[tuple[str, str, 
             language = target_language_problem(model, path, bt)
             if language is not None:
                 raise ConfigError(language)
+            try:
+                engines.append((model, engine_for(model, path, bt)))
+            except ValueError as e:  # engine = "ctranslate2" with a model its converter lacks
+                raise ConfigError(str(e)) from None
         if problem is None:
             used.append(chain.name)
         elif bt.fallback:
             skipped.append((chain.name, *problem))
         else:
             raise ModelUnavailable(problem[1])
-    return tuple(used), tuple(skipped)
+    return tuple(used), tuple(skipped), tuple(dict(engines).items())
 
 
 def available_chains(cfg) -> tuple[list[str], list[dict]]:
     """(names of chains that will run, [{chain, model, reason}] of skipped ones); raises without fallback."""
-    used, skipped = _availability(cfg.backtranslate.model_dump_json())
+    used, skipped, _ = _availability(cfg.backtranslate.model_dump_json())
     return list(used), [{"chain": c, "model": m, "reason": r} for c, m, r in skipped]
+
+
+def model_engines(cfg) -> dict[str, str]:
+    """model -> "hf" or "ctranslate2:<compute type>", for every model of a chain that runs."""
+    from pipeline.models.ct2 import resolve_compute_type
+
+    used, _, engines = _availability(cfg.backtranslate.model_dump_json())
+    models = {m for c in cfg.backtranslate.chains if c.name in used for m in c.models}
+    compute = resolve_compute_type(cfg.backtranslate.compute_type, pick_device(cfg.backtranslate.device))
+    return {m: e if e == "hf" else f"{e}:{compute}" for m, e in sorted(engines) if m in models}
 
 
 def positive_sources(cfg) -> list[str]:
@@ -68,6 +83,15 @@ def generator_notes(cfg) -> list[str]:
     used, skipped = available_chains(cfg)
     notes = [f"backtranslate: cannot load {s['model']} (not available here) → chain {s['chain']} skipped"
              for s in skipped]
+    engines = model_engines(cfg)
+    on_ct2 = [m for m, e in engines.items() if e != "hf"]
+    on_hf = [m for m, e in engines.items() if e == "hf"]
+    if cfg.backtranslate.engine != "hf" and on_ct2:
+        notes.append(f"backtranslate: {', '.join(on_ct2)} on CTranslate2 ({engines[on_ct2[0]].split(':', 1)[1]})")
+    if cfg.backtranslate.engine != "hf" and on_hf:
+        why = "sampling needs per-row seeds" if cfg.backtranslate.do_sample else \
+            "CTranslate2 does not convert its architecture"
+        notes.append(f"backtranslate: {', '.join(on_hf)} on Hugging Face generate ({why})")
     chains = cfg.backtranslate.chains
     pos_chains = [c.name for c in cfg.backtranslate.chains_for("positives") if c.name in used]
     para_chains = [c.name for c in cfg.backtranslate.chains_for("paraphrases") if c.name in used]
@@ -127,8 +151,10 @@ def generation_facts(cfg) -> str:
     device = pick_device(cfg.backtranslate.device)
     dtype = str(resolve_dtype(cfg.backtranslate.dtype, device)).removeprefix("torch.")
     files = ",".join(f"{m}={model_fingerprint(resolve_model(m, 'translation model'))}" for m in models)
+    engines = model_engines(cfg)
+    on_ct2 = any(e != "hf" for e in engines.values())
     return (f"chains:{json.dumps(used)};models={files};device={device.split(':')[0]};dtype={dtype};"
-            f"{package_versions('torch', 'transformers')}")
+            f"engines={json.dumps(engines)};{package_versions('torch', 'transformers', *(['ctranslate2'] * on_ct2))}")
 
 
 def chains_manifest(cfg, store, n: int) -> dict:

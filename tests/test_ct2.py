@@ -1,0 +1,156 @@
+"""The CTranslate2 engine (`backtranslate.engine`): conversion offline from a local folder, cached and atomic; the
+same texts as HF generate where that holds (float32 greedy), int8 running; the engine switch recomputing shards."""
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+
+from pipeline.config import BacktranslateCfg, ConfigError, load_config
+from pipeline.engine.runner import run_shard
+from pipeline.engine.store import Store
+from pipeline.models import ct2
+from pipeline.models.translator import backtranslate, chain_name, load_chain, load_translator
+from pipeline.schema import SCHEMAS
+from pipeline.stages.backtranslate import generation_facts, generator_notes
+from tests.tiny_mt import build_tiny_fsmt, build_tiny_m2m100, build_tiny_marian, corpus_lines
+
+SMALL = dict(max_new_tokens_factor=1.0, max_new_tokens_min=4, max_length=48)
+LINES = corpus_lines(400)[:300]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny_ct2")
+    return {"en-xx": str(build_tiny_marian(out / "marian-en-xx", seed=1)),
+            "xx-en": str(build_tiny_marian(out / "marian-xx-en", seed=2)),
+            "m2m": str(build_tiny_m2m100(out / "m2m100", seed=4)),
+            "fsmt": str(build_tiny_fsmt(out / "fsmt", seed=3))}
+
+
+@pytest.fixture(autouse=True)
+def hf_cache(tmp_path_factory, monkeypatch):
+    """Conversions go beside the HF cache: one per module, never the user's."""
+    cache = tmp_path_factory.getbasetemp() / "hf" / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    return cache.parent / "ctranslate2"
+
+
+def cfg(**kw) -> BacktranslateCfg:
+    return BacktranslateCfg(**{**SMALL, "batch_size": 64, **kw})
+
+
+def test_float32_greedy_equals_hf_token_for_token(tiny):
+    hf = load_translator(tiny["en-xx"], cfg()).translate(LINES)
+    fast = load_translator(tiny["en-xx"], cfg(engine="ctranslate2", compute_type="float32"))
+    assert isinstance(fast, ct2.CT2Translator)
+    assert fast.translate(LINES) == hf
+    assert len({h[0] for h in hf}) > 50, "outputs should depend on the input, else equality says little"
+    # any batch composition: alone, in small batches, reversed
+    assert [fast.translate([s])[0] for s in LINES[:40]] == hf[:40]
+    assert load_translator(tiny["en-xx"], cfg(engine="ctranslate2", compute_type="float32", batch_size=3,
+                                              )).translate(LINES[::-1]) == hf[::-1]
+    assert load_translator(tiny["en-xx"], cfg(engine="ctranslate2", compute_type="float32", batch_tokens=256,
+                                              )).translate(LINES) == hf
+
+
+def test_empty_text_translates_to_empty_on_both_engines(tiny):
+    """CTranslate2 decodes nothing from an empty source; HF would invent a sentence from a lone </s>: both give ''."""
+    texts = ["", LINES[0], "   ", LINES[1]]
+    for engine in (cfg(num_beams=2, num_return_sequences=2), cfg(engine="ctranslate2", compute_type="float32",
+                                                                   num_beams=2, num_return_sequences=2)):
+        out = load_translator(tiny["en-xx"], engine).translate(texts)
+        assert out[0] == out[2] == ["", ""] and all(out[1]) and all(out[3])
+
+
+def test_m2m100_with_language_codes_equals_hf(tiny):
+    langs = dict(target_lang={tiny["m2m"]: "de"}, source_lang={tiny["m2m"]: "en"})
+    hf = load_translator(tiny["m2m"], cfg(**langs)).translate(LINES)
+    fast = load_translator(tiny["m2m"], cfg(engine="ctranslate2", compute_type="float32", **langs))
+    assert fast.target_prefix == ["__de__"] and fast.translate(LINES) == hf
+    with pytest.raises(ValueError, match="target_lang has no entry"):
+        load_translator(tiny["m2m"], cfg(engine="ctranslate2", compute_type="float32"))
+
+
+def test_beam_returns_and_int8(tiny):
+    beams = load_translator(tiny["en-xx"], cfg(engine="ctranslate2", compute_type="float32", num_beams=3,
+                                               num_return_sequences=2)).translate(LINES[:50])
+    assert all(len(h) == 2 for h in beams) and sum(a != b for a, b in beams) > 10
+    int8 = load_translator(tiny["en-xx"], cfg(engine="ctranslate2"))  # compute_type auto: int8 on CPU
+    assert int8.compute_type == "int8"
+    first = int8.translate(LINES)
+    assert first == int8.translate(LINES) and len({h[0] for h in first}) > 50  # repeatable, and real output
+    assert [int8.translate([s])[0] for s in LINES[:40]] == first[:40]  # int8 on CPU: per row, not per batch
+
+
+def test_backtranslate_table_is_the_hf_table(tiny):
+    rows = [(10 + i, 0, s) for i, s in enumerate(LINES[:80])]
+    names = [tiny["en-xx"], tiny["xx-en"]]
+    hf = backtranslate(rows, chain_name(names), load_chain(names, cfg()))
+    fast = backtranslate(rows, chain_name(names), load_chain(names, cfg(engine="ctranslate2",
+                                                                        compute_type="float32")))
+    assert fast.equals(hf)
+
+
+def test_conversion_is_cached_atomic_and_redone_when_killed(tiny, hf_cache, monkeypatch, capsys):
+    path = tiny["xx-en"]
+    final = ct2.converted_dir(path, path, "int8_float32")
+    assert final.parent == hf_cache and not final.exists()
+    import ctranslate2.converters
+
+    original = ctranslate2.converters.TransformersConverter.convert
+
+    def killed(self, output_dir, **kw):  # writes part of a model, then dies
+        os.makedirs(output_dir)
+        open(os.path.join(output_dir, "model.bin"), "wb").write(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ctranslate2.converters.TransformersConverter, "convert", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ct2.convert(path, path, "int8_float32")
+    assert not final.exists() and not list(hf_cache.glob(".tmp-*"))
+    stale = hf_cache / f".tmp-{final.name}-999999999" / "model"  # a kill -9 leaves its temporary folder
+    stale.mkdir(parents=True)
+    monkeypatch.setattr(ctranslate2.converters.TransformersConverter, "convert", original)
+    assert ct2.convert(path, path, "int8_float32") == final and (final / "model.bin").stat().st_size > 1000
+    assert not stale.parent.exists()
+    assert "converting translation model" in capsys.readouterr().err
+    mtime = (final / "model.bin").stat().st_mtime_ns
+    assert ct2.convert(path, path, "int8_float32") == final and (final / "model.bin").stat().st_mtime_ns == mtime
+
+
+def test_engine_settings_that_cannot_work_are_refused(tiny):
+    with pytest.raises(ConfigError, match="do_sample with engine = 'ctranslate2'"):
+        load_config("default", ["backtranslate.engine=ctranslate2", "backtranslate.do_sample=true"])
+    with pytest.raises(ConfigError, match="CTranslate2 settings and engine = 'hf'"):
+        load_config("default", ["backtranslate.compute_type=int8"])
+    fsmt_chain = f'backtranslate.chains=[["{tiny["en-xx"]}", "{tiny["fsmt"]}"]]'
+    strict = load_config("default", [fsmt_chain, "backtranslate.engine=ctranslate2"])
+    with pytest.raises(ConfigError, match=r"fsmt.*cannot be converted by CTranslate2.*engine = 'auto'"):
+        generator_notes(strict)
+    notes = " ".join(generator_notes(load_config("default", [fsmt_chain, "backtranslate.engine=auto"])))
+    assert f"{tiny['en-xx']} on CTranslate2 (int8)" in notes
+    assert f"{tiny['fsmt']} on Hugging Face generate (CTranslate2 does not convert" in notes
+
+
+def test_engine_switch_recomputes_the_shards(tiny, tmp_path):
+    store = Store(tmp_path / "r")
+    sids = list(range(30))
+    store.write_shard("sentences", 0, 1, pa.table({"sid": sids, "text": LINES[:30], "n_words": [5] * 30,
+                                                   "line_no": sids}, schema=SCHEMAS["sentences"]), "k")
+    store.write_shard("variants", 0, 1, SCHEMAS["variants"].empty_table(), "k")
+    base = [f"run.root={tmp_path}", "run.name=r", "run.shards=1", *(f"backtranslate.{k}={v}" for k, v in SMALL.items()),
+            f'backtranslate.chains=[["{tiny["en-xx"]}", "{tiny["xx-en"]}"]]']
+    runs = {e: load_config("default", [*base, *e]) for e in
+            [(), ("backtranslate.engine=ctranslate2", "backtranslate.compute_type=float32"),
+             ("backtranslate.engine=ctranslate2",)]}
+    facts = [generation_facts(c) for c in runs.values()]
+    assert '"ctranslate2:float32"' in facts[1] and '"ctranslate2:int8"' in facts[2] and "ctranslate2=" in facts[2]
+    tables = []
+    for c in runs.values():
+        assert run_shard("backtranslate", c, 0)["cached"] is False  # never the other engine's shard
+        tables.append(store.read("backtranslations", 1))
+    assert tables[0].equals(tables[1])  # float32 greedy: the same bytes either way
+    assert run_shard("backtranslate", runs[()], 0)["cached"] is False  # the hf shard was replaced: computed again
+    assert run_shard("backtranslate", runs[()], 0)["cached"] is True
