@@ -134,6 +134,9 @@ def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: boo
                 row = {"n": n, "stage": name, "settings": list(extra), "seconds": round(manifest["wall_seconds_last_run"], 2),
                        "child_seconds": round(child_s, 2), "peak_rss_mb": rss, "shards": shards,
                        "rows": manifest["rows"]}
+                recalls = [v for k, v in manifest.items() if k.startswith("recall_shard_")]
+                if recalls:  # an approximate index (IVF past ivf_threshold on a CPU): its sampled recall
+                    row["min_recall"] = round(min(recalls), 4)
                 results.append(row)
                 results_path.write_text(json.dumps(results, indent=1))
                 print(f"  {name:14s} {row['seconds']:9.1f} s  (process {child_s:7.1f} s)  peak RSS {rss:6,} MB  "

@@ -2,6 +2,7 @@
 corpus. The typed sections themselves are in config.py, which re-exports everything here."""
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -31,12 +32,36 @@ def split_overrides(text: str) -> list[str]:
     return [s.strip() for s in out if s.strip()]
 
 
+def _toml(raw: str):
+    return tomllib.loads(f"v = {raw}")["v"]
+
+
+def _quote_bare_words(raw: str) -> str:
+    """`[[/models/en-xx, org/model]]` -> `[["/models/en-xx", "org/model"]]`: paths and hub ids typed in a list
+    without TOML's quotes (numbers and booleans stay what they are)."""
+    def quote(m: re.Match) -> str:
+        word = m.group(2)
+        try:
+            _toml(word)
+            return m.group(0)
+        except tomllib.TOMLDecodeError:
+            return m.group(1) + json.dumps(word)
+    return re.sub(r"""(^|[\[,]\s*)([^\s\[\]{},"'=]+)(?=\s*[\],])""", quote, raw)
+
+
 def _parse_value(raw: str):
-    """`key=value` values are TOML when they parse as TOML (numbers, booleans, lists), else plain strings."""
+    """`key=value` values are TOML when they parse as TOML (numbers, booleans, lists; unquoted words in a list are
+    strings), else plain strings."""
     try:
-        return tomllib.loads(f"v = {raw}")["v"]
+        return _toml(raw)
     except tomllib.TOMLDecodeError:
-        return raw
+        pass
+    if raw.lstrip().startswith("["):
+        try:
+            return _toml(_quote_bare_words(raw))
+        except tomllib.TOMLDecodeError:
+            pass
+    return raw
 
 
 def _set_dotted(tree: dict, dotted: str, value) -> None:

@@ -66,7 +66,11 @@ def test_model_files_are_part_of_the_key(tmp_path):
     shutil.copytree(path, tmp_path / "copy")  # the same files elsewhere: the same key
     assert extra_key(STAGES["embeddings"], load_config("default", OFFLINE + [f"encoder.model={tmp_path / 'copy'}"])) \
         == first
-    build_tiny_bert(path, seed=2, dropout=0.2)  # other weights and config in the same folder
+    sizes = sorted((f.name, f.stat().st_size) for f in path.iterdir())
+    config = (path / "config.json").read_text()
+    build_tiny_bert(path, seed=2)  # retrained and saved in place: other weights, same config and file sizes
+    assert sorted((f.name, f.stat().st_size) for f in path.iterdir()) == sizes
+    assert (path / "config.json").read_text() == config
     models.clear_cache()
     assert extra_key(STAGES["embeddings"], cfg) != first
     assert models.model_fingerprint(tmp_path / "hf" / "models--org--m" / "snapshots" / ("a" * 40)) == f"hub:org/m@{'a' * 40}"

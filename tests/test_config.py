@@ -56,3 +56,18 @@ def test_set_splits_between_keys_never_inside_a_toml_value():
                                      'c.d="p q=r"', "e.f=[1, 2]"]
     cfg = load_config("default", split_overrides('backtranslate.chains=[{models=["m1", "m2"], role="paraphrases"}]'))
     assert cfg.backtranslate.chains[0].role == "paraphrases" and cfg.backtranslate.chains[0].models == ["m1", "m2"]
+
+
+def test_unquoted_paths_and_hub_ids_in_a_list_are_strings():
+    """`SET="backtranslate.chains=[[/models/en-xx,/models/xx-en]]"` as a shell user types it, without TOML's quotes."""
+    from pipeline.config import split_overrides
+
+    cfg = load_config("default", split_overrides(
+        "backtranslate.chains=[[/m/en-xx,/m/xx-en],[Helsinki-NLP/opus-mt-en-de, Helsinki-NLP/opus-mt-de-en]] "
+        "scores.positives=[noise]"))
+    assert [c.models for c in cfg.backtranslate.chains] == [["/m/en-xx", "/m/xx-en"],
+                                                            ["Helsinki-NLP/opus-mt-en-de", "Helsinki-NLP/opus-mt-de-en"]]
+    assert cfg.scores.positives == ["noise"]
+    assert load_config("default", ["neighbours.lo=0.2"]).neighbours.lo == 0.2  # numbers stay numbers
+    with pytest.raises(ConfigError, match="neighbours.pool_size"):
+        load_config("default", ["neighbours.pool_size=[a, b]"])

@@ -120,6 +120,23 @@ def test_conversion_is_cached_atomic_and_redone_when_killed(tiny, hf_cache, monk
     assert ct2.convert(path, path, "int8_float32") == final and (final / "model.bin").stat().st_mtime_ns == mtime
 
 
+def test_weights_saved_again_in_the_same_folder_convert_again(tmp_path, hf_cache):
+    """Same file names and sizes, new weights (a model retrained and saved in place): the old conversion is not used."""
+    import shutil
+
+    folder = tmp_path / "my-opus-mt"
+    shutil.copytree(build_tiny_marian(tmp_path / "a", seed=1), folder)
+    first = ct2.convert(str(folder), folder, "float32")
+    other = build_tiny_marian(tmp_path / "b", seed=5)
+    for f in ("model.safetensors",):
+        shutil.copyfile(other / f, folder / f)
+    assert (folder / "model.safetensors").stat().st_size == (tmp_path / "a" / "model.safetensors").stat().st_size
+    second = ct2.convert(str(folder), folder, "float32")
+    assert second != first and (second / "model.bin").read_bytes() != (first / "model.bin").read_bytes()
+    want = load_translator(str(other), cfg()).translate(LINES[:20])
+    assert load_translator(str(folder), cfg(engine="ctranslate2", compute_type="float32")).translate(LINES[:20]) == want
+
+
 def test_engine_settings_that_cannot_work_are_refused(tiny):
     with pytest.raises(ConfigError, match="do_sample with engine = 'ctranslate2'"):
         load_config("default", ["backtranslate.engine=ctranslate2", "backtranslate.do_sample=true"])

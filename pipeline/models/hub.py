@@ -252,9 +252,17 @@ def _download(name: str, what: str, endpoint: str, cache: Path) -> Path:
     return folder
 
 
+@functools.lru_cache(maxsize=256)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
+
+
 def model_fingerprint(path: str | Path) -> str:
     """What identifies a resolved model's files, for cache keys: the hub commit for a cache snapshot, else a hash
-    of config.json and the weight files' names and sizes (cheap, and stable when a folder is copied)."""
+    of every file's name and bytes: stable when a folder is copied, and new when weights are saved again into the
+    same folder (a retrained encoder keeps its file sizes). Each file is read once per process and version
+    (~1 s per GB)."""
     if is_standin(str(path)):
         return str(path)
     path = Path(path)
@@ -263,8 +271,9 @@ def model_fingerprint(path: str | Path) -> str:
     h = hashlib.blake2b(digest_size=12)
     for p in sorted(path.rglob("*")):
         if p.is_file():
-            rel = p.relative_to(path).as_posix()
-            h.update(rel.encode() + b"\0" + (p.read_bytes() if p.suffix == ".json" else str(p.stat().st_size).encode()))
+            st = p.stat()
+            h.update(p.relative_to(path).as_posix().encode() + b"\0" + _file_digest(str(p), st.st_size,
+                                                                                     st.st_mtime_ns).encode())
     return f"dir:{h.hexdigest()}"
 
 
