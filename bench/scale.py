@@ -64,8 +64,9 @@ def synthetic_corpus(n: int, dst: Path, seed: int = 0) -> Path:
     return dst
 
 
-def run_stage(stage: str, run: str, corpus: Path, sets: list[str], env: dict, log: Path) -> tuple[float, int]:
-    """One stage as its own process: (wall seconds, peak RSS in MB)."""
+def run_stage(stage: str, run: str, corpus: Path, sets: list[str], env: dict, log: Path) -> tuple[float, int, float]:
+    """One stage as its own process: (wall seconds, peak RSS in MB, CPU seconds of the process and its workers).
+    CPU seconds hardly move when something else shares the cores; wall seconds do (2x under a second job)."""
     cmd = [sys.executable, "-m", "flows.cli", "stage", stage, "--run", run, "--corpus", str(corpus), "--set", *sets]
     with open(log, "ab") as f:
         t0 = time.perf_counter()
@@ -73,7 +74,7 @@ def run_stage(stage: str, run: str, corpus: Path, sets: list[str], env: dict, lo
         _, status, usage = os.wait4(child.pid, 0)
     if os.waitstatus_to_exitcode(status):
         raise RuntimeError(f"stage {stage} at {run} failed; see {log}")
-    return time.perf_counter() - t0, round(usage.ru_maxrss / 1024)
+    return time.perf_counter() - t0, round(usage.ru_maxrss / 1024), usage.ru_utime + usage.ru_stime
 
 
 READER_TABLES = [("pairs",), ("sentences", "triplets")]  # DebCSE's rows; OssCSE's (SimCSE's are a subset)
@@ -129,11 +130,13 @@ def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: boo
                     continue
                 for table in spec.writes:  # a stage cut off mid-way: measure it whole, not its last shards
                     shutil.rmtree(out / run / table, ignore_errors=True)
-                child_s, rss = run_stage(name, run, corpus, sets, env, out / f"{run}.log")
+                load = os.getloadavg()[0]
+                child_s, rss, cpu_s = run_stage(name, run, corpus, sets, env, out / f"{run}.log")
                 manifest = Store(out / run).manifest(spec.writes[0])
                 row = {"n": n, "stage": name, "settings": list(extra), "seconds": round(manifest["wall_seconds_last_run"], 2),
-                       "child_seconds": round(child_s, 2), "peak_rss_mb": rss, "shards": shards,
-                       "rows": manifest["rows"]}
+                       "child_seconds": round(child_s, 2), "cpu_seconds": round(cpu_s, 1),
+                       "shard_seconds": manifest.get("seconds"), "peak_rss_mb": rss, "shards": shards,
+                       "rows": manifest["rows"], "load_before_after": [round(load, 2), round(os.getloadavg()[0], 2)]}
                 recalls = [v for k, v in manifest.items() if k.startswith("recall_shard_")]
                 if recalls:  # an approximate index (IVF past ivf_threshold on a CPU): its sampled recall
                     row["min_recall"] = round(min(recalls), 4)
@@ -144,7 +147,7 @@ def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: boo
             for tables in READER_TABLES:  # what `make train` holds in memory before its first step
                 if (n, "train-reader:" + "+".join(tables)) in done:
                     continue
-                row = {"n": n, "stage": "train-reader:" + "+".join(tables), "shards": shards,
+                row = {"n": n, "stage": "train-reader:" + "+".join(tables), "settings": list(extra), "shards": shards,
                        **reader_cost(out / run, tables, env, out / f"{run}.log")}
                 results.append(row)
                 results_path.write_text(json.dumps(results, indent=1))
