@@ -190,7 +190,7 @@ def _ms(pair: tuple) -> str:
 
 def table_markdown(start: dict, summaries: dict, tests: dict, rows: dict, baseline: str) -> str:
     head = ["model", *STS_HEAD, "STS-B dev", "align", "uniform", "probe para / neg", "Cont. / Oppn.",
-            f"Δ STS-B vs {baseline} [95%], p", "inputs"]
+            f"Δ STS-B vs {baseline} [95% CI], P(Δ≤0)", "inputs"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 2) + "---|"]
     for name, s in [("start", start), *summaries.items()]:
         t = tests.get(name, {}).get("pooled")
@@ -216,7 +216,9 @@ def plots(rows: dict[str, list[dict]], start: dict, summaries: dict, out: Path) 
     for c, (name, runs) in enumerate(rows.items()):
         for k, r in enumerate(runs):
             if r["dev_curve"]:
-                steps, dev = zip(*r["dev_curve"])
+                # every run starts from the same model, so each curve begins at its dev score (step 0)
+                steps, dev = zip(*([[0, start["stsb_dev"][0]]] if start["stsb_dev"][0] is not None else [])
+                                 + r["dev_curve"])
                 ax.plot(steps, dev, color=colours[c % len(colours)], linestyle=["-", "--", ":", "-."][k % 4],
                         marker="o", markersize=3, label=f"{name} seed {r['seed']}")
     ax.set(xlabel="step", ylabel="STS-B dev Spearman ×100", title="dev score against step (one line per seed)")
@@ -281,11 +283,13 @@ def compare(profile: str, run: str | None, user_sets: list[str], objectives: lis
                          "start_model": start_model, "base_seed": base.train.seed},
               "start": start, "runs": rows, "summary": summaries, "start_summary": start_summary,
               "paired_bootstrap": tests, "baseline": cc.baseline, "table": table, "plots": pngs,
-              "wall_s": round(time.perf_counter() - t0, 1)}
+              "wall_s": round(time.perf_counter() - t0, 1),
+              # train + evaluate time of every run, whichever invocation ran it (reused runs keep theirs)
+              "runs_wall_s": round(sum(r["wall_s"] for rs in rows.values() for r in rs), 1)}
     atomic_write_json(out / "compare.json", report, indent=1)
     atomic_write_bytes(out / "table.md", (table + "\n").encode())
     print("\n" + table + f"\n\nwrote {out / 'compare.json'}, table.md, {', '.join(pngs)} "
-          f"({report['wall_s']:.0f} s this invocation)")
+          f"({report['wall_s']:.0f} s this invocation; {report['runs_wall_s']:.0f} s of training and evaluation in all)")
     return report
 
 
