@@ -35,7 +35,8 @@ class RunCfg(Section):
     shards: int = Field(4, ge=1, le=4096, description="sid-range shards every per-sentence table is split into "
                         "(at least; more when the corpus needs them, see max_shard_rows)")
     max_shard_rows: int = Field(100_000, ge=0, description="corpus lines per shard at most: a larger corpus gets "
-                                "ceil(lines / max_shard_rows) shards, so no shard's tables outgrow memory; 0 = off")
+                                "ceil(lines / max_shard_rows) shards (rounded up to a multiple of runner.workers), so no shard's "
+                                "tables outgrow memory; 0 = off")
 
     @property
     def dir(self) -> Path:

@@ -107,7 +107,10 @@ def configure(profile: str = "default", run: str | None = None, corpus: str | No
     cfg = load_config(profile, sets)
     needed = shards_for(cfg.data.corpus, cfg.run.max_shard_rows)
     if needed > cfg.run.shards:  # the shard count follows the corpus size; tables do not depend on it
-        cfg = load_config(profile, [*sets, f"run.shards={needed}"])
+        # whole rounds: with w workers, a count that is not a multiple of w leaves workers idle in the last round
+        # (5 shards on 2 workers take 3 rounds, as 6 would), so a stage's wall time would jump 2.4x per doubling
+        w = cfg.runner.workers
+        cfg = load_config(profile, [*sets, f"run.shards={-(-needed // w) * w}"])
     return cfg
 
 

@@ -51,6 +51,10 @@ def test_shard_count_follows_the_corpus_size(tmp_path):
     cfg = configure("default", "x", str(text), ["run.max_shard_rows=60"])
     assert cfg.run.shards == 5  # ceil(250 / 60); run.shards = 4 is the floor
     assert configure("default", "x", str(text), ["run.max_shard_rows=1000"]).run.shards == 4
+    # with several workers the count rounds up to whole rounds (5 shards on 2 workers would idle one of them)
+    assert configure("default", "x", str(text), ["run.max_shard_rows=60", "runner.workers=2"]).run.shards == 6
+    assert configure("default", "x", str(text), ["run.max_shard_rows=60", "runner.workers=5"]).run.shards == 5
+    assert configure("default", "x", str(text), ["run.max_shard_rows=1000", "runner.workers=3"]).run.shards == 4
     table = vectors_table(np.arange(7), np.zeros((7, 2), np.float32)).rename_columns(["text", "v"])
     pq.write_table(table.select(["text"]), tmp_path / "c.parquet")
     assert shards_for(tmp_path / "c.parquet", 2) == 4

@@ -159,6 +159,12 @@ class Store:
 
 def check_schema(table: str, data: pa.Table) -> None:
     """The contract's columns must be there with their types (extra columns are allowed)."""
+    if table not in SCHEMAS:  # a stage module declares its own tables (e.g. pool_embeddings): discover them
+        from pipeline.engine.runner import load_stages
+
+        load_stages()
+    if table not in SCHEMAS:
+        raise ValueError(f"table {table!r}: no stage declares it (known: {', '.join(sorted(SCHEMAS))})")
     want = SCHEMAS[table]
     missing = [n for n in want.names if n not in data.column_names]
     if missing:
