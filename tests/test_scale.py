@@ -200,8 +200,13 @@ def test_scale_report_growth_per_doubling():
     rows = [{"n": n, "stage": st, "seconds": s, "peak_rss_mb": m}
             for n, st, s, m in [(1000, "a", 2.0, 100), (2000, "a", 4.2, 120), (4000, "a", 8.0, 150),
                                 (1000, "b", 1.0, 90), (2000, "b", 4.0, 95), (4000, "b", 16.0, 99)]]
+    # a stage with nothing to do (the pool stages without data.candidates): its start-up times are not a growth
+    rows += [{"n": n, "stage": "idle", "seconds": s, "peak_rss_mb": 80, "rows": {"pool_sentences": 0}}
+             for n, s in [(1000, 0.05), (2000, 0.15), (4000, 0.07)]]
     g = growth(rows)
+    assert g["idle"]["per_doubling"] == [] and g["idle"]["idle"] and not g["a"]["idle"]
     assert g["a"]["per_doubling"] == [2.1, 1.9] and g["a"]["worst"] == 2.1 and g["a"]["peak_rss_mb"] == 150
     assert g["b"]["per_doubling"] == [4.0, 4.0]
     table = markdown_table(rows)
     assert "| a | 2.0 | 4.2 | 8.0 | 150 MB | 2.10, 1.90 |" in table and "| b |" in table
+    assert "| idle | 0.1 | 0.1 | 0.1 | 80 MB | — (wrote no rows at any size" in table
