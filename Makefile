@@ -31,6 +31,9 @@ OBJECTIVES ?=
 SEEDS   ?=
 FORMAT  ?= triplet
 N       ?= 1000000
+# `make test`: the suite in TEST_WORKERS pytest-xdist processes, whole files per process (a module's fixtures are
+# built once); TEST_WORKERS=0 runs it in this one process. PYTEST_ARGS adds to that.
+TEST_WORKERS ?= 2
 PYTEST_ARGS ?= -q
 
 # Everything passed on to the CLI, only when set.
@@ -87,7 +90,7 @@ scale: $(STAMP)
 	$(BIN)/python -m bench.scale --n $(N) $(if $(SET),--set $(SET))
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf artifacts

@@ -11,7 +11,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
-os.environ.setdefault("PREFECT_HOME", str(ROOT / "artifacts" / ".prefect-test"))
+# one Prefect home (its SQLite database) per pytest-xdist worker: two servers writing one database lock each other
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+os.environ.setdefault("PREFECT_HOME", str(ROOT / "artifacts" / (".prefect-test" + (f"-{_WORKER}" if _WORKER else ""))))
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"

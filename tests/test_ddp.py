@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from datetime import timedelta
 
 import numpy as np
@@ -99,6 +100,12 @@ def _worker(rank: int, init_file: str, out_dir: str):
             tdist.barrier()
     finally:
         tdist.destroy_process_group()
+    # Results are on disk: leave without the interpreter's teardown. A child forked from a pytest-xdist worker that
+    # ran other test files first inherits their state, and its teardown exited 1 with no message there (an error
+    # above still reaches the parent: torch.multiprocessing writes it to the error file before this line).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @pytest.fixture(scope="module")
