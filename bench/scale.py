@@ -219,12 +219,13 @@ def markdown_table(results: list[dict]) -> str:
     by = {(r["stage"], r["n"]): r for r in results}
     stages = list(dict.fromkeys(r["stage"] for r in results))
     g = growth(results)
-    head = ["stage", *(f"s at {n // 1000}k" for n in sizes), f"peak RSS at {sizes[-1] // 1000}k", "growth per doubling"]
+    head = ["stage", *(f"s at {n // 1000}k" for n in sizes), "peak RSS MB at " + " / ".join(f"{n // 1000}k" for n in sizes),
+            "growth per doubling"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for st in stages:
         secs = [f"{by[(st, n)]['seconds']:.1f}" if (st, n) in by else "—" for n in sizes]
-        rss = by.get((st, sizes[-1]), {}).get("peak_rss_mb")
-        rows.append(f"| {st} | " + " | ".join(secs) + f" | {f'{rss:,} MB' if rss else '—'} | "
+        rss = " / ".join(f"{by[(st, n)]['peak_rss_mb']:,}" if (st, n) in by else "—" for n in sizes)
+        rows.append(f"| {st} | " + " | ".join(secs) + f" | {rss} | "
                     + (", ".join(f"{x:.2f}" for x in g[st]["per_doubling"]) if not g[st]["idle"]
                        else "— (wrote no rows at any size: nothing to time)") + " |")
     return "\n".join(rows)

@@ -208,5 +208,5 @@ def test_scale_report_growth_per_doubling():
     assert g["a"]["per_doubling"] == [2.1, 1.9] and g["a"]["worst"] == 2.1 and g["a"]["peak_rss_mb"] == 150
     assert g["b"]["per_doubling"] == [4.0, 4.0]
     table = markdown_table(rows)
-    assert "| a | 2.0 | 4.2 | 8.0 | 150 MB | 2.10, 1.90 |" in table and "| b |" in table
-    assert "| idle | 0.1 | 0.1 | 0.1 | 80 MB | — (wrote no rows at any size" in table
+    assert "| a | 2.0 | 4.2 | 8.0 | 100 / 120 / 150 | 2.10, 1.90 |" in table and "| b |" in table
+    assert "| idle | 0.1 | 0.1 | 0.1 | 80 / 80 / 80 | — (wrote no rows at any size" in table
