@@ -105,7 +105,7 @@ def measure(name, spec, n, run, corpus, sets, env, out, shards, settings, repeat
     from pipeline.engine.store import Store
 
     rows = []
-    for attempt in range(repeat):
+    for _ in range(repeat):
         for table in spec.writes:  # a stage cut off mid-way (or measured again): measure it whole
             shutil.rmtree(out / run / table, ignore_errors=True)
         load = os.getloadavg()[0]
@@ -144,6 +144,8 @@ def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: boo
     stages = load_stages()
     if unknown := set(only) - set(stages):
         raise SystemExit(f"--only: no stage named {sorted(unknown)}; stages: {', '.join(stages)}")
+    order = list(stages)
+    last_asked = max((order.index(s) for s in only), default=len(order))
     with prefect_test_harness(server_startup_timeout=120):
         import prefect.settings
 
@@ -158,8 +160,8 @@ def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: boo
             for name, spec in stages.items():
                 if (n, name) in done:
                     continue
-                if only and name not in only:  # not asked for: run it only when a stage asked for reads it later
-                    if not any(later in only for later in list(stages)[list(stages).index(name) + 1:]):
+                if only and name not in only:  # not asked for: run it only when a stage asked for comes later
+                    if order.index(name) > last_asked:
                         break
                     run_stage(name, run, corpus, sets, env, out / f"{run}.log")  # reuses its shards where they are
                     continue
@@ -198,7 +200,7 @@ def growth(results: list[dict]) -> dict[str, dict]:
     out = {}
     for stage, rows in by.items():
         ns = sorted(rows)
-        idle = all(not sum(r.get("rows", {"?": 1}).values()) for r in rows.values())
+        idle = all("rows" in r and not any(r["rows"].values()) for r in rows.values())  # did nothing at any size
         ratios = [] if idle else [rows[b]["seconds"] / max(rows[a]["seconds"], 1e-3) for a, b in zip(ns, ns[1:])]
         out[stage] = {"per_doubling": [round(x, 2) for x in ratios], "worst": round(max(ratios, default=0), 2),
                       "idle": idle,

@@ -128,7 +128,7 @@ class Store:
         if n is None:
             n = self.shard_count(table)
         parts = [self.read_shard(table, i, n) for i in range(n)]
-        return pa.concat_tables(parts) if parts else SCHEMAS[table].empty_table()
+        return pa.concat_tables(parts) if parts else schema_of(table).empty_table()
 
     def shard_count(self, table: str) -> int:
         man = self.manifest(table)
@@ -157,15 +157,21 @@ class Store:
         atomic_write_json(self.dir(table) / "_manifest.json", {**manifest, "table": table, "shards": n})
 
 
-def check_schema(table: str, data: pa.Table) -> None:
-    """The contract's columns must be there with their types (extra columns are allowed)."""
-    if table not in SCHEMAS:  # a stage module declares its own tables (e.g. pool_embeddings): discover them
+def schema_of(table: str) -> pa.Schema | None:
+    """The table's contract, or None if no stage declares it. A stage module may declare its own tables (e.g.
+    pool_embeddings): those are in SCHEMAS once the stages are discovered, whatever this process did before."""
+    if table not in SCHEMAS:
         from pipeline.engine.runner import load_stages
 
         load_stages()
-    if table not in SCHEMAS:
+    return SCHEMAS.get(table)
+
+
+def check_schema(table: str, data: pa.Table) -> None:
+    """The contract's columns must be there with their types (extra columns are allowed)."""
+    want = schema_of(table)
+    if want is None:
         raise ValueError(f"table {table!r}: no stage declares it (known: {', '.join(sorted(SCHEMAS))})")
-    want = SCHEMAS[table]
     missing = [n for n in want.names if n not in data.column_names]
     if missing:
         raise ValueError(f"table {table}: missing contract columns {missing} (has {data.column_names})")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as pads
 
+from pipeline.engine.store import schema_of
 from pipeline.schema import SCHEMAS
 
 PART = re.compile(r"^part-(\d{5})-of-(\d{5})\.parquet$")
@@ -91,7 +92,7 @@ class RunTables:
     def read(self, table: str, columns: list[str] | None = None) -> pa.Table:
         files = self.files(table)
         if not files:
-            return SCHEMAS[table].empty_table() if table in SCHEMAS else pa.table({})
+            return schema.empty_table() if (schema := schema_of(table)) is not None else pa.table({})
         return self.dataset(table).to_table(columns=columns)
 
     def sql_source(self, table: str) -> str:
@@ -118,6 +119,6 @@ class RunTables:
         for table in self.names():
             if self.files_if_any(table):
                 con.execute(f'CREATE VIEW "{table}" AS SELECT * FROM {self.sql_source(table)}')
-            elif table in SCHEMAS:  # finished with zero shards: an empty table, not an absent one
-                con.register(table, SCHEMAS[table].empty_table())
+            elif (schema := schema_of(table)) is not None:  # finished with zero shards: empty, not absent
+                con.register(table, schema.empty_table())
         return con
