@@ -2,7 +2,13 @@
 trains on as is: `datasets.load_dataset(<folder>)` reads it, `push_to_hub` publishes it.
 
     artifacts/<run>/export/<format>/README.md                 dataset card: `configs:` header, columns, settings, counts
-    artifacts/<run>/export/<format>/data/train-00000-of-00002.parquet
+    artifacts/<run>/export/<format>/data/train-<digest>-00000-of-00002.parquet
+
+<digest> is a hash of the Parquet bytes, and the card's `configs:` pattern names it. `datasets` caches a folder that
+has a card under (folder name, card YAML), not the files' contents: with a fixed `data/train-*.parquet` every
+`n-tuple` export (any run, any re-export) shared one cache entry, and `load_dataset` gave back whichever was loaded
+first. With the digest in the pattern, the cache key changes exactly when the rows do. A re-export swaps the whole
+folder in one step, so the old data files go with the old card.
 
 Formats, named as sentence-transformers names its `mine_hard_negatives` outputs (PEERS.md):
 - `triplet`: (anchor, positive, negative), one row per (positive, negative) of an anchor in `pairs`;
@@ -14,7 +20,12 @@ Columnar (Arrow list kernels), rows in sid order, so an export is a pure functio
 """
 from __future__ import annotations
 
+import ctypes
+import errno
+import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +33,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.engine.atomic import atomic_dir
+from pipeline.engine.atomic import _fsync_path, _old, atomic_dir, recover
 from pipeline.engine.tables import RunTables
 
 ROWS_PER_FILE = 500_000
+DIGEST_CHARS = 16  # 64 bits of sha256: two different exports of one folder name never share a cache entry
 
 
 def _lists(col) -> tuple[pa.Array, np.ndarray, np.ndarray]:
@@ -102,7 +114,7 @@ SETTINGS_OF = {"pairs": ("encoder", "neighbours", "noise", "backtranslate", "sco
                "triplets": ("backtranslate", "negate", "paraphrases")}
 
 
-def dataset_card(run_dir: Path, fmt: str, out: pa.Table, source_rows: int, files: list[str]) -> str:
+def dataset_card(run_dir: Path, fmt: str, out: pa.Table, source_rows: int, files: list[str], digest: str) -> str:
     table, _, columns = FORMATS[fmt]
     run = RunTables(run_dir)
     settings = {}
@@ -111,7 +123,7 @@ def dataset_card(run_dir: Path, fmt: str, out: pa.Table, source_rows: int, files
             if section in SETTINGS_OF[table]:
                 settings[section] = values
     header = ["---", "configs:", "- config_name: default", "  data_files:", "  - split: train",
-              "    path: data/train-*.parquet", "task_categories:", "- sentence-similarity", "tags:",
+              f"    path: data/train-{digest}-*.parquet", "task_categories:", "- sentence-similarity", "tags:",
               "- sentence-transformers", "- contramine", f"- {fmt}", "size_categories:",
               f"- {_size_category(out.num_rows)}", "---", ""]
     body = [f"# contramine `{fmt}` export of run `{run_dir.name}`", "",
@@ -119,15 +131,28 @@ def dataset_card(run_dir: Path, fmt: str, out: pa.Table, source_rows: int, files
             "file(s) under `data/`. Mined with contramine (`make mine`), exported with "
             f"`make export RUN={run_dir.name} FORMAT={fmt}`.", "", "## Columns", "", "| column | what it is |",
             "|---|---|", *(f"| `{c}` | {w} |" for c, w in columns.items()), "",
-            "## Use it", "", "```python", "from datasets import load_dataset",
-            "from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, losses", "",
-            'train = load_dataset("<this folder or hub id>", split="train")',
-            'model = SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2")',
-            "trainer = SentenceTransformerTrainer(model=model, train_dataset=train,",
-            "                                     loss=losses.MultipleNegativesRankingLoss(model))",
-            "trainer.train()", "```", "", "## How it was mined (settings of the stages behind it)", "", "```json",
+            "## Use it", "", "```python", *usage(fmt), "```", "",
+            "## How it was mined (settings of the stages behind it)", "", "```json",
             json.dumps(settings, indent=1, sort_keys=True), "```", ""]
     return "\n".join(header + body)
+
+
+def usage(fmt: str) -> list[str]:
+    """The card's training recipe (the README's): MultipleNegativesRankingLoss with NO_DUPLICATES batches. An anchor
+    has a row per positive (and, in `triplet`, per negative): two of its rows in one batch would make its own
+    positive one of its in-batch negatives."""
+    only_positives = ['train = train.filter(lambda r: r["label"] == 1).remove_columns("label")  '
+                      "# MNRL takes the positive pairs"] if fmt == "labeled-pair" else []
+    return ["from datasets import load_dataset",
+            "from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, "
+            "SentenceTransformerTrainingArguments",
+            "from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss",
+            "from sentence_transformers.sentence_transformer.training_args import BatchSamplers", "",
+            'train = load_dataset("<this folder or hub id>", split="train")', *only_positives,
+            'model = SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2")',
+            'args = SentenceTransformerTrainingArguments(output_dir="st", batch_sampler=BatchSamplers.NO_DUPLICATES)',
+            "SentenceTransformerTrainer(model=model, args=args, train_dataset=train,",
+            "                           loss=MultipleNegativesRankingLoss(model)).train()"]
 
 
 def _size_category(n: int) -> str:
@@ -138,7 +163,8 @@ def _size_category(n: int) -> str:
 
 
 def export_run(run_dir: Path | str, fmt: str, dst: Path | str | None = None) -> Path:
-    """Write the export folder atomically (a killed export leaves the previous one or none); returns its path."""
+    """Write the export folder and swap it in whole (a reader or a kill sees the previous export or this one, never a
+    mix); returns its path."""
     if fmt not in FORMATS:
         raise ValueError(f"export format {fmt!r}: one of {', '.join(FORMATS)}")
     run_dir = Path(run_dir)
@@ -147,11 +173,62 @@ def export_run(run_dir: Path | str, fmt: str, dst: Path | str | None = None) -> 
     src = src.sort_by("sid")
     out = build(src)
     dst = Path(dst) if dst else run_dir / "export" / fmt
-    n_files = max(1, -(-out.num_rows // ROWS_PER_FILE))
-    files = [f"data/train-{i:05d}-of-{n_files:05d}.parquet" for i in range(n_files)]
-    with atomic_dir(dst) as tmp:
-        (tmp / "data").mkdir(parents=True)
-        for i, name in enumerate(files):
-            pq.write_table(out.slice(i * ROWS_PER_FILE, ROWS_PER_FILE), tmp / name, compression="zstd")
-        (tmp / "README.md").write_text(dataset_card(run_dir, fmt, out, src.num_rows, files), encoding="utf-8")
+    recover(dst)  # an earlier export killed between atomic_dir's two renames
+    staging = dst.with_name(f".{dst.name}.new")
+    with atomic_dir(staging) as tmp:  # complete and fsynced at `staging`, or absent
+        files, digest = write_data(out, tmp)
+        (tmp / "README.md").write_text(dataset_card(run_dir, fmt, out, src.num_rows, files, digest),
+                                       encoding="utf-8")
+    swap_in(staging, dst)
     return dst
+
+
+def write_data(out: pa.Table, folder: Path) -> tuple[list[str], str]:
+    """The rows as Parquet files under folder/data, named by a digest of their bytes: (names, digest)."""
+    (folder / "data").mkdir(parents=True)
+    n_files = max(1, -(-out.num_rows // ROWS_PER_FILE))
+    shards = [f"{i:05d}-of-{n_files:05d}.parquet" for i in range(n_files)]
+    h = hashlib.sha256()
+    for i, shard in enumerate(shards):
+        pq.write_table(out.slice(i * ROWS_PER_FILE, ROWS_PER_FILE), folder / "data" / shard, compression="zstd")
+        with open(folder / "data" / shard, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    digest = h.hexdigest()[:DIGEST_CHARS]
+    for shard in shards:
+        os.rename(folder / "data" / shard, folder / "data" / f"train-{digest}-{shard}")
+    return [f"data/train-{digest}-{shard}" for shard in shards], digest
+
+
+def swap_in(new: Path, dst: Path) -> None:
+    """Put the finished folder `new` at `dst` and drop the export it replaces. On Linux one renameat2 exchange, so
+    `dst` always holds one whole export; elsewhere atomic_dir's two renames (a kill between them leaves
+    .<dst>.old, which `recover` renames back)."""
+    if dst.exists() and _exchange(new, dst):
+        _fsync_path(dst.parent)
+        shutil.rmtree(new)  # now the previous export
+        return
+    if dst.exists():
+        shutil.rmtree(_old(dst), ignore_errors=True)  # a swap killed before its cleanup: dst is the newer one
+        os.rename(dst, _old(dst))
+    os.rename(new, dst)
+    _fsync_path(dst.parent)
+    shutil.rmtree(_old(dst), ignore_errors=True)
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths atomically (Linux renameat2 RENAME_EXCHANGE); False where the C library or the file
+    system has no such call."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError, TypeError):  # glibc < 2.28, musl, macOS, Windows
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a.absolute()), _AT_FDCWD, os.fsencode(b.absolute()), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, f"swapping in the new export: {os.strerror(err)}", str(a), None, str(b))

@@ -1,6 +1,10 @@
-"""Test settings: offline hub, quiet Prefect with its own home, one torch thread per test process."""
+"""Test settings: offline hub, Hugging Face caches of its own, quiet Prefect with its own home, one torch thread
+per test process."""
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +13,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The suite's own HF_HOME (hub and datasets caches), never the user's: `datasets` caches a dataset folder by its name
+# and card, so the suite's tiny exports left in ~/.cache came back as the user's own `artifacts/<run>/export/<format>`
+# rows, and a model the user has cached would change what the offline tests see. One folder per session: made by the
+# first process, inherited by pytest-xdist workers and the CLI subprocesses, removed when that process exits. Set
+# before anything imports huggingface_hub or datasets, which read these at import; the *_CACHE variables are dropped
+# so every cache follows HF_HOME (test_hub points HF_HOME at a hub of its own per test).
+if "CONTRAMINE_TEST_HF_HOME" not in os.environ:
+    os.environ["CONTRAMINE_TEST_HF_HOME"] = tempfile.mkdtemp(prefix="contramine-test-hf-")
+    atexit.register(shutil.rmtree, os.environ["CONTRAMINE_TEST_HF_HOME"], True)
+os.environ["HF_HOME"] = os.environ["CONTRAMINE_TEST_HF_HOME"]
+os.environ["HF_DATASETS_CACHE"] = os.path.join(os.environ["HF_HOME"], "datasets")
+for _var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_MODULES_CACHE", "HF_XET_CACHE", "HF_ASSETS_CACHE"):
+    os.environ.pop(_var, None)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 # one Prefect home (its SQLite database) per pytest-xdist worker: two servers writing one database lock each other

@@ -1,12 +1,20 @@
 """`make export`: each sentence-transformers format equals a direct construction from the mined rows, loads with
-`datasets.load_dataset(<folder>)` as is, and trains `SentenceTransformerTrainer` + MultipleNegativesRankingLoss."""
+`datasets.load_dataset(<folder>)` as is (that folder's current rows, whatever else was exported or loaded before),
+and trains `SentenceTransformerTrainer` + MultipleNegativesRankingLoss with no anchor twice in a batch."""
 from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
 
 import pytest
 
 from flows.cli import main as cli
+from pipeline import export
 from pipeline.export import FORMATS, export_run
 from train_helpers import sentences_rows, write_table
+
+ROOT = Path(__file__).resolve().parent.parent
 
 datasets = pytest.importorskip("datasets")  # a test extra (pyproject): `make test` installs it
 
@@ -50,7 +58,10 @@ def test_export_equals_the_format_and_loads_with_datasets(mined, fmt, tmp_path):
     ds = datasets.load_dataset(str(folder), split="train")
     assert ds.to_list() == want and len(ds) > 0
     card = (folder / "README.md").read_text()
-    assert card.startswith("---\nconfigs:\n- config_name: default") and "data/train-*.parquet" in card
+    assert card.startswith("---\nconfigs:\n- config_name: default")
+    pattern = re.search(r"^    path: (data/train-[0-9a-f]{16}-\*\.parquet)$", card, re.M).group(1)
+    assert sorted(folder.glob(pattern)) == sorted((folder / "data").iterdir())  # the card names every data file
+    assert "batch_sampler=BatchSamplers.NO_DUPLICATES" in card
     assert f"{len(want):,} rows" in card
     assert ('"rules": "root"' if fmt == "osscse-triplet" else '"m_neg": 3') in card  # the settings behind it
     assert all(f"`{c}`" in card for c in FORMATS[fmt][2])
@@ -68,8 +79,11 @@ def test_make_export_command_and_bad_format(mined, capsys):
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_sentence_transformers_trains_on_each_export(mined, fmt, bert, tmp_path):
+    """The README's recipe: MNRL with NO_DUPLICATES batches. An anchor has a row per positive (and, in `triplet`, per
+    negative); the batches the trainer draws never hold one anchor twice, which the default sampler's do here."""
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from sentence_transformers.sentence_transformer import losses, modules as models
+    from sentence_transformers.sentence_transformer.training_args import BatchSamplers
 
     run, *_ = mined
     train = datasets.load_dataset(str(export_run(run, fmt, tmp_path / fmt)), split="train")
@@ -81,12 +95,114 @@ def test_sentence_transformers_trains_on_each_export(mined, fmt, bert, tmp_path)
     before = [p.detach().clone() for p in model.parameters()]
     args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path / "st"), max_steps=3, per_device_train_batch_size=8,
                                                 learning_rate=1e-3, report_to=[], save_strategy="no", use_cpu=True,
-                                                logging_steps=1, seed=0)
+                                                logging_steps=1, seed=0, batch_sampler=BatchSamplers.NO_DUPLICATES)
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train,
                                          loss=losses.MultipleNegativesRankingLoss(model))
+    anchor = train.column_names[0]
+    drawn = anchors_per_batch(trainer, anchor)
+    assert sum(map(len, drawn)) == len(train)  # one epoch: every row once
+    assert not repeats(drawn), f"batches holding one anchor twice: {repeats(drawn)}"
     out = trainer.train()
     assert out.global_step == 3 and out.training_loss > 0
     assert any(not (a == b).all() for a, b in zip(before, model.parameters()))
+    if len(set(train[anchor])) < len(train):  # the fixture repeats anchors: without NO_DUPLICATES they would collide
+        trainer.args.batch_sampler = BatchSamplers.BATCH_SAMPLER
+        assert repeats(anchors_per_batch(trainer, anchor))
+
+
+def repeats(batches: list[list[str]]) -> list[list[str]]:
+    return [b for b in batches if len(set(b)) < len(b)]
+
+
+def anchors_per_batch(trainer, column: str) -> list[list[str]]:
+    """One epoch of the batches trainer.get_train_dataloader() draws, as their `column` texts: a spy on the data
+    collator, which gets each batch's rows before tokenizing."""
+    inner, seen = trainer.data_collator, []
+
+    class Spy:
+        def __call__(self, rows):
+            seen.append([r[column] for r in rows])
+            return inner(rows)
+
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+    trainer.data_collator = Spy()
+    try:
+        for _ in trainer.get_train_dataloader():
+            pass
+    finally:
+        trainer.data_collator = inner
+    return seen
+
+
+def test_the_readme_and_card_recipes_use_no_duplicates():
+    """The README trains as the test above does; the card's snippet is the same recipe (test_export_equals_...)."""
+    section = ROOT.joinpath("README.md").read_text(encoding="utf-8").split("## Training with sentence-transformers")[1]
+    recipe = re.search(r"^```python\n(.*?)^```", section, re.S | re.M).group(1)
+    compile(recipe, "README recipe", "exec")
+    assert "from sentence_transformers.sentence_transformer.training_args import BatchSamplers" in recipe
+    assert "batch_sampler=BatchSamplers.NO_DUPLICATES" in recipe and "MultipleNegativesRankingLoss(model)" in recipe
+    for fmt in FORMATS:
+        compile("\n".join(export.usage(fmt)), f"{fmt} card recipe", "exec")
+
+
+# ------------------------------------------------------------------------------- each folder loads its own rows
+def mine_pairs(run: Path, n: int, tag: str) -> list[dict]:
+    """A `pairs` table whose every text names `tag`, so a load of another run's or an older export's rows shows."""
+    pairs = [{"sid": r["sid"], "anchor": f"{tag} {r['text']}", "positives": [f"{tag} {r['text']} too"],
+              "negatives": [f"{tag} neg {i} {j}" for j in range(2)]} for i, r in enumerate(sentences_rows(n, seed=n))]
+    write_table(run, "pairs", pairs)
+    return pairs
+
+
+def load_recipe(folder: Path) -> list[dict]:
+    return datasets.load_dataset(str(folder), split="train").to_list()  # the README's call
+
+
+def test_the_suite_keeps_out_of_the_users_hugging_face_caches():
+    home = Path(os.environ["HF_HOME"])
+    assert home.name.startswith("contramine-test-hf-") and Path(datasets.config.HF_DATASETS_CACHE).parent == home
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
+def test_each_export_loads_its_own_current_rows(tmp_path, monkeypatch, exchange):
+    """Two runs exported in one format (one folder name, `n-tuple`), then one mined again and re-exported, all loaded
+    in this one process: each load gives that folder's rows now. `datasets` caches by folder name and card, so a
+    card naming a fixed `data/train-*.parquet` gave all three the first one's rows."""
+    if not exchange:  # a system without renameat2: the re-export swaps with two renames
+        monkeypatch.setattr(export, "_exchange", lambda a, b: False)
+    runs = {"a": mine_pairs(tmp_path / "a", 12, "a"), "b": mine_pairs(tmp_path / "b", 5, "b")}
+    folders = {name: export_run(tmp_path / name, "n-tuple") for name in runs}
+    for name, pairs in runs.items():
+        assert load_recipe(folders[name]) == direct("n-tuple", pairs, [])
+    old_files = sorted((folders["a"] / "data").iterdir())
+
+    runs["a"] = mine_pairs(tmp_path / "a", 7, "a2")  # mined again: other rows, same folder
+    assert export_run(tmp_path / "a", "n-tuple") == folders["a"]
+    assert load_recipe(folders["a"]) == direct("n-tuple", runs["a"], []) and len(runs["a"]) == 7
+    assert load_recipe(folders["b"]) == direct("n-tuple", runs["b"], [])
+    new_files = sorted((folders["a"] / "data").iterdir())
+    assert len(new_files) == 1 and not any(p.exists() for p in old_files)  # the replaced data files are gone
+    assert sorted(p.name for p in (tmp_path / "a" / "export").iterdir()) == ["n-tuple"]  # no staging, no .old
+
+
+def test_a_failed_re_export_leaves_the_previous_one(tmp_path, monkeypatch):
+    """Writing the new files fails (a full disk): the folder keeps the old card and data, and loads as before."""
+    pairs = mine_pairs(tmp_path / "r", 6, "r")
+    folder = export_run(tmp_path / "r", "n-tuple")
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    mine_pairs(tmp_path / "r", 9, "r2")
+
+    def broken(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(export.pq, "write_table", broken)
+    with pytest.raises(OSError, match="disk full"):
+        export_run(tmp_path / "r", "n-tuple")
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    assert load_recipe(folder) == direct("n-tuple", pairs, [])
+    assert sorted(p.name for p in (tmp_path / "r" / "export").iterdir()) == ["n-tuple"]
 
 
 def _dim(bert) -> int:
