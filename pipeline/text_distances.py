@@ -4,7 +4,9 @@
   `"word"` (each distinct word becomes one code point, so word-level distance runs at string speed).
 - `mer`: OssCSE Eq. 1 per pair, MER = (S+D+I)/(S+D+I+C) over lower-cased whitespace tokens, 0 for two empty strings.
   The alignment is rapidfuzz's Levenshtein alignment, the one jiwer 4 uses, so it equals `jiwer.mer(a, b)` per pair.
-- `lexical_overlap`: |shared words| / words in the longer sentence (DebCSE Tables 1 and 4).
+- `lexical_overlap`: DebCSE Tables 1 and 4, |words(a) ∩ words(b)| / max(|words(a)|, |words(b)|) with words as
+  multisets (a word shared twice counts twice; a sentence against itself scores 1), over the same lower-cased
+  whitespace tokens as `mer`; 0 when both are empty.
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ def _slice_strings(texts, start: int) -> list[str]:
 
 
 def words(text: str) -> list[str]:
+    """The words every surface score here compares: lower-cased (Python's full case mapping), split on whitespace as
+    `str.split()` does, punctuation kept. `_lower_split` computes the same for a whole column in Arrow."""
     return text.lower().split()
 
 
@@ -146,10 +150,30 @@ def _mer_of_codes(ra: list[str], hb: list[str]) -> np.ndarray:
     return out
 
 
-def lexical_overlap(a: list[str], b: list[str]) -> np.ndarray:
-    out = np.empty(len(a), dtype=np.float64)
-    for k, (x, y) in enumerate(zip(a, b)):
-        wx, wy = words(x), words(y)
-        longest = max(len(wx), len(wy))
-        out[k] = len(set(wx) & set(wy)) / longest if longest else 0.0
+def lexical_overlap(a: Texts, b: Texts) -> np.ndarray:
+    """DebCSE's lexical overlap per pair (a[i], b[i]): the multiset intersection of the two sentences' words (the
+    sum over words of the smaller count) over the word count of the longer one; 0.0 when both have no words.
+    Words are `words(text)`, i.e. `text.lower().split()` (Python's lower-casing, split on Unicode whitespace,
+    punctuation kept: "cat." and "cat" differ), tokenised by Arrow as for `mer`. Vectorised: one dictionary
+    encoding of all words, then (pair, word) counts from np.unique on both sides and a sorted intersection."""
+    if len(a) != len(b):
+        raise ValueError(f"lexical_overlap: {len(a)} left vs {len(b)} right texts")
+    n = len(a)
+    if n == 0:
+        return np.zeros(0, dtype=np.float64)
+    lists = _lower_split(pa.concat_arrays([_as_arrow(a), _as_arrow(b)]))
+    codes = pc.dictionary_encode(lists.flatten()).indices.to_numpy().astype(np.int64)
+    off = lists.offsets.to_numpy()
+    n_words = np.diff(off - off[0])
+    n_words_a, n_words_b = n_words[:n], n_words[n:]
+    split = int(n_words_a.sum())
+    n_vocab = int(codes.max()) + 1 if len(codes) else 1
+    pair = np.repeat(np.arange(n, dtype=np.int64), n_words_a), np.repeat(np.arange(n, dtype=np.int64), n_words_b)
+    keys_a, count_a = np.unique(pair[0] * n_vocab + codes[:split], return_counts=True)  # (pair, word) -> count
+    keys_b, count_b = np.unique(pair[1] * n_vocab + codes[split:], return_counts=True)
+    _, ia, ib = np.intersect1d(keys_a, keys_b, assume_unique=True, return_indices=True)
+    shared = np.bincount(keys_a[ia] // n_vocab, weights=np.minimum(count_a[ia], count_b[ib]), minlength=n)
+    longest = np.maximum(n_words_a, n_words_b)
+    out = np.zeros(n, dtype=np.float64)
+    np.divide(shared, longest, out=out, where=longest > 0)
     return out

@@ -1,5 +1,6 @@
 """Surface scores: MER equals jiwer per pair; normalised edit distance; lexical overlap."""
 import random
+from collections import Counter
 
 import jiwer
 import numpy as np
@@ -45,8 +46,58 @@ def test_edit_distance_char_and_word_levels():
         np.float32([1 / 3, 0.0]).tolist()
 
 
+def _overlap(x, y):  # DebCSE's lexical overlap written out: multiset intersection / words of the longer sentence
+    wx, wy = x.lower().split(), y.lower().split()
+    longest = max(len(wx), len(wy))
+    return sum((Counter(wx) & Counter(wy)).values()) / longest if longest else 0.0
+
+
 def test_lexical_overlap():
     assert lexical_overlap(["The cat sat down"], ["the cat ran"]).tolist() == [0.5]
+
+
+def test_lexical_overlap_counts_words_as_multisets():
+    same = ["the cat saw the dog", "a a a", "Der Hund, der Hund!"]
+    assert lexical_overlap(same, same).tolist() == [1.0, 1.0, 1.0]  # a set-based count gave 0.8, 1/3, 0.75
+    assert lexical_overlap(["a a b"], ["a b b"]).tolist() == [2 / 3]
+    assert lexical_overlap(["a a b", "x", "", ""], ["a", "", "y", ""]).tolist() == [1 / 3, 0.0, 0.0, 0.0]
+
+
+def test_lexical_overlap_tokenises_like_lower_split():
+    """Words are `text.lower().split()`: Python's case mapping (İ -> i̇, final sigma), any Unicode whitespace splits,
+    punctuation stays on the word."""
+    a = ["The cat.", "CAT cat", "a\tb\nc\u3000d", "İstanbul ΣΑΣ", "  lead and trail  "]
+    b = ["the cat", "cat Cat", "a b c d", "i̇stanbul σας", "trail and lead"]
+    assert lexical_overlap(a, b).tolist() == [0.5, 1.0, 1.0, 1.0, 1.0]
+    assert lexical_overlap(a, b).tolist() == [_overlap(x, y) for x, y in zip(a, b)]
+
+
+def test_lexical_overlap_equals_direct_computation_on_1000_pairs():
+    import pyarrow as pa
+
+    lines = [normalise(x) for x in open(WIKI, encoding="utf-8").read().splitlines()[:2000]]
+    rng = random.Random(1)
+    a, b = [], []
+    for _ in range(1000):
+        x = rng.choice(lines)
+        w = x.split()
+        for _ in range(rng.randint(0, 6)):  # repeated words, case changes, drops, unrelated sentences
+            op = rng.random()
+            if op < 0.3 and w:
+                w.insert(rng.randrange(len(w) + 1), rng.choice(w))
+            elif op < 0.5 and w:
+                k = rng.randrange(len(w))
+                w[k] = w[k].upper()
+            elif op < 0.8 and w:
+                w.pop(rng.randrange(len(w)))
+            else:
+                w = rng.choice(lines).split()
+        a.append(x)
+        b.append(" ".join(w))
+    want = np.array([_overlap(x, y) for x, y in zip(a, b)])
+    assert np.array_equal(lexical_overlap(a, b), want)
+    assert np.array_equal(lexical_overlap(pa.chunked_array([a[:300], a[300:]]), pa.array(b, pa.large_string())), want)
+    assert any(len(set(y.lower().split())) < len(y.split()) for y in b)  # the sample has repeated words
 
 
 def test_mer_tokenises_like_python_split_and_lower_for_every_code_point():

@@ -243,3 +243,81 @@ def test_paper_profiles(profile, expect):
         section, _, name = key.rpartition(".")
         got = getattr(settings, name) if section else getattr(cfg.train, key)
         assert got == value, key
+
+
+# ------------------------------------------------------------------------------------------------ dev precision
+def _float32_state() -> dict:
+    return {"cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "autocast": torch.is_autocast_enabled("cpu")}
+
+
+@pytest.fixture
+def tf32_training_settings():
+    """TF32 on, as train() sets it on a GPU (this CPU-only suite cannot take that branch): the test's "training
+    settings". Whatever the test does, the defaults are back afterwards."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    yield _float32_state()
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+    torch.set_float32_matmul_precision(saved[2])
+
+
+def test_dev_evaluation_is_strict_float32_and_training_settings_come_back(tmp_path, bert, senteval, monkeypatch,
+                                                                          tf32_training_settings):
+    """During the dev evaluation inside training (every Encoder.encode call, i.e. the dev embeddings), TF32 is off,
+    the float32 matmul precision is "highest" and no autocast is on, although the training steps around it run with
+    TF32 and bf16 autocast; the training steps after an evaluation see their settings again, and so does the caller."""
+    from pipeline.models.encoder import Encoder
+
+    from trainer.objectives.simcse import SimCSE
+
+    seen = {"encode": [], "step": []}
+    real_encode, real_forward = Encoder.encode, SimCSE.forward
+
+    def encode(self, *a, **k):
+        seen["encode"].append(_float32_state())
+        return real_encode(self, *a, **k)
+
+    def forward(self, batch):
+        seen["step"].append(_float32_state())
+        return real_forward(self, batch)
+
+    monkeypatch.setattr(Encoder, "encode", encode)
+    monkeypatch.setattr(SimCSE, "forward", forward)
+    write_table(tmp_path / "r", "sentences", sentences_rows(16))
+    cfg = load_config(str(write_profile(tmp_path / "p.toml", tmp_path, "r", bert, senteval, max_steps=5, eval_every=2,
+                                        precision="bf16")))
+    res = train(cfg)
+    strict = {"cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False, "float32_matmul_precision": "highest",
+              "autocast": False}
+    assert len(seen["encode"]) == 3 and all(s == strict for s in seen["encode"])  # evaluations at steps 2, 4, 5
+    training = {**tf32_training_settings, "autocast": True}
+    assert len(seen["step"]) == 5 and all(s == training for s in seen["step"])  # steps 3 and 5 follow evaluations
+    assert _float32_state() == tf32_training_settings and res["best_step"] in (2, 4, 5)
+
+
+def test_best_dev_score_is_what_make_eval_computes_for_best(tmp_path, bert, senteval, monkeypatch,
+                                                             tf32_training_settings):
+    """The dev numbers best/ was chosen on (train_config.json, metrics.jsonl) equal `make eval`'s for best/, on the
+    same data: STS-B dev and SICK trial, all pairs."""
+    from trainer import evaluate as ev
+
+    write_table(tmp_path / "r", "sentences", sentences_rows(24))
+    cfg = load_config(str(write_profile(tmp_path / "p.toml", tmp_path, "r", bert, senteval, pooler="mean",
+                                        max_steps=6, eval_every=2, eval_sick=True)))
+    res = train(cfg)
+    best = Path(res["best_dir"])
+    meta = json.loads((best / "train_config.json").read_text())
+    assert meta["step"] == res["best_step"] and set(meta["dev"]) == {"STSBenchmark/dev", "SICK/trial"}
+    monkeypatch.setattr(ev, "ARTIFACTS", tmp_path / "artifacts")
+    assert ev.main(["--model", str(best), "--data-dir", str(senteval), "--name", "best", "--probe", ""]) == 0
+    made = json.loads((tmp_path / "artifacts" / "eval" / "best" / "results.json").read_text())
+    assert made["dev"] == meta["dev"]
+    assert meta["dev_score"] == res["best_dev"] == sum(made["dev"].values()) / 2
+    logged = [m for m in read_metrics(Path(res["metrics"])) if m.get("step") == res["best_step"] and "dev" in m]
+    assert logged[0]["dev"] == made["dev"] and logged[0]["dev_score"] == res["best_dev"]

@@ -121,6 +121,14 @@ def trim_jsonl(path: Path, max_step: int) -> None:
 
 # ------------------------------------------------------------------------------------------------- training
 def train(cfg: Config, resume: bool = True) -> dict:
+    """Train (see the module docstring); the caller's float32 matmul settings are back on return, TF32 included."""
+    from trainer.evaluate import restored_float32_settings
+
+    with restored_float32_settings():
+        return _train(cfg, resume)
+
+
+def _train(cfg: Config, resume: bool) -> dict:
     t0 = time.perf_counter()
     tc = cfg.train
 
@@ -136,7 +144,9 @@ def train(cfg: Config, resume: bool = True) -> dict:
     master = rank == 0
     dev_type = torch.device(device).type
     if dev_type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls: ~free speed, no effect on fp32 CPU runs
+        # TF32 for the training matmuls only: ~free speed, no effect on fp32 CPU runs. Dev and final evaluation run
+        # in strict float32 (trainer.evaluate.strict_float32), so best/ is chosen on the numbers `make eval` gives.
+        torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
     # --- precision: bf16/fp16 autocast on GPU, float32 on CPU (no bf16 speed-up on these CPUs, STACK.md) -----------
@@ -310,14 +320,16 @@ def train(cfg: Config, resume: bool = True) -> dict:
 
 
 def evaluate_dev_scores(objective, cfg: Config) -> dict:
-    """STS-B dev (+ SICK trial) Spearman ×100 of the exported encoder, with dropout off."""
-    from trainer.evaluate import evaluate_dev
+    """STS-B dev (+ SICK trial) Spearman ×100 of the exported encoder, with dropout off, in strict float32 (TF32 off,
+    matmul precision "highest", no autocast beyond eval_precision's): the training settings are back afterwards."""
+    from trainer.evaluate import evaluate_dev, strict_float32
 
     was_training = objective.training
     objective.eval()
     try:
-        return evaluate_dev(objective.export_encoder(), cfg.data.senteval_dir, sick=cfg.train.eval_sick,
-                            max_pairs=cfg.train.eval_max_pairs)
+        with strict_float32():
+            return evaluate_dev(objective.export_encoder(), cfg.data.senteval_dir, sick=cfg.train.eval_sick,
+                                max_pairs=cfg.train.eval_max_pairs)
     finally:
         objective.train(was_training)
 

@@ -113,7 +113,8 @@ def section_overlap(run: Run, seed: int) -> list[str]:
     ours = ["this run", st["pos"][0] if st["pos"][0] is not None else "—", st["neg"][0] if st["neg"][0] is not None else "—"]
     md += table(["training data", "positives", "negatives"], [ours] + [list(r) for r in PUBLISHED_OVERLAP])
     sampled = any(s[1] < s[2] for s in st.values())
-    return md + [f"Mean over pairs of |shared words| / words in the longer sentence (lower-cased whitespace tokens), "
+    return md + [f"Mean over pairs of |shared words| / words in the longer sentence (words as multisets: a word "
+                 f"shared twice counts twice; lower-cased whitespace tokens, punctuation kept), "
                  f"this run on {st['pos'][1]} positive and {st['neg'][1]} negative pairs"
                  f"{' (a seeded sample)' if sampled else ''}; the other rows are DebCSE Table 4. DebCSE's point: positives "
                  f"should overlap less than dropout copies (1.0) and negatives more than random ones, so the model "

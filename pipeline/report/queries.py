@@ -13,7 +13,7 @@ from pipeline.schema import SCHEMAS
 from pipeline.text_distances import lexical_overlap
 
 RANDOM_PAIRS = 20_000
-TEXT_SAMPLE = 200_000  # pairs whose overlap / MER is computed in Python; beyond this a seeded sample
+TEXT_SAMPLE = 200_000  # pairs whose overlap / MER is computed; beyond this a seeded sample
 
 
 class Run:
@@ -94,8 +94,9 @@ def chosen_cos(run: Run, kind: str) -> np.ndarray:
     return np.array([r[0] for r in run.rows(q)], dtype=np.float64)
 
 
-def chosen_text_pairs(run: Run, kind: str, seed: int, limit: int = TEXT_SAMPLE) -> tuple[list[str], list[str], int]:
-    """(anchors, chosen texts, total) for one kind: from `pairs` (the training data) or else chosen candidates."""
+def chosen_text_pairs(run: Run, kind: str, seed: int, limit: int = TEXT_SAMPLE) -> tuple[pa.Array, pa.Array, int]:
+    """(anchors, chosen texts, total) for one kind: from `pairs` (the training data) or else chosen candidates. The
+    texts are Arrow string columns (no Python string per row: `lexical_overlap` reads them as they are)."""
     if run.present["pairs"]:
         col = "positives" if kind == "pos" else "negatives"
         base = f"SELECT sid, anchor a, unnest({col}) b FROM pairs"
@@ -103,18 +104,20 @@ def chosen_text_pairs(run: Run, kind: str, seed: int, limit: int = TEXT_SAMPLE) 
         base = (f"SELECT c.sid, s.text a, coalesce(c.text, s2.text) b FROM candidates c JOIN sentences s ON s.sid = c.sid "
                 f"LEFT JOIN sentences s2 ON s2.sid = c.cand_sid WHERE c.chosen AND c.kind = '{kind}'")
     else:
-        return [], [], 0
+        return pa.array([], pa.string()), pa.array([], pa.string()), 0
     total = run.rows(f"SELECT count(*) FROM ({base}) WHERE b IS NOT NULL")[0][0]
-    got = run.rows(f"SELECT a, b FROM ({base}) WHERE b IS NOT NULL {_sample_clause(seed, 'sid, a, b', limit)}")
-    return [g[0] for g in got], [g[1] for g in got], total
+    got = run.con.sql(f"SELECT a, b FROM ({base}) WHERE b IS NOT NULL "
+                      f"{_sample_clause(seed, 'sid, a, b', limit)}").to_arrow_table()
+    return got.column("a").combine_chunks(), got.column("b").combine_chunks(), total
 
 
 def overlap_stats(run: Run, seed: int = 0) -> dict[str, tuple[float | None, int, int]]:
-    """kind -> (mean lexical overlap with the anchor, pairs measured, pairs in the run)."""
+    """kind -> (mean lexical overlap with the anchor, pairs measured, pairs in the run). DebCSE Table 4's measure:
+    pipeline.text_distances.lexical_overlap (multiset word intersection / words of the longer sentence)."""
     out = {}
     for kind in ("pos", "neg"):
         a, b, total = chosen_text_pairs(run, kind, seed)
-        out[kind] = (float(lexical_overlap(a, b).mean()) if a else None, len(a), total)
+        out[kind] = (float(lexical_overlap(a, b).mean()) if len(a) else None, len(a), total)
     return out
 
 
