@@ -11,9 +11,9 @@ import hashlib
 import json
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = ROOT / "configs"
@@ -180,10 +180,18 @@ class ChainCfg(Section):
     role = "positives": DebCSE positive candidates (METHODS §3), translating the sentence and its noised variants;
     role = "paraphrases": OssCSE paraphrase candidates (§6), translating the clean sentence only;
     role = "both": either use. `include_variants` (default: true for positives/both, false for paraphrases) says
-    whether the noised variants are translated too (5x the work with 4 variants)."""
+    whether the noised variants are translated too (5x the work with 4 variants); a number N translates variants
+    1..N only (the default profile: 1, to keep an offline `make mine` within minutes)."""
     models: list[str] = Field(min_length=1)
     role: ChainRole = "both"
-    include_variants: bool | None = None
+    include_variants: bool | int | None = None
+
+    @field_validator("include_variants")
+    @classmethod
+    def _variants(cls, value):
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            raise ValueError(f"include_variants must be true, false or a number of variants >= 0, not {value}")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -192,7 +200,14 @@ class ChainCfg(Section):
 
     @property
     def translates_variants(self) -> bool:
-        return self.include_variants if self.include_variants is not None else self.role != "paraphrases"
+        return bool(self.include_variants) if self.include_variants is not None else self.role != "paraphrases"
+
+    def translates_variant(self, variant: int) -> bool:
+        """Whether noised variant `variant` (1, 2, ...) goes through this chain."""
+        v = self.include_variants
+        if v is None or isinstance(v, bool):
+            return self.translates_variants
+        return variant <= v
 
     @property
     def name(self) -> str:
@@ -200,6 +215,18 @@ class ChainCfg(Section):
 
     def serves(self, role: str) -> bool:
         return self.role in (role, "both")
+
+
+def bergamot_greedy_problem(cfg: "BacktranslateCfg", name: str) -> str | None:
+    """Why these generation settings cannot run on Bergamot model `name`, else None: its engine decodes greedily,
+    one output per sentence."""
+    asked = [s for s, on in (("do_sample = true", cfg.do_sample), (f"num_beams = {cfg.num_beams}", cfg.num_beams > 1),
+                             (f"num_return_sequences = {cfg.num_return_sequences}", cfg.num_return_sequences > 1))
+             if on]
+    if not asked:
+        return None
+    return (f"backtranslate: {', '.join(asked)} with Bergamot model {name!r}: the Bergamot engine decodes greedily, "
+            f"one output per sentence; remove those settings or use a Hugging Face model for that chain")
 
 
 class BacktranslateCfg(Section):
@@ -231,6 +258,26 @@ class BacktranslateCfg(Section):
                           "float32"] = "auto"
     # CTranslate2 only: > 0 batches by this many source tokens (batch_type="tokens") instead of batch_size rows.
     batch_tokens: int = Field(0, ge=0)
+    # Bergamot models (pipeline/models/bergamot.py): Python threads sharing one loaded direction. An execution
+    # setting: a row's text does not depend on it, so it is left out of the cache key.
+    threads: int = Field(2, ge=1)
+    # Degenerate outputs (pipeline/degenerate.py): a back-translation whose word count is above max_ratio x (or below
+    # min_ratio x) its input's, with at least min_words words in the longer of the two, or that repeats itself where
+    # its input does not, keeps its row with `flag` saying why, and is neither a positive nor a paraphrase.
+    degenerate_max_ratio: float = Field(1.5, gt=1.0)
+    degenerate_min_ratio: float = Field(0.5, gt=0.0, lt=1.0)
+    degenerate_min_words: int = Field(6, ge=1)
+
+    EXECUTION: ClassVar[frozenset[str]] = frozenset({"threads"})
+
+    @model_validator(mode="after")
+    def _bergamot_greedy(self):
+        for chain in self.chains:
+            for name in chain.models:
+                problem = bergamot_greedy_problem(self, name) if name.startswith("bergamot:") else None
+                if problem:
+                    raise ValueError(problem)
+        return self
 
     @model_validator(mode="after")
     def _engine_settings(self):
@@ -379,8 +426,16 @@ class Config(Section):
 
     def section_hash(self, *sections: str) -> str:
         """Content hash of the named sections: a stage's cache key depends only on what it reads."""
-        blob = json.dumps({s: getattr(self, s).model_dump(mode="json") for s in sections}, sort_keys=True)
+        blob = json.dumps({s: _result_settings(getattr(self, s)) for s in sections}, sort_keys=True)
         return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
+
+
+def _result_settings(section: Section) -> dict:
+    """A section's settings less its execution settings (`EXECUTION`: how fast, not what): those never enter a key."""
+    dump = section.model_dump(mode="json")
+    for name in getattr(type(section), "EXECUTION", ()):
+        dump.pop(name, None)
+    return dump
 
 
 # loading (profiles, overrides, shard count) lives in profiles.py; imported here so `pipeline.config` stays the

@@ -20,7 +20,8 @@ SCHEMAS: dict[str, pa.Schema] = {
                            ("ops", pa.string())]),
     "backtranslations": pa.schema([("sid", pa.int64()), ("chain", pa.string()), ("variant", pa.int32()),
                                    ("pivot_text", pa.string()), ("text", pa.string()), ("model", pa.string()),
-                                   ("role", pa.string())]),  # the chain's role: positives | paraphrases | both
+                                   ("role", pa.string()),  # the chain's role: positives | paraphrases | both
+                                   ("flag", pa.string())]),  # why the output is degenerate (pipeline/degenerate.py)
     "scores": pa.schema([("sid", pa.int64()), ("kind", pa.string()), ("cand_sid", pa.int64()), ("text", pa.string()),
                          ("source", pa.string()), ("edit", pa.float32()), ("cos", pa.float32())]),
     "candidates": pa.schema([("sid", pa.int64()), ("kind", pa.string()), ("cand_sid", pa.int64()),

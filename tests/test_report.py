@@ -104,6 +104,25 @@ def test_overlap_table_equals_direct_computation(run, tmp_path):
     assert "| DebCSE (published) | 0.560 | 0.210 |" in md
 
 
+def test_overlap_by_source_pool_against_chosen(run):
+    """Table 4's explanation: each pool (kind, source) against what was chosen from it, by direct computation."""
+    from pipeline.report import overlap_by_source
+
+    texts = {p["sid"]: p["anchor"] for p in run["pairs"]}
+    cands = pq.read_table(run["dir"] / "candidates" / "part-00000-of-00001.parquet").to_pylist()
+    sent = {r["sid"]: r["text"] for r in pq.read_table(run["dir"] / "sentences" / "part-00000-of-00001.parquet").to_pylist()}
+    got = {(r["kind"], r["source"]): r for r in overlap_by_source(Run(run["dir"]))}
+    assert set(got) == {("pos", "noise"), ("neg", "knn")}
+    for (kind, source), r in got.items():
+        rows = [c for c in cands if c["kind"] == kind and c["source"] == source]
+        text = lambda c: c["text"] if c["text"] is not None else sent[c["cand_sid"]]  # noqa: E731
+        assert r["pool"] == len(rows) and r["chosen"] == sum(c["chosen"] for c in rows)
+        assert r["pool_overlap"] == pytest.approx(np.mean([_overlap(texts[c["sid"]], text(c)) for c in rows]))
+        assert r["chosen_overlap"] == pytest.approx(np.mean([_overlap(texts[c["sid"]], text(c)) for c in rows
+                                                             if c["chosen"]]))
+        assert r["pool_cos"] == pytest.approx(np.mean([c["cos"] for c in rows]))
+
+
 def test_peakedness_uniform_is_one(run):
     t = pool_peakedness(Run(run["dir"])).to_pylist()
     for row in (r for r in t if r["sid"] == 0):

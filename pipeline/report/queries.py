@@ -121,6 +121,29 @@ def overlap_stats(run: Run, seed: int = 0) -> dict[str, tuple[float | None, int,
     return out
 
 
+def overlap_by_source(run: Run, seed: int = 0, limit: int = TEXT_SAMPLE) -> list[dict]:
+    """Per (kind, source): the whole candidate pool and the chosen ones — candidates, mean cosine, mean lexical
+    overlap (a seeded sample of at most `limit` per row). Says whether IPW moved Table 4's numbers, or the pools
+    set them."""
+    if not (run.present["candidates"] and run.present["sentences"]):
+        return []
+    out = []
+    groups = run.rows("SELECT kind, source, count(*), avg(cos), sum(chosen::INT), avg(CASE WHEN chosen THEN cos END) "
+                      "FROM candidates GROUP BY kind, source ORDER BY kind DESC, source")
+    for kind, source, n, cos, n_chosen, cos_chosen in groups:
+        row = {"kind": kind, "source": source, "pool": n, "pool_cos": cos, "chosen": n_chosen, "chosen_cos": cos_chosen}
+        for which, where in (("pool", ""), ("chosen", "AND c.chosen")):
+            got = run.con.sql(
+                f"SELECT s.text a, coalesce(c.text, s2.text) b FROM candidates c JOIN sentences s ON s.sid = c.sid "
+                f"LEFT JOIN sentences s2 ON s2.sid = c.cand_sid WHERE c.kind = $kind AND c.source = $source {where} "
+                f"{_sample_clause(seed, 'c.sid, c.text, c.cand_sid', limit)}",
+                params={"kind": kind, "source": source}).to_arrow_table()
+            a, b = got.column("a").combine_chunks(), got.column("b").combine_chunks()
+            row[f"{which}_overlap"] = float(lexical_overlap(a, b).mean()) if len(a) else None
+        out.append(row)
+    return out
+
+
 def pool_peakedness(run: Run) -> pa.Table:
     """Per (sid, kind) pool: n, max p / (1/n) and H(p) / log n (1.0 for a one-candidate pool: trivially uniform)."""
     return run.con.sql("""

