@@ -105,8 +105,14 @@ def test_paper_profiles_fail_fast_offline(tmp_path):
 
 
 def test_default_profile_says_once_what_it_cannot_load(tmp_path):
+    """The default chain (bundled Bergamot) always loads: nothing to say. With fallback = true, a chain that cannot
+    load is named once, and where DebCSE's positives then come from is said plainly."""
     from pipeline.stages.backtranslate import generator_notes
 
-    notes = generator_notes(configure("default"))
+    assert generator_notes(configure("default")) == []
+    chains = ('backtranslate.chains=[{models=["Helsinki-NLP/opus-mt-en-zh", "Helsinki-NLP/opus-mt-zh-en"], '
+              'role="positives"}, {models=["bergamot:en-pt", "bergamot:pt-en"], role="paraphrases"}]')
+    notes = generator_notes(configure("default", overrides=[
+        "backtranslate.fallback=true", chains, 'backtranslate.target_lang={"Helsinki-NLP/opus-mt-en-zh"=">>cmn_Hans<<"}']))
     assert sum("Helsinki-NLP/opus-mt-en-zh" in n for n in notes) == 1
-    assert any("noise variants" in n and "no paraphrase" in n for n in notes)
+    assert any("noise variants" in n and "only bergamot:en-pt>bergamot:pt-en will run" in n for n in notes), notes

@@ -19,6 +19,9 @@ from pipeline.models.standin import StandInEncoder, is_standin
 from pipeline.models.unpad import can_unpad, unpadded_forward
 
 MIN_ROWS = 8  # see Encoder.encode
+# ... and at least this many tokens (rows x length): below ~192 tokens per batch this machine's CPU GEMM takes
+# other kernels whose last bits differ (measured on MiniLM: 11 rows of 17 tokens differ from 12+, 32 of 6 from 33+)
+MIN_TOKENS = 256
 POOLERS = ("cls", "cls_before_pooler", "mean", "mask", "avg_first_last")
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 DEFAULT_PROMPT = 'This sentence : "{s}" means [MASK] .'  # PromptBERT's template, OssCSE's T1
@@ -151,8 +154,9 @@ class Encoder(torch.nn.Module):
         desc = progress if isinstance(progress, str) else "encode"
         for idx in tqdm(batches, desc=desc, disable=not progress, unit="batch"):
             real = len(idx)
-            # Batches of 1–2 rows take other CPU kernels whose last bits differ: repeat rows up to MIN_ROWS.
-            idx_run = np.resize(idx, max(real, MIN_ROWS))
+            # Small batches take other CPU kernels whose last bits differ: repeat rows up to MIN_ROWS rows and
+            # MIN_TOKENS tokens, so a row's numbers never depend on how many rows of its length share the shard.
+            idx_run = np.resize(idx, max(real, MIN_ROWS, -(-MIN_TOKENS // max(1, int(lengths[idx[0]])))))
             batch = {k: torch.tensor([enc[k][i] for i in idx_run]) for k in keys}
             if self.pooler == "mask":
                 batch["mask_positions"] = (batch["input_ids"] == self.tokenizer.mask_token_id).int().argmax(1)

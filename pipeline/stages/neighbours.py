@@ -158,6 +158,7 @@ def exact_cosines(q: np.ndarray, q_rows: np.ndarray, base_vecs: np.ndarray, ids:
     def chunk(a: int) -> None:
         b = a + pairs_per_step
         out[a:b] = np.einsum("pd,pd->p", q[q_rows[a:b]], base_vecs[ids[a:b]], dtype=np.float64)
+        np.clip(out[a:b], -1.0, 1.0, out=out[a:b])  # unit float32 rows: 1 ± 1e-7
 
     starts = range(0, len(ids), pairs_per_step)
     workers = max(1, min(len(starts), faiss.omp_get_max_threads()))
@@ -224,7 +225,7 @@ def _resolve_block(q, q_sids, scores, ids, base_vecs, base_sids, lo, hi, pool_si
 
 def exact_band_neighbours(q_vecs, q_sids, base_vecs, base_sids, lo, hi, pool_size, skip_top: int = 0) -> pa.Table:
     """Brute force (numpy, float64): the reference for tests and for the recall of approximate indexes."""
-    sims = q_vecs.astype(np.float64) @ base_vecs.astype(np.float64).T
+    sims = np.clip(q_vecs.astype(np.float64) @ base_vecs.astype(np.float64).T, -1.0, 1.0)  # as exact_cosines
     out = ([], [], [], [])
     for r, row in enumerate(sims):
         band = (row >= lo) & (row <= hi) & (base_sids != q_sids[r])
