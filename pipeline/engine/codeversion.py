@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import threading
 from importlib.util import resolve_name
 from pathlib import Path
 
@@ -35,13 +36,17 @@ def _is_type_checking(node: ast.If) -> bool:
         (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
+_PARSE = threading.Lock()
+
+
 def imported_modules(source: str, module: str) -> set[str]:
     """Absolute names of what `module`'s source imports, anywhere in it (function-level imports too)."""
     package = module if module.endswith("__init__") else module.rpartition(".")[0]
     package = package.removesuffix(".__init__")
     out: set[str] = set()
     skip: set[int] = set()
-    tree = ast.parse(source)
+    with _PARSE:  # CPython 3.11.7's ast.parse is not safe in concurrent threads ("AST constructor recursion depth
+        tree = ast.parse(source)  # mismatch", seen with shard threads computing code versions at once)
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and _is_type_checking(node):
             skip.update(id(n) for n in ast.walk(node))
