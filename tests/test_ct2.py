@@ -11,6 +11,7 @@ from pipeline.config import BacktranslateCfg, ConfigError, load_config
 from pipeline.engine.runner import run_shard
 from pipeline.engine.store import Store
 from pipeline.models import ct2
+from pipeline.models.translation import row_limit
 from pipeline.models.translator import backtranslate, chain_name, load_chain, load_translator
 from pipeline.schema import SCHEMAS
 from pipeline.stages.backtranslate import generation_facts, generator_notes
@@ -42,9 +43,15 @@ def cfg(**kw) -> BacktranslateCfg:
 
 
 def test_float32_greedy_equals_hf_token_for_token(tiny):
+    import torch
+
+    threads = torch.get_num_threads()
     hf = load_translator(tiny["en-xx"], cfg()).translate(LINES)
     fast = load_translator(tiny["en-xx"], cfg(engine="ctranslate2", compute_type="float32"))
     assert isinstance(fast, ct2.CT2Translator)
+    # CPU: one-thread workers, one per torch thread, not OpenMP threads (ct2 module doc: libgomp shared with torch),
+    # and torch keeps its thread count (creating the Translator set the shared OpenMP count to 1)
+    assert fast.translator.num_translators == torch.get_num_threads() == threads
     assert fast.translate(LINES) == hf
     assert len({h[0] for h in hf}) > 50, "outputs should depend on the input, else equality says little"
     # any batch composition: alone, in small batches, reversed
@@ -53,6 +60,43 @@ def test_float32_greedy_equals_hf_token_for_token(tiny):
                                               )).translate(LINES[::-1]) == hf[::-1]
     assert load_translator(tiny["en-xx"], cfg(engine="ctranslate2", compute_type="float32", batch_tokens=256,
                                               )).translate(LINES) == hf
+
+
+class CountingCalls:
+    """A CTranslate2 translator that counts its translate_batch calls."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def translate_batch(self, *args, **kw):
+        self.calls += 1
+        return self.inner.translate_batch(*args, **kw)
+
+
+@pytest.mark.parametrize("model", ["en-xx", "m2m"])
+def test_greedy_in_one_call_cut_per_row_equals_decoding_each_cap_apart(tiny, model):
+    """Greedy decodes all rows in one call to the largest cap and cuts each row at its own: the same texts as one
+    call per cap and as HF's per-row caps, on rows of many caps, many of them cut (for M2M100 the forced language
+    token counts towards the cap, as HF's max_new_tokens counts it)."""
+    langs = dict(target_lang={tiny["m2m"]: "de"}, source_lang={tiny["m2m"]: "en"}) if model == "m2m" else {}
+    caps = dict(max_new_tokens_factor=0.5, max_new_tokens_min=1, batch_size=8, **langs)
+    hf = load_translator(tiny[model], cfg(**caps)).translate(LINES)
+    fast = load_translator(tiny[model], cfg(engine="ctranslate2", compute_type="float32", **caps))
+    fast.translator = counting = CountingCalls(fast.translator)
+    one_call = fast.translate(LINES)
+    assert counting.calls == 1
+    fast.group_greedy_by_cap = True
+    grouped = fast.translate(LINES)
+    assert one_call == grouped == hf
+    ids = fast.tokenizer([fast.prefix + t for t in LINES], truncation=True, max_length=fast.cfg.max_length)
+    limits = [row_limit(len(x), fast.cfg) for x in ids["input_ids"]]
+    assert counting.calls > 1 + 10 and len(set(limits)) > 10  # one call per cap when grouped
+    full = counting.inner.translate_batch([fast.tokenizer.convert_ids_to_tokens(x) for x in ids["input_ids"]],
+                                          target_prefix=[fast.target_prefix] * len(LINES) if fast.target_prefix
+                                          else None, beam_size=1, max_decoding_length=max(limits))
+    cut = sum(len(r.hypotheses[0]) > n for r, n in zip(full, limits))
+    assert cut > 30, f"only {cut} rows outgrow their cap: the cut is barely exercised"
+    assert len({h[0] for h in hf}) > 25  # outputs depend on the input
 
 
 def test_empty_text_translates_to_empty_on_both_engines(tiny):
@@ -139,7 +183,8 @@ def test_weights_saved_again_in_the_same_folder_convert_again(tmp_path, hf_cache
 
 def test_engine_settings_that_cannot_work_are_refused(tiny):
     with pytest.raises(ConfigError, match="do_sample with engine = 'ctranslate2'"):
-        load_config("default", ["backtranslate.engine=ctranslate2", "backtranslate.do_sample=true"])
+        load_config("default", ["backtranslate.chains=[]", "backtranslate.engine=ctranslate2",
+                                "backtranslate.do_sample=true"])
     with pytest.raises(ConfigError, match="CTranslate2 settings and engine = 'hf'"):
         load_config("default", ["backtranslate.compute_type=int8"])
     fsmt_chain = f'backtranslate.chains=[["{tiny["en-xx"]}", "{tiny["fsmt"]}"]]'
