@@ -14,10 +14,6 @@ min(max_length, max(max_new_tokens_min, ceil(max_new_tokens_factor x input token
 from __future__ import annotations
 
 import copy
-import json
-import math
-import re
-from pathlib import Path
 
 import pyarrow as pa
 import torch
