@@ -6,12 +6,17 @@
     python -m flows.cli report [--run R]
 
 Settings, the corpus and the models are checked before Prefect starts or anything is written; a problem is one
-line on stderr naming the key, file or model, and exit code 2. A command imports what it uses: `sql` and `report`
-load neither torch nor Prefect.
+line on stderr naming the key, file or model, and exit code 2. A stage that fails on its input once the run has
+started (a `StageError`, pipeline/errors.py: e.g. a precomputed-embeddings file without a vector for some text)
+ends the same way: one `error:` line, exit 2, no traceback (flows/logging.yml keeps Prefect's copy of it off the
+terminal), and no half-written shard (pipeline/engine/atomic.py). A command imports what it uses: `sql` and
+`report` load neither torch nor Prefect.
 """
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,20 +24,33 @@ from pathlib import Path
 from . import env  # noqa: F401
 from pipeline.config import Config, ConfigError, configure, split_overrides
 from pipeline.engine.tables import TableMissing
+from pipeline.errors import StageError
 from pipeline.models.hub import ModelUnavailable
 from pipeline.stages import ORDER
 from pipeline.stages.sentences import CorpusError
+
+# Prefect logs a failed task or flow run with its traceback; for the errors this CLI reports in one line, the
+# console handler of flows/logging.yml drops that record (pipeline.errors.ExpectedErrors; the API still gets it).
+# Only in the command's own process (`python -m flows.cli`; an in-process caller keeps its logging), set before
+# Prefect is imported (it reads its logging config then), and inherited by Dask worker processes. A logging config
+# of the user's own (the setting, or logging.yml in PREFECT_HOME) wins.
+LOGGING_YML = Path(__file__).with_name("logging.yml")
+_USERS_LOGGING = (os.environ.get("PREFECT_LOGGING_CONFIG_PATH") or os.environ.get("PREFECT_LOGGING_SETTINGS_PATH")
+                  or (Path(os.environ["PREFECT_HOME"]).expanduser() / "logging.yml").is_file())
+if __name__ == "__main__" and LOGGING_YML.is_file() and not _USERS_LOGGING:
+    os.environ["PREFECT_LOGGING_CONFIG_PATH"] = str(LOGGING_YML)
 
 
 class InputMissing(RuntimeError):
     """A stage run alone before the stages it reads from."""
 
 
-def preflight(cfg: Config, stages: list[str]) -> list[str]:
+def preflight(cfg: Config, stages: list[str]) -> tuple[list[str], dict]:
     """Fail fast on what would fail later (every model is resolved — downloaded where needed — here, once per run);
-    return the plain-words notes about the translation chains."""
+    return the plain-words notes about the translation chains and the run's plan so far (the `chains` resource,
+    resolved here once: the flow takes this decision as it is)."""
     from pipeline.models.hub import resolve_model
-    from pipeline.stages.backtranslate import generator_notes
+    from pipeline.stages.backtranslate import chains_plan, generator_notes
     from pipeline.stages.sentences import check_corpus
     from trainer.objectives import check_settings
 
@@ -46,7 +64,10 @@ def preflight(cfg: Config, stages: list[str]) -> list[str]:
 
         if not spacy.util.is_package(cfg.negate.model) and not Path(cfg.negate.model).is_dir():
             raise ModelUnavailable(f"spaCy pipeline {cfg.negate.model!r} is not installed (pip install it, or set negate.model)")
-    return generator_notes(cfg) if {"backtranslate", "scores", "paraphrases"} & set(stages) else []
+    if not {"backtranslate", "scores", "paraphrases"} & set(stages):
+        return [], {}
+    plan = {"chains": chains_plan(cfg)}
+    return generator_notes(cfg, plan["chains"]), plan
 
 
 def check_inputs(cfg: Config, stage: str) -> None:
@@ -73,11 +94,12 @@ def check_inputs(cfg: Config, stage: str) -> None:
 def cmd_mine(args, cfg: Config) -> None:
     from .mine import mine_flow
 
-    for note in preflight(cfg, ORDER):
+    notes, plan = preflight(cfg, ORDER)
+    for note in notes:
         print(f"note: {note}", file=sys.stderr)
     t0 = time.perf_counter()
     rows = mine_flow(profile=args.profile, run=args.run, corpus=args.corpus, overrides=args.set,
-                     force=ORDER if args.force == [] else (args.force or []))
+                     force=ORDER if args.force == [] else (args.force or []), plan=plan)
     print(f"\nmined run {cfg.run.name!r} in {time.perf_counter() - t0:.0f}s → {cfg.run.dir}")
     for stage, counts in rows.items():
         print(f"  {stage:<14} " + ", ".join(f"{t}={n}" for t, n in counts.items()))
@@ -91,13 +113,13 @@ def cmd_stage(args, cfg: Config) -> None:
 
     if args.name not in load_stages():
         raise ConfigError(f"unknown stage {args.name!r}; stages: {', '.join(load_stages())}")
-    notes = preflight(cfg, [args.name])
+    notes, plan = preflight(cfg, [args.name])
     if not load_stages()[args.name].one_job:
         check_inputs(cfg, args.name)  # before the notes: a missing input is the one line the user gets
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     manifest = run_stage_flow(args.name, cfg, profile=args.profile, run=args.run, corpus=args.corpus,
-                              overrides=args.set, force=args.force is not None)
+                              overrides=args.set, force=args.force is not None, plan=plan)
     print(f"{args.name}: {manifest['shards_computed']} shards computed, {manifest['shards_cached']} reused, "
           f"rows {manifest['rows']}")
 
@@ -159,10 +181,37 @@ def main(argv: list[str] | None = None) -> int:
         cfg = configure(args.profile, args.run, args.corpus, args.set)
         {"mine": cmd_mine, "stage": cmd_stage, "sql": cmd_sql, "report": cmd_report,
          "export": cmd_export}[args.cmd](args, cfg)
-    except (ConfigError, ModelUnavailable, CorpusError, InputMissing, TableMissing) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ConfigError, ModelUnavailable, CorpusError, InputMissing, TableMissing, StageError) as e:
+        # raised before Prefect started, or inside a shard task: Prefect's flow call re-raises the task's own
+        # exception. One line, whatever the message holds, and the last one.
+        say_last("error: " + " ".join(str(e).splitlines()))
         return 2
     return 0
+
+
+_LAST_WORDS: list[str] = []
+
+
+def say_last(line: str) -> None:
+    """Print `line` on stderr as the last line the user sees. Without PREFECT_API_URL, Prefect runs a temporary
+    server and, when the process exits, drains its log queue to it and stops it, logging "Stopping temporary server"
+    as it does: a line that would come after ours. So in the command's own process (`python -m flows.cli`, where
+    this module is __main__) `line` waits for the exit hook below, registered before Prefect was imported: exit
+    hooks run last-registered first, so it runs after Prefect's. Otherwise (a configured server, the user's or the
+    tests' harness, logs nothing at exit; an in-process call returns first) it is printed now."""
+    if __name__ == "__main__" and "prefect.server.api.server" in sys.modules:
+        from prefect.settings import PREFECT_API_URL
+
+        if not PREFECT_API_URL.value():
+            _LAST_WORDS.append(line)
+            return
+    print(line, file=sys.stderr, flush=True)
+
+
+@atexit.register
+def _say_last_words() -> None:
+    while _LAST_WORDS:
+        print(_LAST_WORDS.pop(0), file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

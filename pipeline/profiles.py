@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from pipeline.config import CONFIG_DIR, Config, ConfigError
+from pipeline.settings import CONFIG_DIR, Config, ConfigError
 
 
 def split_overrides(text: str) -> list[str]:
@@ -106,11 +106,10 @@ def configure(profile: str = "default", run: str | None = None, corpus: str | No
         sets.append(f"data.corpus={corpus}")
     cfg = load_config(profile, sets)
     needed = shards_for(cfg.data.corpus, cfg.run.max_shard_rows)
-    if needed > cfg.run.shards:  # the shard count follows the corpus size; tables do not depend on it
-        # whole rounds: with w workers, a count that is not a multiple of w leaves workers idle in the last round
-        # (5 shards on 2 workers take 3 rounds, as 6 would), so a stage's wall time would jump 2.4x per doubling
-        w = cfg.runner.workers
-        cfg = load_config(profile, [*sets, f"run.shards={-(-needed // w) * w}"])
+    if needed > cfg.run.shards:  # the shard count follows the corpus size only; tables do not depend on it, and
+        # it must not depend on runner.workers either: it is part of every key (a rerun with 3 workers instead of 2
+        # would recompute every stage). Workers idle in a last round cost less than that.
+        cfg = load_config(profile, [*sets, f"run.shards={needed}"])
     return cfg
 
 

@@ -112,7 +112,9 @@ class BacktranslateCfg(Section):
     degenerate_min_ratio: float = Field(0.5, gt=0.0, lt=1.0)
     degenerate_min_words: int = Field(6, ge=1)
 
-    EXECUTION: ClassVar[frozenset[str]] = frozenset({"threads"})
+    # how fast, not what (never in a key): a row's output does not depend on its batch (tests/test_backtranslate.py,
+    # tests/test_ct2.py: each row alone equals the batch) nor on the threads sharing a Bergamot direction
+    EXECUTION: ClassVar[frozenset[str]] = frozenset({"threads", "batch_size", "batch_tokens"})
 
     @model_validator(mode="after")
     def _bergamot_greedy(self):
@@ -121,6 +123,20 @@ class BacktranslateCfg(Section):
                 problem = bergamot_greedy_problem(self, name) if name.startswith("bergamot:") else None
                 if problem:
                     raise ValueError(problem.removeprefix("backtranslate: "))  # the loader names the section
+        return self
+
+    @model_validator(mode="after")
+    def _generation(self):
+        """Generation settings that contradict each other, whatever the model: refused when the config is read,
+        not when a stage loads its first model. (After `_bergamot_greedy`: a Bergamot chain's refusal names more.)"""
+        if self.do_sample and self.num_beams > 1:
+            raise ValueError(f"do_sample = true with num_beams = {self.num_beams}: sampling draws one token at a "
+                             f"time and keeps no beams; set num_beams = 1 to sample, or do_sample = false for beam "
+                             f"search")
+        if not self.do_sample and self.num_return_sequences > self.num_beams:
+            raise ValueError(f"num_return_sequences = {self.num_return_sequences} > num_beams = {self.num_beams} "
+                             f"without do_sample: beam search returns at most num_beams different outputs (the rest "
+                             f"would be copies); raise num_beams, or set do_sample = true")
         return self
 
     @model_validator(mode="after")

@@ -193,11 +193,14 @@ def test_length_cap_follows_the_row(tiny):
         assert batched[j] == [alone if LINES[j].strip() else ""]  # an empty text is not sent to generate()
 
 
-def test_invalid_generation_settings(tiny):
-    with pytest.raises(ValueError, match="num_beams"):
-        load_translator(tiny["marian-en-xx"], cfg(do_sample=True, num_beams=2))
-    with pytest.raises(ValueError, match="num_return_sequences"):
-        load_translator(tiny["marian-en-xx"], cfg(num_return_sequences=2))
+def test_invalid_generation_settings_are_refused_by_the_config():
+    with pytest.raises(ValueError, match="do_sample = true with num_beams = 2"):
+        cfg(do_sample=True, num_beams=2)
+    with pytest.raises(ValueError, match="num_return_sequences = 2 > num_beams = 1 without do_sample"):
+        cfg(num_return_sequences=2)
+    ok = cfg(do_sample=True, num_return_sequences=3)  # sampling: any number of returns, one beam
+    with pytest.raises(ValueError, match="do_sample = true with num_beams = 4"):
+        ok.num_beams = 4  # an assignment is checked too
 
 
 def test_row_seed_and_chain_name():
@@ -269,3 +272,21 @@ def test_mine_stops_before_any_work_without_a_target_language(zh_like, tiny, tmp
         err = capsys.readouterr().err.strip()
         assert code == 2 and "\n" not in err and "target_lang" in err and "opus-mt-en-zh" in err, err
         assert not (tmp_path / "runs").exists()
+
+
+def test_a_target_language_for_a_single_target_marian_model_stops_mine_before_any_work(tiny, tmp_path, capsys):
+    from flows.cli import main as cli_main
+    from pipeline.models.translator import target_language_problem
+
+    one = tiny["marian-xx-en"]  # no >>code<< tokens: it translates into one language
+    problem = target_language_problem(one, one, cfg(target_lang={one: "de"}))
+    assert "\n" not in problem and "single-target Marian" in problem and repr(one) in problem and "'de'" in problem
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(LINES[:5]) + "\n")
+    chain = f'backtranslate.chains=[["{tiny["marian-en-xx"]}", "{one}"]]'
+    code = cli_main(["mine", "--corpus", str(corpus), "--set", chain,
+                     f'backtranslate.target_lang={{"{one}" = "de"}}', "encoder.model=standin:encoder-32",
+                     f"run.root={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and err.startswith("error: ") and "single-target Marian" in err, err
+    assert not (tmp_path / "runs").exists()  # refused before Prefect started: nothing written

@@ -8,7 +8,7 @@ import torch
 
 from pipeline.config import load_config
 from pipeline.engine.codeversion import PIPELINE, code_version, module_closure
-from pipeline.engine.runner import load_stages, stage_facts
+from pipeline.engine.runner import load_stages, resolve_plan, stage_facts
 from pipeline.models import hub as models
 from pipeline.stages import backtranslate, embeddings
 
@@ -17,7 +17,8 @@ STAGES = load_stages()
 
 
 def extra_key(stage, cfg) -> str:
-    return stage_facts(stage, cfg)
+    """What the stage's key holds beyond inputs and settings: its facts and its resources as resolved for the run."""
+    return stage_facts(stage, cfg, resolve_plan(stage.name, cfg))
 
 
 def test_code_version_follows_every_module_a_stage_imports(tmp_path):
@@ -42,8 +43,8 @@ def test_device_and_precision_are_part_of_the_key(monkeypatch):
     cfg = load_config("default", OFFLINE)
     stages = ("embeddings", "scores", "backtranslate")
     cpu = {s: extra_key(STAGES[s], cfg) for s in stages}
-    assert all("device=cpu" in cpu[s] for s in stages)
-    assert "precision=float32" in cpu["embeddings"] and "dtype=float32" in cpu["backtranslate"]
+    assert all('"device":"cpu"' in cpu[s] for s in stages)
+    assert '"precision":"float32"' in cpu["embeddings"] and '"dtype":"float32"' in cpu["backtranslate"]
     # the same run on a GPU with bf16: no shard of the CPU float32 run may be reused
     cuda = lambda setting="auto": "cuda" if setting == "auto" else setting  # noqa: E731
     monkeypatch.setattr(embeddings, "pick_device", cuda)
@@ -51,10 +52,10 @@ def test_device_and_precision_are_part_of_the_key(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     gpu = {s: extra_key(STAGES[s], cfg) for s in stages}
     for s in stages:
-        assert gpu[s] != cpu[s] and "device=cuda" in gpu[s], s
-    assert "precision=bf16" in gpu["embeddings"] and "dtype=bfloat16" in gpu["backtranslate"]
+        assert gpu[s] != cpu[s] and '"device":"cuda"' in gpu[s], s
+    assert '"precision":"bf16"' in gpu["embeddings"] and '"dtype":"bfloat16"' in gpu["backtranslate"]
     fp16 = extra_key(STAGES["embeddings"], load_config("default", OFFLINE + ["encoder.precision=fp16"]))
-    assert "precision=fp16" in fp16 and fp16 != gpu["embeddings"]
+    assert '"precision":"fp16"' in fp16 and fp16 != gpu["embeddings"]
 
 
 def test_model_files_are_part_of_the_key(tmp_path):
@@ -76,10 +77,18 @@ def test_model_files_are_part_of_the_key(tmp_path):
     assert models.model_fingerprint(tmp_path / "hf" / "models--org--m" / "snapshots" / ("a" * 40)) == f"hub:org/m@{'a' * 40}"
 
 
-def test_library_versions_are_part_of_the_key():
+def test_library_versions_are_part_of_the_key(tmp_path):
     from importlib.metadata import version
 
-    cfg = load_config("default", OFFLINE)
+    import numpy as np
+
+    from pipeline.engine.store import Store
+    from pipeline.schema import vectors_table
+
+    cfg = load_config("default", OFFLINE + [f"run.root={tmp_path}", "run.shards=1"])
+    vecs = np.eye(4, dtype=np.float32)  # the index is resolved against the run's vectors
+    Store(cfg.run.dir).write_shard("embeddings", 0, 1, vectors_table(np.arange(4), vecs), "k")
+    Store(cfg.run.dir).write_shard("pool_embeddings", 0, 1, vectors_table(np.arange(0), vecs[:0]), "k")
     assert f"faiss-cpu={version('faiss-cpu')}" in extra_key(STAGES["neighbours"], cfg)
     assert f"spacy={version('spacy')}" in extra_key(STAGES["negate"], cfg)
     assert f"torch={version('torch')}" in extra_key(STAGES["embeddings"], cfg)

@@ -2,6 +2,7 @@
 same texts as HF generate where that holds (float32 greedy), int8 running; the engine switch recomputing shards."""
 from __future__ import annotations
 
+import json
 import os
 
 import pyarrow as pa
@@ -14,7 +15,7 @@ from pipeline.models import ct2
 from pipeline.models.translation import row_limit
 from pipeline.models.translator import backtranslate, chain_name, load_chain, load_translator
 from pipeline.schema import SCHEMAS
-from pipeline.stages.backtranslate import generation_facts, generator_notes
+from pipeline.stages.backtranslate import chains_plan, generator_notes
 from tests.tiny_mt import build_tiny_fsmt, build_tiny_m2m100, build_tiny_marian, corpus_lines
 
 SMALL = dict(max_new_tokens_factor=1.0, max_new_tokens_min=4, max_length=48)
@@ -190,8 +191,9 @@ def test_engine_settings_that_cannot_work_are_refused(tiny):
     fsmt_chain = f'backtranslate.chains=[["{tiny["en-xx"]}", "{tiny["fsmt"]}"]]'
     strict = load_config("default", [fsmt_chain, "backtranslate.engine=ctranslate2"])
     with pytest.raises(ConfigError, match=r"fsmt.*cannot be converted by CTranslate2.*engine = 'auto'"):
-        generator_notes(strict)
-    notes = " ".join(generator_notes(load_config("default", [fsmt_chain, "backtranslate.engine=auto"])))
+        chains_plan(strict)
+    auto = load_config("default", [fsmt_chain, "backtranslate.engine=auto"])
+    notes = " ".join(generator_notes(auto, chains_plan(auto)))
     assert f"{tiny['en-xx']} on CTranslate2 (int8)" in notes
     assert f"{tiny['fsmt']} on Hugging Face generate (CTranslate2 does not convert" in notes
 
@@ -207,7 +209,7 @@ def test_engine_switch_recomputes_the_shards(tiny, tmp_path):
     runs = {e: load_config("default", [*base, *e]) for e in
             [(), ("backtranslate.engine=ctranslate2", "backtranslate.compute_type=float32"),
              ("backtranslate.engine=ctranslate2",)]}
-    facts = [generation_facts(c) for c in runs.values()]
+    facts = [json.dumps(chains_plan(c)) for c in runs.values()]
     assert '"ctranslate2:float32"' in facts[1] and '"ctranslate2:int8"' in facts[2] and "ctranslate2=" in facts[2]
     tables = []
     for c in runs.values():

@@ -107,3 +107,26 @@ def test_no_python_file_over_400_lines():
     files = [p for d in ("pipeline", "flows", "trainer", "tests", "bench") for p in (ROOT / d).rglob("*.py")]
     long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > 400}
     assert not long, f"split these: {long}"
+
+
+def test_no_import_circle_in_the_pipeline():
+    """No two pipeline modules import each other, directly or through others (lazy imports in functions count: a
+    circle there is a module that cannot be read without the other), e.g. store ↔ runner, config ↔ profiles."""
+    from pipeline.engine.codeversion import PIPELINE, imported_modules
+
+    names = {".".join(p.relative_to(PIPELINE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in PIPELINE.rglob("*.py")}
+    graph = {m: {x for x in imported_modules(p.read_text(), m + ".__init__" * (p.name == "__init__.py"))
+                 if x in names and x != m} for m, p in names.items()}
+
+    def reaches(start: str) -> set[str]:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m not in seen:
+                seen.add(m)
+                todo += graph[m]
+        return seen
+
+    circles = sorted(m for m in graph if m in reaches(m))
+    assert not circles, f"modules on an import circle: {circles}"

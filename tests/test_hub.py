@@ -223,3 +223,63 @@ def test_project_forces_no_offline_mode():
     assert "HF_HUB_OFFLINE" not in make_db
     for dep in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]:
         assert "HF_HUB_OFFLINE" not in dep["work_pool"]["job_variables"].get("env", {}), dep["name"]
+
+
+# ------------------------------------------------------------------------------------------------ completeness
+def _cache_snapshot(hf_home: Path, repo_id: str, files: dict[str, bytes | Path]) -> Path:
+    """A snapshot in the HF cache layout (refs/main -> snapshots/<sha>/...), as a download leaves it."""
+    repo = hf_home / "hub" / ("models--" + repo_id.replace("/", "--"))
+    snap = repo / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    for name, data in files.items():
+        (snap / name).write_bytes(data.read_bytes() if isinstance(data, Path) else data)
+    return snap
+
+
+def test_marian_snapshot_with_one_sentencepiece_file_is_incomplete(paper_models, monkeypatch, tmp_path):
+    for repo, folder in paper_models.items():  # what save_pretrained wrote (BERT, Marian, FSMT) is complete
+        assert missing_files(folder) == [], repo
+    marian = paper_models["Helsinki-NLP/opus-mt-zh-en"]
+    keep = ("config.json", "model.safetensors", "source.spm")  # an interrupted download: one SentencePiece file
+    snap = _cache_snapshot(tmp_path / "hf", "Helsinki-NLP/opus-mt-zh-en", {n: marian / n for n in keep})
+    assert missing_files(snap) == ["MarianTokenizer files target.spm and vocab.json"]
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    models.clear_cache()
+    with pytest.raises(ModelUnavailable) as e:
+        resolve_model("Helsinki-NLP/opus-mt-zh-en", "translation model")
+    assert "\n" not in str(e.value) and "incomplete copy (missing MarianTokenizer files target.spm and vocab.json)" \
+        in str(e.value)
+    for name in ("target.spm", "vocab.json"):  # the rest of the download arrives: now it is a model
+        (snap / name).write_bytes((marian / name).read_bytes())
+    models.clear_cache()
+    assert missing_files(snap) == [] and resolve_model("Helsinki-NLP/opus-mt-zh-en") == str(snap)
+
+
+def test_fast_tokenizer_needs_tokenizer_json_or_its_vocabulary(paper_models, tmp_path):
+    bert = paper_models["bert-base-uncased"]
+    base = {n: bert / n for n in ("config.json", "model.safetensors", "tokenizer_config.json")}
+    only_config = _cache_snapshot(tmp_path / "a", "org/bert", base)  # tokenizer_config.json is no tokenizer
+    assert missing_files(only_config) == ["tokenizer.json (or BertTokenizer files vocab.txt)"]
+    fast = {**base, "tokenizer.json": bert / "tokenizer.json"}
+    assert missing_files(_cache_snapshot(tmp_path / "b", "org/bert", fast)) == []
+    assert missing_files(_cache_snapshot(tmp_path / "c", "org/bert", {**base, "vocab.txt": bert / "vocab.txt"})) == []
+    # a model type transformers does not know and no tokenizer class named: any tokenizer file, as before
+    odd = {"config.json": b'{"model_type": "no-such-type"}', "model.safetensors": b"w"}
+    assert missing_files(_cache_snapshot(tmp_path / "d", "org/odd", odd)) == ["tokenizer files"]
+    assert missing_files(_cache_snapshot(tmp_path / "e", "org/odd", {**odd, "tokenizer.json": b"{}"})) == []
+
+
+def test_download_missing_a_tokenizer_file_is_refused(online, paper_models, tmp_path):
+    marian = paper_models["Helsinki-NLP/opus-mt-zh-en"]
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("config.json", "model.safetensors", "source.spm", "target.spm", "tokenizer_config.json"):
+        (repo / name).write_bytes((marian / name).read_bytes())  # the hub repo itself lacks vocab.json
+    hub = online({"org/marian": repo})
+    with pytest.raises(ModelUnavailable) as e:
+        resolve_model("org/marian", "translation model")
+    assert "\n" not in str(e.value) and f"the download from {hub.url} is incomplete" in str(e.value)
+    assert "MarianTokenizer files vocab.json" in str(e.value)

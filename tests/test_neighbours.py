@@ -75,13 +75,14 @@ class _NoisyFlatIndex:
     """A flat inner-product index whose scores carry errors up to 0.9 EPS (the bound the stage assumes for FAISS's
     float32 scores): it ranks by the noisy scores, as a float32 index ranks by its rounded ones."""
 
-    def __init__(self, x, seed=0):
+    def __init__(self, x, seed=0, bound=None):
+        from pipeline.stages.neighbours import score_tolerance
+
         self.x, self.rng = x.astype(np.float64), np.random.default_rng(seed)
+        self.bound = 0.9 * (score_tolerance(x.shape[1]) if bound is None else bound)
 
     def search(self, q, k):
-        from pipeline.stages.neighbours import EPS
-
-        s = q.astype(np.float64) @ self.x.T + self.rng.uniform(-0.9 * EPS, 0.9 * EPS, (len(q), len(self.x)))
+        s = q.astype(np.float64) @ self.x.T + self.rng.uniform(-self.bound, self.bound, (len(q), len(self.x)))
         ids = np.argsort(-s, axis=1, kind="stable")[:, :k]
         return np.take_along_axis(s, ids, axis=1).astype(np.float32), ids
 
@@ -111,6 +112,33 @@ def test_near_ties_at_the_pool_cutoff_and_band_edges_follow_exact_cosines(edges)
                 got = band_neighbours(x[:1], sids[:1], x, sids, index, index, 0.25, 0.75, pool, skip_top=skip)
                 want = exact_band_neighbours(x[:1], sids[:1], x, sids, 0.25, 0.75, pool, skip)
                 assert got.equals(want), (pool, seed, skip)
+
+
+def test_tolerance_follows_d_where_a_fixed_1e5_orders_pairs_wrongly():
+    """At d = 768 a float32 dot product of unit vectors may be off by up to d·2^-24 ≈ 4.6e-5, more than the fixed
+    1e-5 the stage used to assume. Scores carrying such errors, around the band edges and the pool cut-off: the
+    tolerance derived from d gives the exact pool every time; a fixed 1e-5 leaves out or misorders pairs."""
+    from pipeline.stages.neighbours import score_tolerance
+
+    assert 4.5e-5 < score_tolerance(768) < 5e-5 and score_tolerance(64) == 1e-5
+    rng = np.random.default_rng(5)
+    d = 768
+    target = np.concatenate([0.5 + 8e-6 * rng.permutation(40), 0.25 + 8e-6 * (np.arange(20) - 10),
+                             0.75 + 8e-6 * (np.arange(20) - 10)])
+    base = np.zeros((len(target) + 1, d))
+    base[0, 0] = 1.0
+    base[1:, 0] = target
+    base[1:, 2:] = _unit(rng.normal(size=(len(target), d - 2))) * np.sqrt(1 - target ** 2)[:, None]
+    x = (base @ np.linalg.qr(rng.normal(size=(d, d)))[0]).astype(np.float32)
+    sids = np.arange(len(x), dtype=np.int64)
+    wrong = 0
+    for seed in range(8):
+        want = exact_band_neighbours(x[:1], sids[:1], x, sids, 0.25, 0.75, 30)
+        index = _NoisyFlatIndex(x, seed)
+        assert band_neighbours(x[:1], sids[:1], x, sids, index, index, 0.25, 0.75, 30).equals(want), seed
+        index = _NoisyFlatIndex(x, seed)
+        wrong += not band_neighbours(x[:1], sids[:1], x, sids, index, index, 0.25, 0.75, 30, eps=1e-5).equals(want)
+    assert wrong >= 4  # the fixed tolerance fails on most draws
 
 
 @pytest.mark.parametrize("skip_top, pool", [(1, 5), (3, 5), (10, 40), (25, 3)])

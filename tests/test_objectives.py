@@ -119,9 +119,9 @@ def test_a_typo_in_an_objective_section_is_one_line_naming_the_key():
 
 
 def test_old_flat_keys_still_work_with_one_deprecation_line(capsys, monkeypatch):
-    from pipeline import config
+    from pipeline import settings
 
-    monkeypatch.setattr(config, "_warned", set())
+    monkeypatch.setattr(settings, "_warned", set())
     train = TrainCfg(osscse_alpha=0.07, whitened_groups=16, mlp_train_only=False)
     err = capsys.readouterr().err
     assert "train.osscse_alpha is deprecated" in err and "[train.osscse] alpha" in err and err.count("\n") == 3

@@ -14,7 +14,7 @@ import torch
 
 import pipeline.stages.neighbours as nb
 from pipeline.config import BacktranslateCfg, ConfigError, NeighboursCfg, configure, load_config, shards_for
-from pipeline.engine import devices
+from pipeline.engine import devices, resources
 from pipeline.engine.runner import run_shard
 from pipeline.engine.store import Store
 from pipeline.models.encoder import Encoder
@@ -51,10 +51,11 @@ def test_shard_count_follows_the_corpus_size(tmp_path):
     cfg = configure("default", "x", str(text), ["run.max_shard_rows=60"])
     assert cfg.run.shards == 5  # ceil(250 / 60); run.shards = 4 is the floor
     assert configure("default", "x", str(text), ["run.max_shard_rows=1000"]).run.shards == 4
-    # with several workers the count rounds up to whole rounds (5 shards on 2 workers would idle one of them)
-    assert configure("default", "x", str(text), ["run.max_shard_rows=60", "runner.workers=2"]).run.shards == 6
-    assert configure("default", "x", str(text), ["run.max_shard_rows=60", "runner.workers=5"]).run.shards == 5
-    assert configure("default", "x", str(text), ["run.max_shard_rows=1000", "runner.workers=3"]).run.shards == 4
+    # never the worker count: the count is part of every key, and a rerun with other workers reuses every shard
+    for workers in (2, 3, 5):
+        for kind in ("threads", "dask-local"):
+            assert configure("default", "x", str(text), ["run.max_shard_rows=60", f"runner.workers={workers}",
+                                                         f"runner.kind={kind}"]).run.shards == 5
     table = vectors_table(np.arange(7), np.zeros((7, 2), np.float32)).rename_columns(["text", "v"])
     pq.write_table(table.select(["text"]), tmp_path / "c.parquet")
     assert shards_for(tmp_path / "c.parquet", 2) == 4
@@ -128,19 +129,23 @@ def test_gpu_index_one_per_process_and_one_search_at_a_time(tmp_path, monkeypatc
     monkeypatch.setattr(nb, "build_index", slow_build)
     monkeypatch.setattr(nb, "gpu_count", lambda: 1)
     monkeypatch.setattr(nb, "to_gpu", lambda index, n: fakes.append(FakeGpuFaiss(index)) or fakes[-1])
-    nb._build_index_for.cache_clear()
-    key = (str(tmp_path), 1, "embeddings", store.table_hash("embeddings", 1), NeighboursCfg(pool_size=4).model_dump_json(), 0)
+    cfg = load_config("default", [f"run.root={tmp_path.parent}", f"run.name={tmp_path.name}", "run.shards=1",
+                                  "neighbours.pool_size=4", "backtranslate.chains=[]"])
+    store.write_shard("pool_embeddings", 0, 1, vectors_table(sids[:0], base[:0]), "k")
+    plan = nb.index_plan(cfg, store, 1)
+    assert plan["kind"] == "flat" and plan["device"] == "gpu"
     got = []
-    threads = [threading.Thread(target=lambda: got.append(nb._index_for(*key))) for _ in range(4)]
+    threads = [threading.Thread(target=lambda: got.append(resources.acquire("neighbours", nb.INDEX, cfg, store, 1,
+                                                                            plan))) for _ in range(4)]
     [t.start() for t in threads]
     [t.join() for t in threads]
-    assert len(built) == 1 and len({id(g[3]) for g in got}) == 1
-    index = got[0][3]
+    assert len(built) == 1 and len({id(g[2]) for g in got}) == 1
+    index = got[0][2]
     searchers = [threading.Thread(target=index.search, args=(base[:8], 16)) for _ in range(6)]
     [t.start() for t in searchers]
     [t.join() for t in searchers]
     assert len(fakes[0].ks) == 6 and not fakes[0].overlap
-    nb._build_index_for.cache_clear()
+    assert resources.release("neighbours") == 1 and resources.held() == []
 
 
 def test_each_dask_worker_takes_its_own_gpu(monkeypatch):
@@ -162,12 +167,35 @@ def test_each_dask_worker_takes_its_own_gpu(monkeypatch):
     assert pick_device("auto") == "cuda:1" and pick_device("cpu") == "cpu"
 
 
+def test_worker_gpu_never_hashes_a_name_and_honours_its_own_visible_devices(monkeypatch):
+    """Workers named by dask-cuda or a scheduler's CLI (not 0, 1, ...) take their rank among the cluster's names;
+    a worker with its own CUDA_VISIBLE_DEVICES takes device 0 of what it sees."""
+    import distributed
+
+    names = ["gpu-b", "gpu-a", "gpu-c", "gpu-d"]
+    info = {"workers": {f"tcp://w{i}": {"name": n} for i, n in enumerate(names)}}
+    monkeypatch.setattr(distributed, "get_client", lambda: types.SimpleNamespace(scheduler_info=lambda **k: info))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    got = {}
+    for n in names:
+        monkeypatch.setattr(distributed, "get_worker", lambda n=n: types.SimpleNamespace(name=n, address=n))
+        got[n] = devices.worker_gpu(4)
+    assert sorted(got.values()) == [0, 1, 2, 3] and got["gpu-a"] == 0  # one GPU each, whatever the names hash to
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert devices.worker_gpu(1) == 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # exported for the machine: the rank decides
+    assert devices.worker_gpu(4) == got["gpu-d"]
+
+
 def test_gpu_always_with_hnsw_is_refused():
     with pytest.raises(ConfigError, match="no GPU HNSW"):
         load_config("default", ["neighbours.index=hnsw", "neighbours.gpu=always"])
 
 
-def test_approximate_index_below_min_recall_fails_the_stage(tmp_path):
+def test_approximate_index_below_min_recall_fails_before_any_shard_and_auto_reaches_it(tmp_path):
+    """The recall is measured first, on a seeded sample, against exact search: a fixed nprobe below min_recall stops
+    the run in one line before any shard is searched; nprobe = "auto" (the default) rises until it reaches it, and
+    the chosen nprobe and recall are in the manifest's facts."""
     rng = np.random.default_rng(0)
     centres = rng.standard_normal((40, 16))
     x = (centres[rng.integers(40, size=1500)] + 0.9 * rng.standard_normal((1500, 16))).astype(np.float32)
@@ -177,9 +205,18 @@ def test_approximate_index_below_min_recall_fails_the_stage(tmp_path):
             "neighbours.nprobe=1", "neighbours.pool_size=16", "neighbours.recall_sample=100"]
     Store(tmp_path / "r").write_shard("embeddings", 0, 1, vectors_table(sids, x), "k")
     Store(tmp_path / "r").write_shard("pool_embeddings", 0, 1, vectors_table(sids[:0], x[:0]), "k")  # no candidates
-    with pytest.raises(RuntimeError, match=r"neighbours.min_recall 0.99\): raise neighbours.nprobe \(now 1\)"):
+    from pipeline.errors import StageError
+
+    with pytest.raises(StageError, match=r"nprobe 1\) finds 0\.\d+ of the exact pool on 100 sampled queries "
+                                         r"\(< neighbours.min_recall 0.99\): set neighbours.nprobe = 'auto'"):
         run_shard("neighbours", load_config("default", [*sets, "neighbours.min_recall=0.99"]), 0)
+    assert not Store(tmp_path / "r").intact("neighbours", 0, 1)  # nothing searched, nothing written
     assert run_shard("neighbours", load_config("default", [*sets, "neighbours.min_recall=0"]), 0)["rows"]
+    auto = load_config("default", [*(x for x in sets if "nprobe" not in x), "neighbours.min_recall=0.99"])
+    plan = nb.index_plan(auto, Store(tmp_path / "r"), 1)
+    assert plan["recall"] >= 0.99 and 8 <= plan["nprobe"] <= 64 and plan["recall_by_nprobe"][str(plan["nprobe"])] \
+        == plan["recall"] and min(plan["recall_by_nprobe"].values()) < 0.99  # it had to rise
+    assert run_shard("neighbours", auto, 0, plan={"index": plan})["rows"]
 
 
 # ---- float32 logits under autocast ------------------------------------------------------------------------------

@@ -5,11 +5,13 @@
 For each (objective, seed) it runs the ordinary trainer (trainer/train.py, nothing re-implemented) into
 artifacts/<run>/compare/<objective>/seed-<k>/ with `train.max_steps` = the budget, evaluates that run's best/
 checkpoint once (trainer/evaluate.py, the numbers `make eval` prints), and writes `run.json` there last: a run
-with a `run.json` of the same configuration is reused, any other one is (re)trained — and the trainer itself
-resumes a half-done run from its last/ — so a killed compare continues where it stopped. Then, under
-artifacts/<run>/compare/: table.md (mean ± std over seeds, the starting model first), a paired bootstrap of each
-objective against the baseline on STS-B test (same resampled sentence pairs for both, per seed and pooled over
-seeds), dev_curves.png, sts_bars.png and compare.json with everything and the command that reproduces each run.
+with a `run.json` of the same key (run_key: the configuration, and by content the start weights, the mined tables,
+the evaluation data and code, trainer/keys.py) is reused, any other one is (re)trained — and the trainer itself
+resumes a half-done run from its last/ — so a killed compare continues where it stopped. The start model is
+evaluated once into start.json, reused under the same start_key. Then, under artifacts/<run>/compare/: table.md
+(mean ± std over seeds, the starting model first), a paired bootstrap of each objective against the baseline on
+STS-B test (same resampled sentence pairs for both, per seed and pooled over seeds), dev_curves.png, sts_bars.png
+and compare.json with everything and the command that reproduces each run.
 
 Same for every objective: the start model, batch size, steps, learning rate and schedule, dev selection
 (`train.eval_every`) and seeds. Each keeps its own published extras ([train.<objective>], listed in the table).
@@ -34,6 +36,7 @@ from pipeline.markdown import cell
 
 STS_KEYS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"]
 STS_HEAD = ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg."]
+KEEP_COSINES = ("STSBenchmark",)  # per-pair cosines kept for the paired bootstrap
 
 
 # ------------------------------------------------------------------------------------------------ plan
@@ -52,15 +55,43 @@ def run_overrides(cfg: Config, objective: str, k: int, steps: int) -> list[str]:
 
 
 def run_key(cfg: Config) -> str:
-    """What decides a compare run's result: the whole train section (start model, budget, seed, extras), the run's
-    tables and the evaluation data."""
-    from trainer.data import fingerprint
+    """What decides a compare run's result: the whole train section (start model, budget, seed, extras), and by
+    content (trainer/keys.py) the start weights, the run's tables, the evaluation data and the evaluation code. A
+    key that changes only by the evaluation retrains nothing: the trainer resumes its finished last/."""
+    from pipeline.models.hub import model_fingerprint, resolve_model
+    from trainer.keys import eval_code_version, eval_data_hash, fingerprint
     from trainer.objectives import get_objective
 
+    start = cfg.train.model or cfg.encoder.model
     blob = {"train": cfg.train.model_dump(mode="json"), "encoder": cfg.encoder.model_dump(mode="json"),
+            "weights": model_fingerprint(resolve_model(start, "model")),
             "data": fingerprint(cfg.run.dir, get_objective(cfg.train.objective).tables),
-            "senteval": str(cfg.data.senteval_dir), "probe": str(cfg.data.probe)}
+            "eval_data": eval_data_hash(cfg.data.senteval_dir, _probe(cfg)), "eval_code": eval_code_version()}
+    return _digest(blob)
+
+
+def start_key(model: str, settings: dict) -> str:
+    """What decides the start model's evaluation (start.json): its weights' content, how it is evaluated (pooler,
+    prompt where the pooler reads one, max length, precision), the evaluation data's content and the evaluation
+    code. Not the model's name alone: a folder saved again, another pooler or an edited STS file is a new start."""
+    from pipeline.models.hub import model_fingerprint
+    from trainer.keys import eval_code_version, eval_data_hash
+
+    blob = {"model": model, "weights": model_fingerprint(settings["path"]), "pooler": settings["pooler"],
+            "prompt": settings["prompt"] if settings["pooler"] == "mask" else None,
+            "max_length": settings["max_length"], "precision": settings["precision"],
+            "eval_data": eval_data_hash(settings["senteval_dir"], settings["probe"]),
+            "eval_code": eval_code_version(), "keep_cosines": list(KEEP_COSINES)}
+    return _digest(blob)
+
+
+def _digest(blob: dict) -> str:
     return hashlib.blake2b(json.dumps(blob, sort_keys=True).encode(), digest_size=12).hexdigest()
+
+
+def _probe(cfg: Config) -> Path | None:
+    """The probe file the evaluation reads, None when there is none (evaluate_all skips it then)."""
+    return cfg.data.probe if Path(cfg.data.probe).is_file() else None
 
 
 def command(profile: str, run: str, user_sets: list[str], overrides: list[str]) -> str:
@@ -71,22 +102,46 @@ def command(profile: str, run: str, user_sets: list[str], overrides: list[str]) 
 
 
 # ------------------------------------------------------------------------------------------------ one run
-def evaluate_checkpoint(model: str, cfg: Config) -> dict:
-    """evaluate_all on a checkpoint (its own pooler/prompt/length, as `make eval`) or the starting model."""
-    from pipeline.models.encoder import DEFAULT_PROMPT, Encoder
-    from pipeline.models.hub import pick_device, resolve_model
-    from trainer.evaluate import checkpoint_settings, default_max_length, evaluate_all
+def eval_settings(model: str, cfg: Config) -> dict:
+    """How a model is evaluated: a checkpoint with its own pooler/prompt/length (as `make eval`), the starting
+    model with the config's. One function for evaluate_checkpoint and start_key, so the key is what ran."""
+    from pipeline.models.encoder import DEFAULT_PROMPT
+    from pipeline.models.hub import resolve_model
+    from trainer.evaluate import checkpoint_settings, default_max_length
 
     path = resolve_model(model, "model")
     trained = checkpoint_settings(path)
-    enc = Encoder.load(model, pooler=trained.get("pooler") or cfg.train.pooler or cfg.encoder.pooler,
-                       prompt=trained.get("prompt") or cfg.encoder.prompt or DEFAULT_PROMPT,
-                       max_length=trained.get("max_length") or default_max_length(path),
-                       device=pick_device(cfg.train.device), precision=cfg.train.eval_precision)
-    probe = cfg.data.probe if Path(cfg.data.probe).is_file() else None
-    res = evaluate_all(enc, cfg.data.senteval_dir, probe_path=probe, progress=False, keep_cosines=("STSBenchmark",))
+    return {"path": path, "pooler": trained.get("pooler") or cfg.train.pooler or cfg.encoder.pooler,
+            "prompt": trained.get("prompt") or cfg.encoder.prompt or DEFAULT_PROMPT,
+            "max_length": trained.get("max_length") or default_max_length(path),
+            "precision": cfg.train.eval_precision, "senteval_dir": cfg.data.senteval_dir, "probe": _probe(cfg)}
+
+
+def evaluate_checkpoint(model: str, cfg: Config) -> dict:
+    """evaluate_all on a checkpoint or the starting model, with eval_settings."""
+    from pipeline.models.encoder import Encoder
+    from pipeline.models.hub import pick_device
+    from trainer.evaluate import evaluate_all
+
+    s = eval_settings(model, cfg)
+    enc = Encoder.load(model, pooler=s["pooler"], prompt=s["prompt"], max_length=s["max_length"],
+                       device=pick_device(cfg.train.device), precision=s["precision"])
+    res = evaluate_all(enc, s["senteval_dir"], probe_path=s["probe"], progress=False, keep_cosines=KEEP_COSINES)
     del enc
     return res
+
+
+def start_results(cfg: Config, path: Path) -> dict:
+    """The start model's evaluation: start.json when it was computed under the same start_key, else computed now
+    (and start.json rewritten). The key is taken before evaluating: data edited meanwhile is evaluated next time."""
+    model = cfg.train.model or cfg.encoder.model
+    key = start_key(model, eval_settings(model, cfg))
+    prev = json.loads(path.read_text()) if path.is_file() else None
+    if prev is not None and prev.get("key") == key:
+        return prev
+    start = {"model": model, "key": key, "results": evaluate_checkpoint(model, cfg)}
+    atomic_write_json(path, start, indent=1)
+    return start
 
 
 def dev_curve(metrics: Path) -> list[list[float]]:
@@ -257,12 +312,8 @@ def compare(profile: str, run: str | None, user_sets: list[str], objectives: lis
     steps, out = budget_steps(base), base.run.dir / "compare"
     print(f"[compare] run {base.run.name}: {', '.join(objectives)} x {seeds} seed(s), {steps} steps each "
           f"(batch {base.train.batch_size}, lr {base.train.lr}, dev every {base.train.eval_every}) -> {out}")
-    start_path = out / "start.json"
-    start = json.loads(start_path.read_text()) if start_path.is_file() else None
     start_model = base.train.model or base.encoder.model
-    if start is None or start.get("model") != start_model:
-        start = {"model": start_model, "results": evaluate_checkpoint(start_model, base)}
-        atomic_write_json(start_path, start, indent=1)
+    start = start_results(base, out / "start.json")
     rows: dict[str, list[dict]] = {}
     for objective in objectives:
         for k in range(seeds):

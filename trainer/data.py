@@ -28,6 +28,7 @@ import pyarrow as pa
 import torch
 
 from pipeline.engine.tables import RunTables, TableMissing  # noqa: F401  (TableMissing: the trainer's error)
+from trainer.keys import TableDamaged, fingerprint  # noqa: F401  (re-exported: the resume key's data part)
 
 # What the reader takes from each table: parquet column -> row key (METHODS / objectives/base.py row keys).
 COLUMNS: dict[str, dict[str, str]] = {
@@ -37,12 +38,6 @@ COLUMNS: dict[str, dict[str, str]] = {
     "embeddings": {"emb": "emb"},
 }
 ROW_KEYS = ("sid", "text", "positives", "negatives", "paraphrase", "negation", "emb")
-
-
-def fingerprint(run_dir: Path | str, tables: tuple[str, ...]) -> list[list]:
-    """(table, file, size) of every part read: part of the trainer's resume key, so new mining output is noticed."""
-    run = RunTables(run_dir)
-    return [[t, f.name, f.stat().st_size] for t in tables for f in run.files(t)]
 
 
 def _read(run_dir: Path | str, table: str, source: bool) -> pa.Table:

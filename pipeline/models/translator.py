@@ -146,12 +146,9 @@ class Translator:
 
 
 def load_translator(name: str, cfg: BacktranslateCfg) -> Translator:
-    """Load a seq2seq translation model by path or hub id; ModelUnavailable when it cannot be found."""
-    if cfg.do_sample and cfg.num_beams > 1:
-        raise ValueError("backtranslate: do_sample samples one token at a time; set num_beams = 1 with it")
-    if not cfg.do_sample and cfg.num_return_sequences > cfg.num_beams:
-        raise ValueError(f"backtranslate: num_return_sequences ({cfg.num_return_sequences}) > num_beams "
-                         f"({cfg.num_beams}) without do_sample would return copies")
+    """Load a seq2seq translation model by path or hub id; ModelUnavailable when it cannot be found. Generation
+    settings that contradict each other (do_sample with beams, more returns than beams) never get here:
+    BacktranslateCfg refuses them when the config is read (pipeline/translation_config.py)."""
     if is_standin(name):
         return StandInTranslator(name, cfg.num_return_sequences)  # same interface, no weights: `make scale`
     path = resolve_model(name, "translation model")

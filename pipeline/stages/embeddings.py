@@ -1,45 +1,49 @@
-"""Stage `embeddings`: sentences → L2-normalised float32 vectors from any HF encoder (METHODS §1)."""
+"""Stage `embeddings`: sentences → L2-normalised float32 vectors from any HF encoder (METHODS §1).
+
+The encoder is a declared resource (pipeline/engine/resources.py): resolved once per run — the model's fingerprint,
+the device kind and precision it runs at, or the content of the `embeddings.from` file — and loaded once per
+process for that plan. `pool_embeddings` and `scores` declare the same resource.
+"""
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from pipeline.engine.resources import Resource
 from pipeline.engine.spec import Ctx, package_versions, stage
 from pipeline.models.encoder import Encoder, resolve_precision
 from pipeline.models.hub import model_fingerprint, pick_device, resolve_model
 from pipeline.schema import table_vectors, vectors_table  # noqa: F401  (table_vectors: re-exported)
 
 
-@functools.lru_cache(maxsize=2)
-def cached_encoder(model: str, pooler: str, max_length: int, device: str, prompt: str, precision: str) -> Encoder:
-    """One encoder per process (and per setting): shard tasks in the same worker reuse it."""
-    return Encoder.load(model, pooler=pooler, max_length=max_length, device=device, prompt=prompt, precision=precision)
-
-
-def encoder_from(cfg) -> Encoder:
-    """`encoder.model`, or the vectors of `embeddings.from` where that is set."""
-    if cfg.embeddings.source is not None:
-        from pipeline.models.precomputed import precomputed_encoder
-
-        return precomputed_encoder(cfg.embeddings.source)
-    e = cfg.encoder
-    return cached_encoder(e.model, e.pooler, e.max_length, e.device, e.prompt, e.precision)
-
-
-def encoder_facts(cfg) -> str:
-    """What decides the encoder's numbers besides its settings: its files, the device and precision it runs at (or
-    the content of the `embeddings.from` file)."""
+def encoder_plan(cfg, store=None, n: int = 0) -> dict:
+    """What decides the encoder's numbers besides its settings: its files, the device kind and precision it runs
+    at (a Dask worker picks its own GPU of that kind), or the content of the `embeddings.from` file."""
     if cfg.embeddings.source is not None:
         from pipeline.engine.store import file_hash
 
         src = Path(cfg.embeddings.source)
-        return f"precomputed={file_hash(src) if src.is_file() else 'missing:' + str(src)}"
+        return {"precomputed": file_hash(src) if src.is_file() else f"missing:{src}"}
     device = pick_device(cfg.encoder.device)
-    return (f"model={model_fingerprint(resolve_model(cfg.encoder.model, 'encoder'))};device={device.split(':')[0]};"
-            f"precision={resolve_precision(cfg.encoder.precision, device)};{package_versions('torch', 'transformers')}")
+    return {"model": model_fingerprint(resolve_model(cfg.encoder.model, "encoder")), "device": device.split(":")[0],
+            "precision": resolve_precision(cfg.encoder.precision, device),
+            "versions": package_versions("torch", "transformers")}
+
+
+def load_encoder(cfg, store=None, n: int = 0, plan: dict | None = None) -> Encoder:
+    """`encoder.model`, or the vectors of `embeddings.from` where that is set."""
+    if cfg.embeddings.source is not None:
+        from pipeline.models.precomputed import PrecomputedEncoder
+
+        return PrecomputedEncoder(Path(cfg.embeddings.source))
+    e = cfg.encoder
+    return Encoder.load(e.model, pooler=e.pooler, max_length=e.max_length, device=e.device, prompt=e.prompt,
+                        precision=e.precision)
+
+
+ENCODER = Resource("encoder", encoder_plan, load_encoder)
 
 
 def embed_sentences(sentences: pa.Table, encoder: Encoder, batch_size: int, progress: str | bool = False) -> pa.Table:
@@ -50,8 +54,7 @@ def embed_sentences(sentences: pa.Table, encoder: Encoder, batch_size: int, prog
     return vectors_table(sentences.column("sid").to_numpy(), vecs)
 
 
-@stage(reads=("sentences",), writes=("embeddings",), settings=("encoder", "embeddings"),
-       facts=encoder_facts)
+@stage(reads=("sentences",), writes=("embeddings",), settings=("encoder", "embeddings"), resources=(ENCODER,))
 def embeddings(ctx: Ctx) -> dict[str, pa.Table]:
-    return {"embeddings": embed_sentences(ctx.shard("sentences"), encoder_from(ctx.cfg), ctx.cfg.encoder.batch_size,
+    return {"embeddings": embed_sentences(ctx.shard("sentences"), ctx.resource("encoder"), ctx.cfg.encoder.batch_size,
                                           progress=ctx.label("embeddings"))}

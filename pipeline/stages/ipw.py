@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.engine.spec import Ctx, stage
+from pipeline.engine.spec import Ctx, package_versions, stage
 from pipeline.schema import SCHEMAS
 from pipeline.seeding import row_rng
 
@@ -155,6 +155,7 @@ def ipw_table(scores: pa.Table, cfg, seed: int) -> pa.Table:
     return out.select(SCHEMAS["candidates"].names + ["pick"])
 
 
-@stage(reads=("scores",), writes=("candidates",), settings=("ipw",))
+# numpy: its Generator draws the IPW samples (a numpy that changed its streams would change the draws)
+@stage(reads=("scores",), writes=("candidates",), settings=("ipw",), facts=lambda cfg: package_versions("numpy"))
 def ipw(ctx: Ctx) -> dict[str, pa.Table]:
     return {"candidates": ipw_table(ctx.shard("scores"), ctx.cfg.ipw, ctx.cfg.run.seed)}

