@@ -6,6 +6,7 @@ never tables, so they run the same on threads or on a Dask cluster.
 """
 from __future__ import annotations
 
+import json
 import re
 import time
 from contextlib import ExitStack
@@ -57,6 +58,8 @@ def execute_stage(stage: str, cfg: Config, force: bool = False, plan: dict | Non
     cfg_json, progress = cfg.model_dump_json(), cfg.runner.workers == 1 and cfg.runner.kind == "threads"
     t0 = time.perf_counter()
     plan = resolve_plan(stage, cfg, plan)
+    for name, facts in plan.items():  # what this run decided for the stage (in the key and the manifest too)
+        log.info(f"{stage}: resource {name} = {json.dumps(facts, sort_keys=True)}")
     if load_stages()[stage].one_job:
         results = global_task(stage, cfg_json, force, progress, plan)
     else:
