@@ -32,7 +32,7 @@ def measure(n: int, out: Path, keep_models: bool = False) -> dict:
 
     if keep_models:  # what a process that never releases does (before resources.py): for comparison only
         resources.release = lambda stage=None: 0
-        resources.enter = lambda stage, keep=None: None
+        resources.enter = lambda stage: None
 
     corpus = out / f"corpus-{n}.txt"
     if not corpus.is_file():

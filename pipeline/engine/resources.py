@@ -49,7 +49,6 @@ def acquire(stage: str, resource: Resource, cfg: "Config", store: "Store", n: in
     if resource.load is None:
         raise ValueError(f"resource {resource.name!r} is a decision, not a loadable object: read ctx.plan")
     key = (resource.name, plan_key(plan))
-    enter(stage, keep=key)
     with _lock:
         slot = _loading.setdefault(key, threading.Lock())
     with slot:
@@ -63,11 +62,11 @@ def acquire(stage: str, resource: Resource, cfg: "Config", store: "Store", n: in
         return obj
 
 
-def enter(stage: str, keep: tuple[str, str] | None = None) -> None:
-    """A shard of `stage` starts in this process: what other stages loaded here goes (their shards are over: the
-    runner starts a stage after the one before it has finished), except the object `keep` it is about to reuse."""
+def enter(stage: str) -> None:
+    """A shard of `stage` starts in this process (the runner calls this): what other stages loaded here goes (their
+    shards are over: the runner starts a stage after the one before it has finished)."""
     with _lock:
-        stale = [k for k, (holder, _) in _loaded.items() if holder != stage and k != keep]
+        stale = [k for k, (holder, _) in _loaded.items() if holder != stage]
         for k in stale:
             del _loaded[k]
             _loading.pop(k, None)
