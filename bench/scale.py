@@ -115,9 +115,10 @@ def measure(name, spec, n, run, corpus, sets, env, out, shards, settings, repeat
                "child_seconds": round(child_s, 2), "cpu_seconds": round(cpu_s, 1),
                "shard_seconds": manifest.get("seconds"), "peak_rss_mb": rss, "shards": shards,
                "rows": manifest["rows"], "load_before_after": [round(load, 2), round(os.getloadavg()[0], 2)]}
-        recalls = [v for k, v in manifest.items() if k.startswith("recall_shard_")]
-        if recalls:  # an approximate index (IVF past ivf_threshold on a CPU): its sampled recall
-            row["min_recall"] = round(min(recalls), 4)
+        if manifest.get("exact") is False or "fallback" in manifest:  # past exact_threshold on a CPU: what it chose
+            row["index"] = {k: manifest[k] for k in ("index", "nlist", "nprobe", "hnsw_m", "ef_search", "recall",
+                                                     "recall_sample", "recall_by_nprobe", "recall_by_ef_search",
+                                                     "fallback") if k in manifest}
         rows.append(row)
         if row["seconds"] >= SHORT_S:
             break

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import AliasChoices, ConfigDict, Field, model_validator
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = ROOT / "configs"
@@ -101,25 +101,37 @@ class NeighboursCfg(Section):
     hi: float = Field(0.75, ge=-1.0, le=1.0)
     pool_size: int = Field(64, ge=1)
     index: Literal["auto", "flat", "ivf", "hnsw"] = "auto"
-    ivf_threshold: int = Field(200_000, ge=1, description="index = auto switches from exact flat to IVF past this many sentences")
+    exact_threshold: int = Field(200_000, ge=1, validation_alias=AliasChoices("exact_threshold", "ivf_threshold"),
+                                 description="index = auto on a CPU: exact flat search up to this many sentences, "
+                                 "`approximate` past it (ivf_threshold: its old name)")
+    approximate: Literal["hnsw", "ivf"] = Field("hnsw", description="the approximate index auto takes past "
+                                                "exact_threshold on a CPU (BENCHMARKS.md, 'Which approximate index': "
+                                                "HNSW's search grows with log N, and on real vectors it found 0.975 "
+                                                "of the exact pool where IVF found 0.931)")
     nlist: int = Field(0, ge=0, description="IVF lists; 0 = 4*sqrt(N)")
     nprobe: int | Literal["auto"] = Field("auto", description="IVF lists searched per query; auto = doubled from 8 "
                                           "until a seeded sample's recall of the exact pool reaches min_recall "
                                           "(measured once per run, before any shard; at nlist IVF is exhaustive)")
+    ef_search: int | Literal["auto"] = Field("auto", description="HNSW candidate list per query; auto = doubled from "
+                                             "the first power of two above the first k until the sample's recall "
+                                             "reaches min_recall (at most MAX_EF_SEARCH)")
     skip_top: int = Field(0, ge=0, description="leave out each sentence's r most similar sentences, in band or not "
                           "(sentence-transformers' range_min: a guard against false negatives)")
     ivf_train_per_list: int = Field(64, ge=39, description="k-means training vectors per IVF list (FAISS wants "
                                     "39-256; 64 trains 4x faster than 256 at 1M, min_recall guards the result)")
-    hnsw_m: int = Field(32, ge=4)
+    hnsw_m: int = Field(32, ge=4, description="HNSW links per node")
+    hnsw_ef_construction: int = Field(80, ge=8, description="HNSW candidate list while the graph is built")
     gpu: Literal["auto", "never", "always"] = "auto"
     max_block_elems: int = Field(1 << 24, ge=1 << 10, description="query block size x k bound: caps search memory")
     slack: int = Field(8, ge=0, description="extra neighbours fetched beyond pool_size to resolve float near-ties")
     recall_sample: int = Field(500, ge=1, description="queries whose pools an approximate index is checked on "
                                "against exact search, before any shard is searched")
     min_recall: float = Field(0.9, ge=0.0, le=1.0, description="the recall of the exact pool an approximate index "
-                              "must reach on that sample: nprobe = auto rises until it does; a fixed nprobe or HNSW "
-                              "below it stops the run before any shard (raise it, or index = flat)")
+                              "must reach on that sample: nprobe / ef_search = auto rise until it does (index = auto "
+                              "searches exactly when they cannot); a value set by hand below it stops the run before "
+                              "any shard (raise it, or index = flat)")
 
+    MAX_EF_SEARCH: ClassVar[int] = 4096  # the largest efSearch auto tries (32x its first): past it, exact search
     # how fast, not what: the band search is exact per query (flat) or per query whatever the block (IVF / HNSW)
     EXECUTION: ClassVar[frozenset[str]] = frozenset({"max_block_elems"})
 

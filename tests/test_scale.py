@@ -7,6 +7,7 @@ import threading
 import time
 import types
 
+import faiss
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -103,7 +104,7 @@ def test_gpu_search_past_2048_stays_exact(monkeypatch):
     monkeypatch.setattr(nb, "gpu_count", lambda: 1)
     monkeypatch.setattr(nb, "to_gpu", lambda index, n: fakes.append(FakeGpuFaiss(index)) or fakes[-1])
     cfg = NeighboursCfg(pool_size=8, lo=0.25, hi=0.75)
-    assert nb.choose_index(len(sids), NeighboursCfg(ivf_threshold=10)) == "flat"  # auto: exact on a GPU
+    assert nb.choose_index(len(sids), NeighboursCfg(exact_threshold=10)) == "flat"  # auto: exact on a GPU
     index, cpu_index = nb.build_index(base, "flat", cfg)
     assert isinstance(index, nb.GpuIndex)
     got = nb.band_neighbours(base[:5], sids[:5], base, sids, index, cpu_index, cfg.lo, cfg.hi, cfg.pool_size)
@@ -217,6 +218,70 @@ def test_approximate_index_below_min_recall_fails_before_any_shard_and_auto_reac
     assert plan["recall"] >= 0.99 and 8 <= plan["nprobe"] <= 64 and plan["recall_by_nprobe"][str(plan["nprobe"])] \
         == plan["recall"] and min(plan["recall_by_nprobe"].values()) < 0.99  # it had to rise
     assert run_shard("neighbours", auto, 0, plan={"index": plan})["rows"]
+
+
+def test_hnsw_ef_search_auto_rises_to_min_recall_and_its_graph_is_the_same_every_build(tmp_path):
+    """index = auto's approximate index on a CPU is HNSW: a fixed ef_search below min_recall stops the run before
+    any shard; ef_search = "auto" doubles until the sample reaches it. The graph is built on one thread, so two
+    builds of the same vectors are byte-identical, and the mapped copy the shards search returns what the built
+    index returns."""
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((40, 16))
+    x = (centres[rng.integers(40, size=1500)] + 0.9 * rng.standard_normal((1500, 16))).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    sids = np.arange(1500, dtype=np.int64)
+    sets = [f"run.root={tmp_path}", "run.name=r", "run.shards=1", "neighbours.exact_threshold=1000",
+            "neighbours.hnsw_m=4", "neighbours.pool_size=16", "neighbours.recall_sample=100"]
+    Store(tmp_path / "r").write_shard("embeddings", 0, 1, vectors_table(sids, x), "k")
+    Store(tmp_path / "r").write_shard("pool_embeddings", 0, 1, vectors_table(sids[:0], x[:0]), "k")
+    from pipeline.errors import StageError
+
+    with pytest.raises(StageError, match=r"hnsw index \(ef_search 16\) finds 0\.\d+ of the exact pool on 100 "
+                                         r"sampled queries \(< neighbours.min_recall 0.99\): set neighbours.ef_search"):
+        run_shard("neighbours", load_config("default", [*sets, "neighbours.ef_search=16",
+                                                        "neighbours.min_recall=0.99"]), 0)
+    assert not Store(tmp_path / "r").intact("neighbours", 0, 1)
+    auto = load_config("default", [*sets, "neighbours.min_recall=0.995"])
+    plan = nb.index_plan(auto, Store(tmp_path / "r"), 1)
+    assert plan["kind"] == "hnsw" and plan["recall"] >= 0.995 and plan["ef_search"] > nb.ef_search_start(
+        auto.neighbours) and min(plan["recall_by_ef_search"].values()) < 0.995  # it had to rise
+    c = auto.neighbours
+    one, two = (nb.build_index(x, "hnsw", c, gpu=False)[0] for _ in range(2))
+    assert np.array_equal(faiss.serialize_index(one), faiss.serialize_index(two))
+    _, _, mapped, _ = nb.load_index(auto, Store(tmp_path / "r"), 1, plan)
+    one.hnsw.efSearch = plan["ef_search"]
+    for got, want in zip(mapped.search(x[:200], 41), one.search(x[:200], 41)):
+        assert np.array_equal(got, want)
+    assert run_shard("neighbours", auto, 0, plan={"index": plan})["rows"]
+
+
+def test_auto_searches_exactly_when_its_approximate_index_cannot_reach_min_recall(tmp_path, monkeypatch):
+    """index = auto: when HNSW at its largest efSearch still misses min_recall, the run searches exactly (flat,
+    over the vectors mapped from the run folder) and says so in the plan; the pools equal brute force. With
+    index = "hnsw" set by hand the same miss stops the run instead."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1200, 16)).astype(np.float32)  # no clusters: the hard case for a graph
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    sids = np.arange(1200, dtype=np.int64) * 3
+    sets = [f"run.root={tmp_path}", "run.name=r", "run.shards=1", "neighbours.exact_threshold=100",
+            "neighbours.hnsw_m=4", "neighbours.pool_size=16", "neighbours.recall_sample=100",
+            "neighbours.min_recall=1.0"]
+    Store(tmp_path / "r").write_shard("embeddings", 0, 1, vectors_table(sids, x), "k")
+    Store(tmp_path / "r").write_shard("pool_embeddings", 0, 1, vectors_table(sids[:0], x[:0]), "k")
+    monkeypatch.setattr(NeighboursCfg, "MAX_EF_SEARCH", 64)  # one try: efSearch 64
+    cfg = load_config("default", sets)
+    plan = nb.index_plan(cfg, Store(tmp_path / "r"), 1)
+    assert plan["kind"] == "flat" and plan["recall"] == 1.0 and plan["fallback"]["kind"] == "hnsw"
+    assert plan["fallback"]["recall"] < 1.0 and list(plan["fallback"]["recall_by_ef_search"]) == ["64"]
+    _, base, search, _ = nb.load_index(cfg, Store(tmp_path / "r"), 1, plan)
+    assert isinstance(base, np.memmap) and isinstance(search, nb.BruteForce)
+    run_shard("neighbours", cfg, 0, plan={"index": plan})
+    got = Store(tmp_path / "r").read("neighbours")
+    assert got.equals(nb.exact_band_neighbours(x, sids, x, sids, 0.25, 0.75, 16))
+    from pipeline.errors import StageError
+
+    with pytest.raises(StageError, match=r"hnsw index \(ef_search 64\) finds .* ef_search 'auto' stopped"):
+        nb.index_plan(load_config("default", [*sets, "neighbours.index=hnsw"]), Store(tmp_path / "r"), 1)
 
 
 # ---- float32 logits under autocast ------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"
 SMALL = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=3",
          "backtranslate.chains=[]"]
-IVF = ["neighbours.ivf_threshold=20", "neighbours.recall_sample=10"]  # 50-odd sentences: auto picks IVF
+APPROX = ["neighbours.exact_threshold=20", "neighbours.recall_sample=10"]  # 50-odd sentences: auto picks HNSW
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +52,11 @@ def _mine(corpus, root, name, *extra):
 
 @pytest.fixture(scope="module")
 def mined(prefect_harness, corpus60, tmp_path_factory):
-    """The same small run on 2 threads and on a 2-worker local Dask cluster, neighbours through IVF (index auto
-    past a tiny ivf_threshold) so that the sampled recall has to travel from the worker processes."""
+    """The same small run on 2 threads and on a 2-worker local Dask cluster, neighbours through HNSW (index auto
+    past a tiny exact_threshold) so that the mapped index and its measured recall have to reach the workers."""
     root = tmp_path_factory.mktemp("runs")
-    threads = _mine(corpus60, root, "threads", *IVF, "runner.workers=2")
-    dask = _mine(corpus60, root, "dask", *IVF, "runner.kind=dask-local", "runner.workers=2")
+    threads = _mine(corpus60, root, "threads", *APPROX, "runner.workers=2")
+    dask = _mine(corpus60, root, "dask", *APPROX, "runner.kind=dask-local", "runner.workers=2")
     return corpus60, root, threads, dask
 
 
@@ -70,19 +70,19 @@ def test_dask_local_two_workers_equals_threads(mined):
 
 
 @pytest.mark.slow
-def test_ivf_recall_reaches_manifest_from_dask_workers_and_survives_reuse(mined):
+def test_approximate_recall_reaches_manifest_from_dask_workers_and_survives_reuse(mined):
     corpus, root, threads, dask = mined
     facts = {}
     for cfg in (threads, dask):
         man = Store(cfg.run.dir).manifest("neighbours")
-        assert man["index"] == "ivf" and man["exact"] is False
-        facts[cfg.run.name] = (man["nprobe"], man["recall"], man["resources"]["index"]["file"])
-        assert man["recall"] == 1.0  # one IVF list, probed whole: as exact as flat
+        assert man["index"] == "hnsw" and man["exact"] is False
+        facts[cfg.run.name] = (man["ef_search"], man["recall"], man["resources"]["index"]["file"])
+        assert man["recall"] == 1.0  # 50-odd nodes, efSearch 64: the graph is searched whole, as exact as flat
     assert facts["dask"][:2] == facts["threads"][:2]
-    sets = SMALL + [f"run.root={root}", *IVF, "runner.workers=2"]
+    sets = SMALL + [f"run.root={root}", *APPROX, "runner.workers=2"]
     again = run_stage_flow("neighbours", configure("default", "dask", str(corpus), sets), profile="default",
                            run="dask", corpus=str(corpus), overrides=sets)
-    assert again["shards_cached"] == 3 and (again["nprobe"], again["recall"]) == facts["dask"][:2]
+    assert again["shards_cached"] == 3 and (again["ef_search"], again["recall"]) == facts["dask"][:2]
 
 
 # ---- Prefect server + process work pool + worker + deployment from prefect.yaml ----
@@ -191,9 +191,11 @@ def test_prefect_yaml_has_one_deployment_per_stage_flow():
 
 # ---- neighbours at scale: index choice, GPU path, memory bound (fast, no Prefect) ----
 
-def test_auto_index_switches_to_ivf_past_threshold():
-    cfg = NeighboursCfg(ivf_threshold=1000)
-    assert nb.choose_index(1000, cfg) == "flat" and nb.choose_index(1001, cfg) == "ivf"
+def test_auto_index_switches_to_hnsw_past_threshold():
+    cfg = NeighboursCfg(exact_threshold=1000)
+    assert nb.choose_index(1000, cfg) == "flat" and nb.choose_index(1001, cfg) == "hnsw"
+    assert nb.choose_index(1001, NeighboursCfg(exact_threshold=1000, approximate="ivf")) == "ivf"
+    assert NeighboursCfg(ivf_threshold=7).exact_threshold == 7  # the old name still sets it
     assert nb.choose_index(10, NeighboursCfg(index="hnsw")) == "hnsw"
 
 

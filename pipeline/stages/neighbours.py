@@ -42,12 +42,12 @@ def gpu_count() -> int:
 
 def choose_index(n: int, cfg, n_gpus: int | None = None) -> str:
     """index = auto: exact flat search wherever FAISS sees a GPU it may use (1M x 1M is seconds there); on CPU,
-    flat up to `ivf_threshold` sentences and IVF past it."""
+    flat up to `exact_threshold` sentences and `approximate` (HNSW unless set) past it."""
     if cfg.index != "auto":
         return cfg.index
     if cfg.gpu != "never" and (gpu_count() if n_gpus is None else n_gpus) > 0:
         return "flat"
-    return "flat" if n <= cfg.ivf_threshold else "ivf"
+    return "flat" if n <= cfg.exact_threshold else cfg.approximate
 
 
 class GpuIndex:
@@ -75,6 +75,21 @@ def to_gpu(index, n_gpus: int):
     return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), device, index)
 
 
+def stored_vectors(index) -> np.ndarray:
+    """The vectors an HNSW index stores, as a read-only numpy view (no copy): valid while `index` lives, so the
+    two travel together (the `index` resource returns both)."""
+    flat = faiss.downcast_index(index.storage)
+    view = faiss.rev_swig_ptr(flat.get_xb(), flat.ntotal * flat.d).reshape(flat.ntotal, flat.d)
+    view.flags.writeable = False
+    return view
+
+
+def ef_search_start(cfg) -> int:
+    """HNSW's first efSearch for auto: the first power of two at or above band_search's first k."""
+    k0 = cfg.pool_size + cfg.skip_top + cfg.slack + 1 + 16
+    return 1 << int(np.ceil(np.log2(max(k0, 64))))
+
+
 def ivf_lists(n: int, cfg) -> int:
     """IVF lists for n vectors: neighbours.nlist, or 4 sqrt(n) (at least 39 training vectors a list)."""
     return cfg.nlist or max(1, min(n // 39, int(4 * np.sqrt(n))))
@@ -82,7 +97,9 @@ def ivf_lists(n: int, cfg) -> int:
 
 def build_index(vectors: np.ndarray, kind: str, cfg, seed: int = 0, gpu: bool = True):
     """(search index, CPU index): a FAISS inner-product index over unit vectors, and its GPU copy when `gpu`, FAISS
-    sees a GPU and cfg.gpu allows (HNSW has no GPU version). nprobe = "auto" before tuning: every list (exact)."""
+    sees a GPU and cfg.gpu allows (HNSW has no GPU version). nprobe = "auto" before tuning: every list (exact).
+    The HNSW graph is built on one thread: FAISS adds nodes in parallel under locks, so a parallel build may link
+    them differently from one run to the next; on one thread the same vectors give the same graph."""
     n, d = vectors.shape
     if kind == "flat":
         index = faiss.IndexFlatIP(d)
@@ -96,10 +113,19 @@ def build_index(vectors: np.ndarray, kind: str, cfg, seed: int = 0, gpu: bool = 
         index.nprobe = nlist if cfg.nprobe == "auto" else min(cfg.nprobe, nlist)
     elif kind == "hnsw":
         index = faiss.IndexHNSWFlat(d, cfg.hnsw_m, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efSearch = max(64, 2 * (cfg.pool_size + cfg.slack))
+        index.hnsw.efConstruction = cfg.hnsw_ef_construction
+        index.hnsw.efSearch = ef_search_start(cfg) if cfg.ef_search == "auto" else cfg.ef_search
     else:
         raise ValueError(f"neighbours.index {kind!r}: expected flat, ivf or hnsw")
-    index.add(vectors)
+    if kind == "hnsw":
+        threads = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(1)
+        try:
+            index.add(vectors)
+        finally:
+            faiss.omp_set_num_threads(threads)
+    else:
+        index.add(vectors)
     if not gpu:
         return index, index
     n_gpus = gpu_count()
@@ -115,7 +141,8 @@ def index_facts(cfg, store, n: int, plan: dict | None = None) -> dict:
     """For the manifest: the index the run searched, its parameters and its measured recall (the plan)."""
     p = (plan or {}).get("index", {})
     return {"index": p.get("kind"), "exact": p.get("kind") == "flat",
-            **{k: p[k] for k in ("nlist", "nprobe", "recall", "recall_sample", "recall_by_nprobe") if k in p}}
+            **{k: p[k] for k in ("nlist", "nprobe", "hnsw_m", "ef_search", "recall", "recall_sample",
+                                 "recall_by_nprobe", "recall_by_ef_search", "fallback") if k in p}}
 
 
 def base_table(cfg) -> str:
@@ -150,16 +177,37 @@ def index_plan(cfg, store, n: int) -> dict:
     return plan
 
 
+def read_vectors(store, table: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sids, vectors) of a whole table, copied shard by shard into one array, each shard's Arrow table dropped (and
+    Arrow's pool trimmed) as it goes: the peak is the array plus one shard. `table_vectors(store.read(...))` holds
+    the table, its combined copy and, in Arrow's allocator, both again after they are freed (6 GB at 1M x 384)."""
+    rows = [store.cached_rows(table, i, n) for i in range(n)]
+    out_sids, out, at = np.empty(sum(rows), np.int64), np.zeros((0, 0), np.float32), 0
+    for i in range(n):
+        s, v = table_vectors(store.read_shard(table, i, n))
+        if len(s) != rows[i]:
+            raise ValueError(f"{store.shard_path(table, i, n)}: {len(s)} rows where its sidecar says {rows[i]}")
+        if len(s) and not out.size:
+            out = np.empty((sum(rows), v.shape[1]), np.float32)
+        out_sids[at:at + len(s)] = s
+        if len(s):
+            out[at:at + len(s)] = v
+        at += len(s)
+        del s, v
+        pa.default_memory_pool().release_unused()
+    return out_sids, out
+
+
 def _index_dir(store) -> Path:
     return store.dir("neighbours") / "_index"
 
 
 def tune_index(cfg, store, n: int, plan: dict) -> dict:
-    """Build the approximate index once, into the run folder (with the base vectors as .npy, both mapped read-only
-    by whoever searches), and measure its recall of the exact pool on a seeded sample of queries before any shard
-    is searched. nprobe = "auto": doubled from 8 until the sample's recall reaches min_recall (at nlist IVF is
-    exhaustive); a fixed nprobe (or HNSW) below min_recall stops the run here, in one line. Reused while the
-    base, the settings and the seed are the same (a rerun does not train k-means again)."""
+    """Build the approximate index once, into the run folder (IVF with the base vectors as .npy; HNSW's graph holds
+    them), mapped read-only by whoever searches, and measure its recall of the exact pool on a seeded sample of
+    queries before any shard is searched. nprobe / ef_search = "auto": raised until the sample's recall reaches
+    min_recall (`measure_recall`); a fixed value below min_recall stops the run here, in one line. Reused while
+    the base, the settings and the seed are the same (a rerun neither trains k-means nor builds the graph again)."""
     from pipeline.engine.atomic import atomic_file, atomic_write_json
     from pipeline.engine.store import combine
     from pipeline.errors import StageError
@@ -171,26 +219,42 @@ def tune_index(cfg, store, n: int, plan: dict) -> dict:
     done = folder / f"{kind}-{key}.json"
     if done.is_file():
         out = json.loads(done.read_text())
-        if all((folder / out[f]).is_file() for f in ("file", "vectors", "sids")):
+        if all((folder / out[f]).is_file() for f in ("file", "vectors", "sids") if f in out):
             return out
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.iterdir():  # another base or other settings: that index is no longer this run's
         old.unlink(missing_ok=True)
-    base_sids, base = table_vectors(store.read(plan["base"], n))
+    base_sids, base = read_vectors(store, plan["base"], n)
     index, _ = build_index(base, kind, c, cfg.run.seed, gpu=False)
-    q_sids, q = table_vectors(store.read("embeddings", n)) if plan["base"] != "embeddings" else (base_sids, base)
+    if kind == "hnsw":  # the graph holds the vectors: search against its copy, and let the table's go
+        base = stored_vectors(index)
+    q_sids, q = read_vectors(store, "embeddings", n) if plan["base"] != "embeddings" else (base_sids, base)
     out = measure_recall(index, kind, base, base_sids, q, q_sids, c, cfg.run.seed)
-    if out["recall"] < c.min_recall:
-        what = f"nprobe {out['nprobe']}" if kind == "ivf" else f"efSearch {index.hnsw.efSearch}"
-        raise StageError(f"neighbours: the {kind} index ({what}) finds {out['recall']:.3f} of the exact pool on "
-                         f"{out['recall_sample']} sampled queries (< neighbours.min_recall {c.min_recall}): set "
-                         f"neighbours.nprobe = 'auto' (or raise it), or neighbours.index = 'flat' (exact; fast on a GPU)")
-    out.update(file=f"{kind}-{key}.faiss", vectors=f"vectors-{key}.npy", sids=f"sids-{key}.npy")
-    for name, arr in ((out["vectors"], base), (out["sids"], base_sids)):
-        with atomic_file(folder / name) as tmp, open(tmp, "wb") as f:
-            np.save(f, arr)
-    with atomic_file(folder / out["file"]) as tmp:
-        faiss.write_index(index, str(tmp))
+    knob = "nprobe" if kind == "ivf" else "ef_search"
+    if out["recall"] < c.min_recall and c.index == "auto" and getattr(c, knob) == "auto":
+        # auto's approximate index cannot reach min_recall on these vectors: search exactly instead (slower, never
+        # wrong), from the vectors mapped read-only like an index, and say so
+        log.warning(f"neighbours: {kind} finds {out['recall']:.3f} of the exact pool at {knob} {out[knob]} (its "
+                    f"largest; < min_recall {c.min_recall}): index = auto searches exactly (flat) instead")
+        out = {"kind": "flat", "recall": 1.0, "fallback": {"kind": kind, **out}}
+    elif out["recall"] < c.min_recall:
+        how = f"set neighbours.{knob} = 'auto' (or raise it)" if getattr(c, knob) != "auto" else \
+            f"{knob} 'auto' stopped at its largest value"
+        raise StageError(f"neighbours: the {kind} index ({knob} {out[knob]}) finds {out['recall']:.3f} of the exact "
+                         f"pool on {out['recall_sample']} sampled queries (< neighbours.min_recall {c.min_recall}): "
+                         f"{how}, or neighbours.index = 'flat' (exact; fast on a GPU)")
+    out["sids"] = f"sids-{key}.npy"
+    if out.get("kind", kind) != "hnsw":  # HNSW's graph holds the vectors; IVF's lists hold them in list order,
+        out["vectors"] = f"vectors-{key}.npy"  # so the band search (and exact search) reads them by row from here
+    if "fallback" not in out:
+        out["file"] = f"{kind}-{key}.faiss"
+    for name, arr in ((out.get("vectors"), base), (out["sids"], base_sids)):
+        if name:
+            with atomic_file(folder / name) as tmp, open(tmp, "wb") as f:
+                np.save(f, arr)
+    if "file" in out:
+        with atomic_file(folder / out["file"]) as tmp:
+            faiss.write_index(index, str(tmp))
     atomic_write_json(done, out)
     return out
 
@@ -198,45 +262,65 @@ def tune_index(cfg, store, n: int, plan: dict) -> dict:
 def measure_recall(index, kind: str, base, base_sids, q, q_sids, c, seed: int) -> dict:
     """The approximate index's recall of the exact pool on a seeded sample of the queries (exact: `BruteForce` in
     float32 blocks, settled in float64 by band_search). IVF with nprobe = "auto": nprobe doubled from 8 until the
-    recall reaches c.min_recall (at nlist IVF is exhaustive), and left set on `index`."""
+    recall reaches c.min_recall (at nlist IVF is exhaustive); HNSW with ef_search = "auto": efSearch doubled from
+    `ef_search_start` up to MAX_EF_SEARCH. The value chosen is left set on `index`."""
     pick = np.sort(np.random.default_rng(seed).choice(len(q_sids), min(len(q_sids), c.recall_sample), replace=False))
     search = lambda ix: band_neighbours(q[pick], q_sids[pick], base, base_sids, ix, ix, c.lo, c.hi,  # noqa: E731
                                         c.pool_size, c.slack, c.max_block_elems, skip_top=c.skip_top)
     exact = search(BruteForce(base))
     out: dict = {"recall_sample": int(len(pick))}
-    if kind != "ivf":
-        return {**out, "recall": round(recall_at_pool(search(index), exact), 4)}
-    nlist = index.nlist
-    probes = [min(c.nprobe, nlist)] if c.nprobe != "auto" else \
-        sorted({min(nlist, 8 << i) for i in range(int(np.log2(max(nlist, 8) / 8)) + 2)})
+    if kind == "ivf":
+        nlist, knob, setting, what = index.nlist, "nprobe", c.nprobe, f"IVF, nlist {index.nlist}"
+        values = sorted({min(nlist, 8 << i) for i in range(int(np.log2(max(nlist, 8) / 8)) + 2)})
+        out["nlist"] = nlist
+    else:
+        knob, setting, what = "ef_search", c.ef_search, f"HNSW, M {c.hnsw_m}"
+        start = ef_search_start(c)
+        values = [start << i for i in range(int(np.log2(max(c.MAX_EF_SEARCH, start) // start)) + 1)]
+        out["hnsw_m"] = c.hnsw_m
+    if setting != "auto":
+        values = [min(setting, nlist) if kind == "ivf" else setting]
     history: dict[str, float] = {}
-    for nprobe in probes:
-        index.nprobe = nprobe
-        history[str(nprobe)] = round(recall_at_pool(search(index), exact), 4)
-        if history[str(nprobe)] >= c.min_recall:
+    for value in values:
+        if kind == "ivf":
+            index.nprobe = value
+        else:
+            index.hnsw.efSearch = value
+        history[str(value)] = round(recall_at_pool(search(index), exact), 4)
+        if history[str(value)] >= c.min_recall:
             break
-    log.info(f"neighbours: IVF, nlist {nlist}: nprobe {nprobe} finds {history[str(nprobe)]:.3f} of the exact pool "
-             f"on {len(pick)} sampled queries (min_recall {c.min_recall}; tried {history})")
-    return {**out, "nlist": nlist, "nprobe": nprobe, "recall": history[str(nprobe)], "recall_by_nprobe": history}
+    log.info(f"neighbours: {what}: {knob} {value} finds {history[str(value)]:.3f} of the exact pool on {len(pick)} "
+             f"sampled queries (min_recall {c.min_recall}; tried {history})")
+    return {**out, knob: value, "recall": history[str(value)], f"recall_by_{knob}": history}
 
 
 def load_index(cfg, store, n: int, plan: dict):
     """(base sids, base vectors, search index, CPU index) for the run's plan, once per process: a flat index is
     built from the table (exact; cheap); an approximate one is mapped read-only from the file the plan built, with
     its vectors, so shard threads and the workers of a machine share one copy in the page cache."""
+    folder = _index_dir(store)
+    if plan["kind"] == "flat" and "vectors" in plan:  # exact past exact_threshold: over the mapped vectors
+        base = np.load(folder / plan["vectors"], mmap_mode="r")
+        exact = BruteForce(base)  # faiss.knn: the kernel IndexFlatIP.search runs, without a copy of the base
+        return np.load(folder / plan["sids"]), base, exact, exact
     if plan["kind"] == "flat" or not plan["rows"]:
         base_sids, base = table_vectors(store.read(plan["base"], n))
         index, cpu_index = build_index(base, plan["kind"], cfg.neighbours, cfg.run.seed) if len(base_sids) \
             else (None, None)
         return base_sids, base, index, cpu_index
-    folder = _index_dir(store)
-    index = faiss.read_index(str(folder / plan["file"]), faiss.IO_FLAG_MMAP)
+    # IVF's lists and HNSW's stored vectors are mapped, not read: one copy per machine, in the page cache
+    mapped = faiss.IO_FLAG_MMAP if plan["kind"] == "ivf" else faiss.IO_FLAG_MMAP_IFC  # (FAISS takes one or other)
+    index = faiss.read_index(str(folder / plan["file"]), mapped)
     if plan["kind"] == "ivf":
         index.nprobe = plan["nprobe"]
-    base = np.load(folder / plan["vectors"], mmap_mode="r")
+        base = np.load(folder / plan["vectors"], mmap_mode="r")
+    else:
+        index.hnsw.efSearch = plan["ef_search"]
+        base = stored_vectors(index)  # a view of the mapped graph's vectors: no second copy
+    sids = np.load(folder / plan["sids"])
     if plan["device"] == "gpu":  # IVF on a GPU (index = "ivf" there): this process' device holds its own copy
-        return np.load(folder / plan["sids"]), base, GpuIndex(to_gpu(index, gpu_count())), index
-    return np.load(folder / plan["sids"]), base, index, index
+        return sids, base, GpuIndex(to_gpu(index, gpu_count())), index
+    return sids, base, index, index
 
 
 INDEX = Resource("index", index_plan, load_index)
