@@ -9,8 +9,13 @@ edit distances, IPW, Parquet, Prefect. Each stage runs as its own child process,
 <name>` (the same flow a cluster runs), against one Prefect server; its wall seconds come from the table's
 manifest (the work itself) and the child's (start-up included), its peak RSS from `os.wait4` (ru_maxrss).
 
-Corpus: real wiki1m lines, then new sentences made of the first half of one line and the second half of another
-(seeded, duplicates skipped), so spaCy parses English and the noise/negation rules fire as on real text.
+Corpus (`--corpus`): the real sentences first (default `wiki1m+tatoeba`: the 11,914 wiki1m lines and the 187,692
+Tatoeba sentences, 199,240 distinct), then new sentences made of the first half of one line and the second half of
+another (seeded, duplicates skipped), so spaCy parses English and the noise/negation rules fire as on real text.
+`--corpus wiki1m` recombines the 11,914 wiki1m lines alone, as the simulation did until 2026-11-25: at 1M each half
+is then shared by ~170 sentences, a crowd of near-equal cosines around every query that no approximate index
+separates (HNSW found 0.899 of the exact pool at efSearch 4,096, so `neighbours` searches exactly, ~2 h on 2
+cores). From 199,240 lines each half is shared by ~10, and HNSW finds 0.917 at efSearch 128 (BENCHMARKS.md).
 Growth per doubling = seconds(2n) / seconds(n): 2.0 is linear. Results: a list of {"n", "stage", "seconds",
 "child_seconds", "peak_rss_mb", "rows", "shards"} rows, one per (size, stage), written after every stage.
 """
@@ -42,9 +47,15 @@ STANDIN_SETTINGS = [
 ]
 
 
-def synthetic_corpus(n: int, dst: Path, seed: int = 0) -> Path:
-    """n distinct lines: the wiki1m head, then half-and-half recombinations of its lines."""
-    lines = [x for x in (SHARED_DATA / "wiki1m_head.txt").read_text(encoding="utf-8").splitlines() if x.strip()]
+CORPORA = {"wiki1m+tatoeba": ("wiki1m_head.txt", "tatoeba_en.txt"), "wiki1m": ("wiki1m_head.txt",)}
+DEFAULT_CORPUS = "wiki1m+tatoeba"
+
+
+def synthetic_corpus(n: int, dst: Path, seed: int = 0, corpus: str = DEFAULT_CORPUS) -> Path:
+    """n distinct lines: the corpus' real lines (in file order, duplicates dropped), then half-and-half
+    recombinations of them."""
+    lines = list(dict.fromkeys(x for f in CORPORA[corpus]
+                               for x in (SHARED_DATA / f).read_text(encoding="utf-8").splitlines() if x.strip()))
     words = [x.split() for x in lines]
     out, seen = lines[:n], set(lines[:n])
     rng = np.random.default_rng(seed)
@@ -126,15 +137,21 @@ def measure(name, spec, n, run, corpus, sets, env, out, shards, settings, repeat
     return {**best, "attempts": [r["seconds"] for r in rows]}
 
 
+def results_file(out: Path, corpus: str) -> Path:
+    """Each corpus keeps its own results: sizes of one corpus are never merged with another's."""
+    return out / ("results.json" if corpus == DEFAULT_CORPUS else f"results-{corpus.replace('+', '-')}.json")
+
+
 def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: bool = False,
-             resume: bool = False, only: tuple[str, ...] = (), repeat: int = 3) -> list[dict]:
+             resume: bool = False, only: tuple[str, ...] = (), repeat: int = 3,
+             corpus: str = DEFAULT_CORPUS) -> list[dict]:
     from prefect.testing.utilities import prefect_test_harness
 
     from pipeline.config import configure
     from pipeline.engine.runner import load_stages
 
     out.mkdir(parents=True, exist_ok=True)
-    results_path = out / "results.json"
+    results_path = results_file(out, corpus)
     # sizes run in parts (largest first when time is short) merge: rows of the sizes not re-run are kept
     kept = json.loads(results_path.read_text()) if results_path.exists() else []
     # --resume (after a killed run): keep the run folder and the rows of the stages it already measured with the
@@ -152,21 +169,23 @@ def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: boo
 
         env = {**os.environ, "PREFECT_API_URL": prefect.settings.PREFECT_API_URL.value(), "PYTHONPATH": str(ROOT)}
         for n in sizes:
-            run, corpus = f"scale-{n}", synthetic_corpus(n, out / "corpora" / f"{n}.txt")
+            run = f"scale-{n}" if corpus == DEFAULT_CORPUS else f"scale-{corpus}-{n}"
+            text = synthetic_corpus(n, out / "corpora" / f"{corpus}-{n}.txt", corpus=corpus)
             sets = [*STANDIN_SETTINGS, f"run.root={out}", *extra]
             if not resume:
                 shutil.rmtree(out / run, ignore_errors=True)
-            shards = configure("default", run, str(corpus), sets).run.shards
-            print(f"scale n={n:,}: {shards} shards", flush=True)
+            shards = configure("default", run, str(text), sets).run.shards
+            print(f"scale n={n:,} ({corpus}): {shards} shards", flush=True)
             for name, spec in stages.items():
                 if (n, name) in done:
                     continue
                 if only and name not in only:  # not asked for: run it only when a stage asked for comes later
                     if order.index(name) > last_asked:
                         break
-                    run_stage(name, run, corpus, sets, env, out / f"{run}.log")  # reuses its shards where they are
+                    run_stage(name, run, text, sets, env, out / f"{run}.log")  # reuses its shards where they are
                     continue
-                row = measure(name, spec, n, run, corpus, sets, env, out, shards, list(extra), repeat)
+                row = {**measure(name, spec, n, run, text, sets, env, out, shards, list(extra), repeat),
+                       "corpus": corpus}
                 results = replace_row(results, row)
                 results_path.write_text(json.dumps(results, indent=1))
                 print(f"  {name:14s} {row['seconds']:9.1f} s  (process {row['child_seconds']:7.1f} s)  peak RSS "
@@ -176,7 +195,7 @@ def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: boo
                 if (n, "train-reader:" + "+".join(tables)) in done or only:
                     continue
                 row = {"n": n, "stage": "train-reader:" + "+".join(tables), "settings": list(extra), "shards": shards,
-                       **reader_cost(out / run, tables, env, out / f"{run}.log")}
+                       "corpus": corpus, **reader_cost(out / run, tables, env, out / f"{run}.log")}
                 results.append(row)
                 results_path.write_text(json.dumps(results, indent=1))
                 print(f"  {row['stage']:14s} {row['seconds']:9.1f} s  peak RSS {row['peak_rss_mb']:6,} MB", flush=True)
@@ -247,13 +266,17 @@ def main(argv: list[str] | None = None) -> int:
                     "the stages they read from run first, unrecorded")
     ap.add_argument("--repeat", type=int, default=3, help=f"measure a stage under {SHORT_S:.0f} s this many times, "
                     "keep the fastest (default 3)")
-    ap.add_argument("--table", action="store_true", help="print the Markdown table of OUT/results.json and stop")
+    ap.add_argument("--corpus", choices=list(CORPORA), default=DEFAULT_CORPUS,
+                    help="whose real lines start the corpus and are recombined past them (default %(default)s; "
+                    "wiki1m: the old 11,914-line corpus, the worst case for approximate search)")
+    ap.add_argument("--table", action="store_true", help="print the Markdown table of the corpus' results and stop")
     a = ap.parse_args(argv)
     if a.table:
-        print(markdown_table(json.loads((a.out / "results.json").read_text())))
+        print(markdown_table(json.loads(results_file(a.out, a.corpus).read_text())))
         return 0
     sizes = sorted({max(1, a.n >> k) for k in range(a.steps)}, reverse=a.largest_first)
-    simulate(sizes, a.out, a.set, a.keep, a.resume, tuple(x for x in a.only.split(",") if x), max(1, a.repeat))
+    simulate(sizes, a.out, a.set, a.keep, a.resume, tuple(x for x in a.only.split(",") if x), max(1, a.repeat),
+             a.corpus)
     return 0
 
 

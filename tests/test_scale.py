@@ -296,6 +296,23 @@ def test_logits_stay_float32_under_bf16_autocast():
     torch.testing.assert_close(r.double(), ref.diagonal(), atol=1e-6, rtol=0)
 
 
+def test_scale_corpus_is_the_real_sentences_then_their_recombinations(tmp_path):
+    from bench.scale import synthetic_corpus
+    from pipeline.config import SHARED_DATA
+
+    wiki = (SHARED_DATA / "wiki1m_head.txt").read_text(encoding="utf-8").splitlines()
+    tatoeba = set((SHARED_DATA / "tatoeba_en.txt").read_text(encoding="utf-8").splitlines())
+    mixed = synthetic_corpus(15_000, tmp_path / "a.txt").read_text(encoding="utf-8").splitlines()
+    assert len(set(mixed)) == len(mixed) == 15_000 and mixed[:50] == wiki[:50]
+    assert set(mixed[-2_000:]) <= tatoeba  # past wiki1m's lines come Tatoeba's, real, before any recombination
+    assert synthetic_corpus(15_000, tmp_path / "b.txt").read_text(encoding="utf-8").splitlines() == mixed
+    old = synthetic_corpus(15_000, tmp_path / "c.txt", corpus="wiki1m").read_text(encoding="utf-8").splitlines()
+    made = old[len(set(wiki)):]  # recombinations of wiki1m lines alone: each starts with the first half of one
+    assert len(set(old)) == 15_000 and made and not set(made) & (set(wiki) | tatoeba)
+    starts = {" ".join(w.split()[: len(w.split()) // 2]) for w in wiki}
+    assert all(any(s.startswith(h + " ") for h in starts if h) for s in made[:20])
+
+
 def test_scale_report_growth_per_doubling():
     from bench.scale import growth, markdown_table
 

@@ -198,6 +198,9 @@ def read_vectors(store, table: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     return out_sids, out
 
 
+KNOB = {"ivf": "nprobe", "hnsw": "ef_search"}  # the setting each approximate index is tuned by (measure_recall)
+
+
 def _index_dir(store) -> Path:
     return store.dir("neighbours") / "_index"
 
@@ -230,7 +233,7 @@ def tune_index(cfg, store, n: int, plan: dict) -> dict:
         base = stored_vectors(index)
     q_sids, q = read_vectors(store, "embeddings", n) if plan["base"] != "embeddings" else (base_sids, base)
     out = measure_recall(index, kind, base, base_sids, q, q_sids, c, cfg.run.seed)
-    knob = "nprobe" if kind == "ivf" else "ef_search"
+    knob = KNOB[kind]
     if out["recall"] < c.min_recall and c.index == "auto" and getattr(c, knob) == "auto":
         # auto's approximate index cannot reach min_recall on these vectors: search exactly instead (slower, never
         # wrong), from the vectors mapped read-only like an index, and say so
@@ -269,12 +272,14 @@ def measure_recall(index, kind: str, base, base_sids, q, q_sids, c, seed: int) -
                                         c.pool_size, c.slack, c.max_block_elems, skip_top=c.skip_top)
     exact = search(BruteForce(base))
     out: dict = {"recall_sample": int(len(pick))}
+    knob = KNOB[kind]
+    setting = getattr(c, knob)  # "auto" or the value asked for
     if kind == "ivf":
-        nlist, knob, setting, what = index.nlist, "nprobe", c.nprobe, f"IVF, nlist {index.nlist}"
+        nlist, what = index.nlist, f"IVF, nlist {index.nlist}"
         values = sorted({min(nlist, 8 << i) for i in range(int(np.log2(max(nlist, 8) / 8)) + 2)})
         out["nlist"] = nlist
     else:
-        knob, setting, what = "ef_search", c.ef_search, f"HNSW, M {c.hnsw_m}"
+        what = f"HNSW, M {c.hnsw_m}"
         start = ef_search_start(c)
         values = [start << i for i in range(int(np.log2(max(c.MAX_EF_SEARCH, start) // start)) + 1)]
         out["hnsw_m"] = c.hnsw_m
@@ -304,7 +309,7 @@ def load_index(cfg, store, n: int, plan: dict):
         exact = BruteForce(base)  # faiss.knn: the kernel IndexFlatIP.search runs, without a copy of the base
         return np.load(folder / plan["sids"]), base, exact, exact
     if plan["kind"] == "flat" or not plan["rows"]:
-        base_sids, base = table_vectors(store.read(plan["base"], n))
+        base_sids, base = read_vectors(store, plan["base"], n)
         index, cpu_index = build_index(base, plan["kind"], cfg.neighbours, cfg.run.seed) if len(base_sids) \
             else (None, None)
         return base_sids, base, index, cpu_index
