@@ -10,12 +10,14 @@ edit distances, IPW, Parquet, Prefect. Each stage runs as its own child process,
 manifest (the work itself) and the child's (start-up included), its peak RSS from `os.wait4` (ru_maxrss).
 
 Corpus (`--corpus`): the real sentences first (default `wiki1m+tatoeba`: the 11,914 wiki1m lines and the 187,692
-Tatoeba sentences, 199,240 distinct), then new sentences made of the first half of one line and the second half of
-another (seeded, duplicates skipped), so spaCy parses English and the noise/negation rules fire as on real text.
-`--corpus wiki1m` recombines the 11,914 wiki1m lines alone, as the simulation did until 2026-11-25: at 1M each half
-is then shared by ~170 sentences, a crowd of near-equal cosines around every query that no approximate index
-separates (HNSW found 0.899 of the exact pool at efSearch 4,096, so `neighbours` searches exactly, ~2 h on 2
-cores). From 199,240 lines each half is shared by ~10, and HNSW finds 0.917 at efSearch 128 (BENCHMARKS.md).
+Tatoeba sentences, 199,240 of them distinct), then new sentences made of the first half of one line and the second
+half of another (seeded, duplicates skipped), so spaCy parses English and the noise/negation rules fire as on real
+text.
+`--corpus wiki1m` recombines the wiki1m lines alone, as the simulation did until 2026-11-25 (then with wiki1m's 366
+repeated lines kept; now its 11,548 distinct lines): at 1M each half is then shared by ~170 sentences, a crowd of
+near-equal cosines around every query that no approximate index separates (HNSW found 0.899 of the exact pool at
+efSearch 4,096, so `neighbours` searches exactly, ~2 h on 2 cores). From 199,240 lines each half is shared by ~10,
+and HNSW finds 0.910 at efSearch 128 (BENCHMARKS.md, "Scale simulation with the defaults").
 Growth per doubling = seconds(2n) / seconds(n): 2.0 is linear. Results: a list of {"n", "stage", "seconds",
 "child_seconds", "peak_rss_mb", "rows", "shards"} rows, one per (size, stage), written after every stage.
 """
@@ -268,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                     "keep the fastest (default 3)")
     ap.add_argument("--corpus", choices=list(CORPORA), default=DEFAULT_CORPUS,
                     help="whose real lines start the corpus and are recombined past them (default %(default)s; "
-                    "wiki1m: the old 11,914-line corpus, the worst case for approximate search)")
+                    "wiki1m: the old corpus, wiki1m's lines alone, the worst case for approximate search)")
     ap.add_argument("--table", action="store_true", help="print the Markdown table of the corpus' results and stop")
     a = ap.parse_args(argv)
     if a.table:
