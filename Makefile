@@ -39,7 +39,7 @@ PYTEST_ARGS ?= -q
 # Everything passed on to the CLI, only when set.
 ARGS = --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(CORPUS),--corpus $(CORPUS)) $(if $(SET),--set $(SET)) $(if $(FORCE),--force)
 
-.PHONY: install mine stage sql test eval report export train compare bench scale clean
+.PHONY: install mine stage sql test eval report export train compare bench gpu-check scale clean
 install: $(STAMP)
 $(STAMP): pyproject.toml requirements-extra.txt
 	@test "$(ACCEL)" = cpu || test "$(ACCEL)" = gpu || { echo "ACCEL must be cpu or gpu, not '$(ACCEL)'"; exit 2; }
@@ -73,17 +73,24 @@ export: $(STAMP)
 	$(BIN)/python -m flows.cli export $(ARGS) --format $(FORMAT)
 
 eval: $(STAMP)
-	$(BIN)/python -m trainer.evaluate $(if $(MODEL),--model $(MODEL)) $(if $(POOLER),--pooler $(POOLER)) $(if $(NAME),--name $(NAME)) $(if $(COMPARE),--compare $(COMPARE))
+	$(BIN)/python -m flows.cli eval $(if $(MODEL),--model $(MODEL)) $(if $(POOLER),--pooler $(POOLER)) $(if $(NAME),--name $(NAME)) $(if $(COMPARE),--compare $(COMPARE))
 
 train: $(STAMP)
-	$(BIN)/python -m trainer.train --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(OBJECTIVE),--objective $(OBJECTIVE)) $(if $(SET),--set $(SET))
+	$(BIN)/python -m flows.cli train --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(OBJECTIVE),--objective $(OBJECTIVE)) $(if $(SET),--set $(SET))
 
 # every objective from the same start on RUN's tables, same budget, SEEDS seeds: table, paired bootstrap, plots
 compare: $(STAMP)
-	$(BIN)/python -m trainer.compare --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(OBJECTIVES),--objectives $(OBJECTIVES)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(SET),--set $(SET))
+	$(BIN)/python -m flows.cli compare --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(OBJECTIVES),--objectives $(OBJECTIVES)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(SET),--set $(SET))
 
+# every bench module (bench/run.py); `python -m bench.run --smoke` runs them at toy size (bench/smoke.py)
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
+
+# GPU speeds at the papers' model sizes and GPU-vs-CPU checks (bench/gpu_check.py) -> artifacts/gpu-check/results.json;
+# the CPU twin (toy sizes) where torch sees no CUDA. No install step: the lent GPU machine has no .venv (its python3
+# and preinstalled packages run it: `PYTHONPATH=. python3 -m bench.gpu_check`).
+gpu-check:
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY)) -m bench.gpu_check
 
 # N synthetic sentences through every real stage with stand-in models: seconds and peak RSS per stage at N/8..N
 scale: $(STAMP)

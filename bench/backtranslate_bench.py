@@ -41,11 +41,14 @@ def plain_loop(translators, texts: list[str]) -> list[str]:
 
 
 def run(n: int = 512) -> list[dict]:
+    from bench import smoke
     from bench.tiny_copy import copy_model
     from pipeline.config import BacktranslateCfg
-    from pipeline.models.translator import backtranslate, chain_name, load_chain
+    from pipeline.config import chain_name
+    from pipeline.models.chains import backtranslate, load_chain
     from tests.tiny_mt import corpus_lines
 
+    n = smoke.cap(n, 16)
     texts = corpus_lines(400 + n)[400:400 + n]  # past the lines the tokenizer was trained on
     rows = [(i, 0, s) for i, s in enumerate(texts)]
     model = str(copy_model())  # trained once (about a minute), outside every timing

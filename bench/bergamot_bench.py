@@ -30,16 +30,21 @@ def sentences(n: int, skip: int = 1000) -> list[str]:
 
 
 def _stage_fn(threads: int):
+    """The stage's shard function under the run's plan (resolved once, as a run does before its shards), with the
+    chains loaded once (as the stage's `chains` resource keeps them for every shard of a run)."""
     from pipeline.config import configure
+    from pipeline.models.chains import chains_plan, load_chains
     from pipeline.schema import SCHEMAS
     from pipeline.stages.backtranslate import backtranslate_shard
 
     cfg = configure("default", overrides=[f"backtranslate.threads={threads}"])
     variants = SCHEMAS["variants"].empty_table()
+    plan = chains_plan(cfg)
+    loaded = load_chains(cfg, plan=plan)
 
     def run(texts: list[str]) -> list[str]:
         table = pa.table({"sid": pa.array(range(len(texts)), pa.int64()), "text": texts})
-        return backtranslate_shard(table, variants, cfg).column("text").to_pylist()
+        return backtranslate_shard(table, variants, cfg, plan, lambda: loaded).column("text").to_pylist()
     return run
 
 
@@ -57,7 +62,7 @@ def _bare_fn(threads: int, en_pt, pt_en):
 
 def measure(n: int = 600, chunk: int = 100) -> dict:
     from pipeline.config import BacktranslateCfg
-    from pipeline.models.translator import load_chain
+    from pipeline.models.chains import load_chain
 
     texts = sentences(n)
     hops = load_chain(["bergamot:en-pt", "bergamot:pt-en"], BacktranslateCfg(chains=[]))  # loaded once, shared
@@ -80,7 +85,10 @@ def measure(n: int = 600, chunk: int = 100) -> dict:
 
 
 def run(n: int = 600) -> list[dict]:
-    m = measure(n)
+    from bench import smoke
+
+    n = smoke.cap(n, 12)
+    m = measure(n, chunk=smoke.cap(100, 6))
     r, same = m["per_s"], m["same_text"]
     note = "" if same else " (outputs differ!)"
     rows = [{"name": f"bergamot_stage_vs_bare_{t}thr", "ours": round(r[f"stage{t}"], 1),

@@ -31,8 +31,10 @@ ENGINES = {"hf": dict(engine="hf"), "float32": dict(engine="ctranslate2", comput
 
 
 def run(n: int = 512, repeats: int = 2) -> list[dict]:
+    from bench import smoke
     from bench.tiny_copy import copy_model
 
+    n, repeats = smoke.cap(n, 16), smoke.cap(repeats, 1)
     model = copy_model()  # trained once (about a minute), outside every timing
     before = os.environ.get("HF_HUB_CACHE")
     with tempfile.TemporaryDirectory() as tmp:
@@ -45,7 +47,8 @@ def run(n: int = 512, repeats: int = 2) -> list[dict]:
 
 def _measure(model: str, n: int, repeats: int) -> list[dict]:
     from pipeline.config import BacktranslateCfg
-    from pipeline.models.translator import backtranslate, chain_name, load_chain
+    from pipeline.config import chain_name
+    from pipeline.models.chains import backtranslate, load_chain
     from tests.tiny_mt import corpus_lines
 
     texts = corpus_lines(400 + n)[400:400 + n]  # past the lines the tokenizer was trained on

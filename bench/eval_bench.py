@@ -92,9 +92,12 @@ def row(name: str, ours: float, peer: float) -> dict:
 def run(max_pairs: int = 300, batch_size: int = 128) -> list[dict]:
     from sentence_transformers import SentenceTransformer
 
+    from bench import smoke
     from pipeline.models.encoder import Encoder
     from pipeline.models.hub import resolve_model
     from trainer.evaluate import all_texts, default_max_length
+
+    max_pairs, batch_size = smoke.cap(max_pairs, 4) or 4, smoke.cap(batch_size, 32)
 
     path = resolve_model(MODEL)
     max_length = default_max_length(path)

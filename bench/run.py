@@ -3,6 +3,8 @@ the generated part of BENCHMARKS.md.
 
     python -m bench.run                       # all modules (scaling up to $SCALE_MAX sentences, default 12000)
     python -m bench.run --only mer neighbours # just these; the other modules' last results are kept
+    python -m bench.run --smoke               # every module at toy size (bench/smoke.py): checks they run; writes
+                                              # results.json under $BENCH_SMOKE_DIR (else a temporary folder) only
 
 A result is {"name", "ours", "peer", "unit", "ratio", "goal"} (+ "better": "lower" where a smaller ratio is better,
 as for the scaling time ratios). ratio = our speed / the peer's speed (higher is better) unless said otherwise.
@@ -21,7 +23,8 @@ import traceback
 
 from pipeline.config import ROOT
 
-MODULES = ["embeddings", "mer", "neighbours", "ivf", "hardneg", "scaling", "negate", "backtranslate", "bergamot", "ct2", "train", "eval"]
+MODULES = ["embeddings", "mer", "neighbours", "ivf", "hardneg", "scaling", "negate", "backtranslate", "bergamot", "ct2",
+           "marian", "train", "eval"]
 OUT = ROOT / "artifacts" / "bench"
 DOC = ROOT / "BENCHMARKS.md"
 BEGIN, END = "<!-- bench:results:begin (written by `python -m bench.run`) -->", "<!-- bench:results:end -->"
@@ -92,11 +95,19 @@ def write_doc(results: list[dict], failures: dict, facts: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", default=None, choices=MODULES)
+    ap.add_argument("--smoke", action="store_true", help="toy sizes; never touches artifacts/bench/ or BENCHMARKS.md")
     args = ap.parse_args(argv)
-    OUT.mkdir(parents=True, exist_ok=True)
+    from bench import smoke
+
+    if args.smoke or smoke.on():  # BENCH_SMOKE=1 alone must not put toy numbers into the real results either
+        kept_dir = bool(os.environ.get(smoke.DIR_ENV))
+        args.smoke, out = True, smoke.enable()
+    else:
+        out = OUT
+    out.mkdir(parents=True, exist_ok=True)
     facts = machine() | {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds")}
     print(f"machine: {facts}", flush=True)
-    path = OUT / "results.json"
+    path = out / "results.json"
     kept = json.loads(path.read_text()) if args.only is not None and path.is_file() else []
     todo = args.only if args.only else MODULES
     results = [r for r in kept if r.get("module") not in todo]
@@ -119,8 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         print(line(r))
     for m, e in failures.items():
         print(f"{m + '_bench':<34} FAILED: {e}")
-    write_doc(results, failures, facts)
-    print(f"\nwrote {path} and {DOC}")
+    if args.smoke:
+        print(f"\nsmoke mode: wrote {path} (not artifacts/bench/results.json, not {DOC.name})"
+              + ("" if kept_dir else f"; removed at exit: set {smoke.DIR_ENV} to keep it"))
+    else:
+        write_doc(results, failures, facts)
+        print(f"\nwrote {path} and {DOC}")
     return 1 if failures else 0
 
 

@@ -11,6 +11,9 @@ covers the child and the processes it waited for). Corpora: the first N lines of
 all 11,914 lines); beyond that, the 11,914 lines plus new sentences made by joining the first half of one line's
 words with the second half of another line's (seeded, two different lines, duplicates skipped).
 
+In smoke mode (bench/smoke.py) the sizes are 150 and 300 lines with the stand-in encoder, and the child runs the
+stages with `pipeline.engine.runner.run_stage` (no Prefect): it checks this module, not the numbers.
+
 Translation is left out (`backtranslate.chains=[]`): the default chain's cost is per row and sized apart by
 `bench/bergamot_bench.py` (sentences/s of the stage against the bare engine); with it, 100k lines would take hours
 here, and the ratios measure the pipeline around the models.
@@ -39,6 +42,8 @@ from pipeline.engine.store import Store
 
 GOAL = 2.2
 SIZES = (3000, 6000, 12000, 25000, 50000, 100000)
+SMOKE_SIZES = (150, 300)  # bench/smoke.py: two toy mines (run_stage, no Prefect) ...
+SMOKE_SETTINGS = ("encoder.model=standin:encoder-384",)  # ... with the stand-in encoder (pipeline/models/standin.py)
 OUT = ROOT / "artifacts" / "bench"
 
 
@@ -68,8 +73,13 @@ def mine(n: int, work: Path) -> dict:
     run = f"scale-{n}"
     shutil.rmtree(work / run, ignore_errors=True)
     path = corpus(n, work / f"corpus-{n}.txt")
-    cmd = [sys.executable, "-m", "flows.cli", "mine", "--run", run, "--corpus", str(path), "--set", f"run.root={work}",
-           *NO_TRANSLATION]
+    from bench import smoke
+
+    settings = [f"run.root={work}", *NO_TRANSLATION, *smoke.cap([], SMOKE_SETTINGS)]
+    if smoke.on():  # the same stages through the runner's own driver, in one child, without Prefect's start-up
+        cmd = [sys.executable, "-m", "bench.scaling_bench", "--child", run, str(path), *settings]
+    else:
+        cmd = [sys.executable, "-m", "flows.cli", "mine", "--run", run, "--corpus", str(path), "--set", *settings]
     log = open(work / f"{run}.log", "wb")
     t0 = time.perf_counter()
     child = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -92,14 +102,17 @@ def mine(n: int, work: Path) -> dict:
 def run(max_n: int | None = None, resume: bool | None = None) -> list[dict]:
     """Sizes up to max_n ($SCALE_MAX, default 12000). resume ($SCALE_RESUME=1): keep the sizes an interrupted run
     already wrote to artifacts/bench/scaling.json (same code and machine assumed) and measure only the others."""
+    from bench import smoke
+
     max_n = max_n or int(os.environ.get("SCALE_MAX", "12000"))
     resume = os.environ.get("SCALE_RESUME", "") == "1" if resume is None else resume
-    work = OUT / "scale"
+    out = smoke.work_dir()  # artifacts/bench/, or the smoke folder
+    work = out / "scale"
     work.mkdir(parents=True, exist_ok=True)
-    saved = OUT / "scaling.json"
+    saved = out / "scaling.json"
     kept = {r["n"]: r for r in json.loads(saved.read_text())} if resume and saved.is_file() else {}
     results = []
-    for n in (n for n in SIZES if n <= max_n):
+    for n in smoke.cap([n for n in SIZES if n <= max_n], SMOKE_SIZES):
         if n in kept:
             print(f"scaling n={n}: kept from {saved} ({kept[n]['wall_s']} s)", flush=True)
         results.append(kept.get(n) or mine(n, work))
@@ -113,7 +126,22 @@ def run(max_n: int | None = None, resume: bool | None = None) -> list[dict]:
     return rows
 
 
+def mine_without_prefect(run: str, corpus_path: str, settings: list[str]) -> None:
+    """Smoke mode's child: every stage of the default profile in order with `run_stage` (no Prefect)."""
+    from pipeline.config import load_config
+    from pipeline.engine.runner import run_stage
+
+    cfg = load_config("default", [f"run.name={run}", f"data.corpus={corpus_path}", *settings])
+    for stage in load_stages():
+        run_stage(stage, cfg)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--max", type=int, default=None, help="largest size (default: $SCALE_MAX or 12000)")
-    print(json.dumps(run(ap.parse_args().max), indent=1))
+    ap.add_argument("--child", nargs="+", default=None, metavar="RUN CORPUS [KEY=VALUE ...]", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        mine_without_prefect(a.child[0], a.child[1], a.child[2:])
+    else:
+        print(json.dumps(run(a.max), indent=1))

@@ -34,20 +34,25 @@ LR = 2e-3
 WARMUP = 50
 MAX_TOKENS = 128  # training lines are cut here: the benches' rows are this long at most
 TRAIN_LINES = (1000, 12000)  # wiki1m head lines; the tokenizer read lines 0-399, the benches use 400-911
+SMOKE_STEPS = 20  # bench/smoke.py's toy model (trained in seconds, copies nothing yet)
 VERSION = 2  # bump when the recipe changes in a way the settings below do not show
 
 
-def _key() -> str:
+def _key(steps: int = STEPS) -> str:
     tiny = (ROOT / "tests" / "tiny_mt.py").read_bytes()  # the architecture and vocabulary come from there
-    settings = dict(seed=SEED, steps=STEPS, batch=BATCH, lr=LR, warmup=WARMUP, max_tokens=MAX_TOKENS,
+    settings = dict(seed=SEED, steps=steps, batch=BATCH, lr=LR, warmup=WARMUP, max_tokens=MAX_TOKENS,
                     lines=TRAIN_LINES, version=VERSION, tiny_mt=hashlib.sha256(tiny).hexdigest())
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def copy_model(out: Path | None = None) -> Path:
+def copy_model(out: Path | None = None, steps: int | None = None) -> Path:
     """The trained copy model's folder (a MarianMT model + tokenizer, loadable by path), training it first when
-    it is not there yet: into a temporary folder renamed into place when complete."""
-    final = (out or OUT) / f"tiny-copy-marian-{_key()}"
+    it is not there yet: into a temporary folder renamed into place when complete. In smoke mode (bench/smoke.py)
+    a 20-step model in the smoke folder: it does not copy yet, which a smoke run does not need."""
+    from bench import smoke
+
+    steps = steps or smoke.cap(STEPS, SMOKE_STEPS)
+    final = (out or (smoke.work_dir() if smoke.on() else OUT)) / f"tiny-copy-marian-{_key(steps)}"
     if (final / "training.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -56,7 +61,7 @@ def copy_model(out: Path | None = None) -> Path:
     print(f"note: training the benches' tiny copy model into {final} (once, about a minute)", file=sys.stderr,
           flush=True)
     try:
-        facts = _train(tmp)
+        facts = _train(tmp, steps)
         (tmp / "training.json").write_text(json.dumps(facts, indent=1))
         try:
             os.rename(tmp, final)
@@ -84,7 +89,7 @@ def _batch(rows: list[list[int]], pad: int):
     return x, mask, y
 
 
-def _train(folder: Path) -> dict:
+def _train(folder: Path, steps: int = STEPS) -> dict:
     import torch
     from transformers import MarianMTModel, MarianTokenizer
 
@@ -104,10 +109,10 @@ def _train(folder: Path) -> dict:
     data = tok(lines, truncation=True, max_length=MAX_TOKENS)["input_ids"]  # each ends with </s>: copied too
     data.sort(key=len)  # a batch is BATCH neighbours in length from a random start: little padding
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WARMUP) * max(0.05, 1 - s / STEPS))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WARMUP) * max(0.05, 1 - s / steps))
     order = torch.Generator().manual_seed(SEED)
     start, loss = time.perf_counter(), None
-    for step in range(STEPS):
+    for step in range(steps):
         first = int(torch.randint(len(data) - BATCH + 1, (1,), generator=order))
         x, mask, y = _batch(data[first:first + BATCH], tok.pad_token_id)
         loss = model(input_ids=x, attention_mask=mask, labels=y).loss
@@ -119,12 +124,13 @@ def _train(folder: Path) -> dict:
         with torch.no_grad():
             pad_row.zero_()
         if (step + 1) % 250 == 0:
-            print(f"  step {step + 1}/{STEPS}: loss {loss.item():.3f}, {time.perf_counter() - start:.0f} s",
+            print(f"  step {step + 1}/{steps}: loss {loss.item():.3f}, {time.perf_counter() - start:.0f} s",
                   file=sys.stderr, flush=True)
     seconds = time.perf_counter() - start
     model.eval().save_pretrained(folder)
-    return {"seed": SEED, "steps": STEPS, "batch": BATCH, "lr": LR, "seconds": round(seconds, 1),
-            "final_loss": round(loss.item(), 4), "torch_threads": torch.get_num_threads(), **evaluate(folder)}
+    return {"seed": SEED, "steps": steps, "batch": BATCH, "lr": LR, "seconds": round(seconds, 1),
+            "final_loss": round(loss.item(), 4), "torch_threads": torch.get_num_threads(),
+            **evaluate(folder, 512 if steps == STEPS else 16)}
 
 
 def evaluate(folder: str | Path, n: int = 512) -> dict:

@@ -78,6 +78,10 @@ def peer(texts: list[str], steps: int, batch_size: int, max_length: int) -> floa
 
 
 def run(steps: int = 10, batch_size: int = 64, max_length: int = 32, workers: int = 2, rounds: int = 2) -> list[dict]:
+    from bench import smoke
+
+    steps, batch_size, max_length = smoke.cap(steps, 2), smoke.cap(batch_size, 8), smoke.cap(max_length, 16)
+    workers, rounds = smoke.cap(workers, 0), smoke.cap(rounds, 1)
     texts = wiki_sentences(batch_size * (steps + 3))
     ours_sps, peer_sps = [], []
     with tempfile.TemporaryDirectory(prefix="train_bench_") as tmp:

@@ -4,6 +4,10 @@
     python -m flows.cli stage  NAME [same options]
     python -m flows.cli sql    [--run R] [--query "SELECT ..."]
     python -m flows.cli report [--run R]
+    python -m flows.cli export [--run R] [--format triplet ...]
+    python -m flows.cli train | eval | compare | bench | scale  [their own options: --help]
+
+`contramine` (the installed script) is the same command line.
 
 Settings, the corpus and the models are checked before Prefect starts or anything is written; a problem is one
 line on stderr naming the key, file or model, and exit code 2. A stage that fails on its input once the run has
@@ -23,11 +27,8 @@ from pathlib import Path
 
 from . import env  # noqa: F401
 from pipeline.config import Config, ConfigError, configure, split_overrides
-from pipeline.engine.tables import TableMissing
-from pipeline.errors import StageError
-from pipeline.models.hub import ModelUnavailable
+from pipeline.errors import ExpectedError
 from pipeline.stages import ORDER
-from pipeline.stages.sentences import CorpusError
 
 # Prefect logs a failed task or flow run with its traceback; for the errors this CLI reports in one line, the
 # console handler of flows/logging.yml drops that record (pipeline.errors.ExpectedErrors; the API still gets it).
@@ -41,33 +42,29 @@ if __name__ == "__main__" and LOGGING_YML.is_file() and not _USERS_LOGGING:
     os.environ["PREFECT_LOGGING_CONFIG_PATH"] = str(LOGGING_YML)
 
 
-class InputMissing(RuntimeError):
+class InputMissing(ExpectedError, RuntimeError):
     """A stage run alone before the stages it reads from."""
 
 
 def preflight(cfg: Config, stages: list[str]) -> tuple[list[str], dict]:
-    """Fail fast on what would fail later (every model is resolved — downloaded where needed — here, once per run);
-    return the plain-words notes about the translation chains and the run's plan so far (the `chains` resource,
-    resolved here once: the flow takes this decision as it is)."""
-    from pipeline.models.hub import resolve_model
-    from pipeline.stages.backtranslate import chains_plan, generator_notes
-    from pipeline.stages.sentences import check_corpus
+    """Fail fast on what would fail later: the training sections, then each check the stages to run declare
+    (`@stage(checks=...)`: the corpus, every model resolved — downloaded where needed — once per run), each distinct
+    check once. Returns their plain-words notes and the resources they resolved (the flow takes that plan as it is).
+    Names no stage: what a stage needs checked is declared with it."""
+    from pipeline.engine.runner import load_stages
     from trainer.objectives import check_settings
 
     check_settings(cfg.train)  # the profile's [train.<objective>] sections: a typo is caught before any work
-    if "sentences" in stages:
-        check_corpus(cfg.data.corpus)
-    if {"embeddings", "scores"} & set(stages):
-        resolve_model(cfg.encoder.model, "encoder")
-    if "negate" in stages:
-        import spacy.util
-
-        if not spacy.util.is_package(cfg.negate.model) and not Path(cfg.negate.model).is_dir():
-            raise ModelUnavailable(f"spaCy pipeline {cfg.negate.model!r} is not installed (pip install it, or set negate.model)")
-    if not {"backtranslate", "scores", "paraphrases"} & set(stages):
-        return [], {}
-    plan = {"chains": chains_plan(cfg)}
-    return generator_notes(cfg, plan["chains"]), plan
+    notes, plan, done = [], {}, set()
+    for name in stages:
+        for check in load_stages()[name].checks:
+            if check not in done:
+                done.add(check)
+                found = check(cfg)
+                if found:
+                    notes += found[0]
+                    plan.update(found[1])
+    return notes, plan
 
 
 def check_inputs(cfg: Config, stage: str) -> None:
@@ -92,14 +89,17 @@ def check_inputs(cfg: Config, stage: str) -> None:
 
 
 def cmd_mine(args, cfg: Config) -> None:
+    from pipeline.engine.runner import load_stages
+
     from .mine import mine_flow
 
-    notes, plan = preflight(cfg, ORDER)
+    stages = list(load_stages())
+    notes, plan = preflight(cfg, stages)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     t0 = time.perf_counter()
     rows = mine_flow(profile=args.profile, run=args.run, corpus=args.corpus, overrides=args.set,
-                     force=ORDER if args.force == [] else (args.force or []), plan=plan)
+                     force=stages if args.force == [] else (args.force or []), plan=plan)
     print(f"\nmined run {cfg.run.name!r} in {time.perf_counter() - t0:.0f}s → {cfg.run.dir}")
     for stage, counts in rows.items():
         print(f"  {stage:<14} " + ", ".join(f"{t}={n}" for t, n in counts.items()))
@@ -150,11 +150,40 @@ def cmd_export(args, cfg: Config) -> None:
         print(f"{fmt}: wrote {export_run(cfg.run.dir, fmt)} (load it with datasets.load_dataset(<that folder>))")
 
 
+# Commands whose own module parses the rest of the line (`contramine train --help` prints that module's options).
+DELEGATED = {
+    "train": ("trainer.train", "train an encoder on a run's mined tables (an objective, a start model, a budget)"),
+    "eval": ("trainer.evaluate", "score a model on STS12-16, STS-B and SICK-R (SentEval's protocol)"),
+    "compare": ("trainer.compare", "every objective from one start on a run's tables: table, bootstrap, plots"),
+    "bench": ("bench.run", "speed and memory against peers measured in the same run (a checkout's bench/)"),
+    "scale": ("bench.scale", "N synthetic sentences through every stage: seconds and peak RSS (a checkout's bench/)"),
+}
+
+
+def run_delegated(name: str, rest: list[str]) -> int:
+    import importlib
+
+    module, _ = DELEGATED[name]
+    try:
+        entry = importlib.import_module(module).main
+    except ModuleNotFoundError as e:
+        say_last(f"error: `contramine {name}` needs {e.name} (bench/ comes with a checkout of the repository)")
+        return 2
+    try:
+        return entry(rest) or 0
+    except ExpectedError as e:
+        say_last("error: " + " ".join(str(e).splitlines()))
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(prog="contramine", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("mine", "stage", "sql", "report", "export"):
-        s = sub.add_parser(name)
+    for name, what in (("mine", "every stage, in order"), ("stage", "one stage (what it reads must exist)"),
+                       ("sql", "DuckDB over a run's tables"), ("report", "the mining report of a run"),
+                       ("export", "a run's mined rows as a Hugging Face dataset folder")):
+        s = sub.add_parser(name, help=what)
         if name == "stage":
             s.add_argument("name", help=f"one of: {', '.join(ORDER)}")
         s.add_argument("--profile", default="default", help="configs/<profile>.toml (or a path to a .toml)")
@@ -174,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         if name == "sql":
             s.add_argument("--query", "-q", default=None)
             s.add_argument("--max-rows", type=int, default=40)
+    for name, (module, what) in DELEGATED.items():
+        sub.add_parser(name, help=f"{what}; options: contramine {name} --help", add_help=False)
+    if argv and argv[0] in DELEGATED:
+        return run_delegated(argv[0], argv[1:])
     args = p.parse_args(argv)
     # make passes SET="a=1 b=2" as one word: split before each `key=`, not inside a value ('x=[["a", "b"]]')
     args.set = [kv for item in args.set for kv in split_overrides(item)]
@@ -181,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = configure(args.profile, args.run, args.corpus, args.set)
         {"mine": cmd_mine, "stage": cmd_stage, "sql": cmd_sql, "report": cmd_report,
          "export": cmd_export}[args.cmd](args, cfg)
-    except (ConfigError, ModelUnavailable, CorpusError, InputMissing, TableMissing, StageError) as e:
+    except ExpectedError as e:
         # raised before Prefect started, or inside a shard task: Prefect's flow call re-raises the task's own
         # exception. One line, whatever the message holds, and the last one.
         say_last("error: " + " ".join(str(e).splitlines()))

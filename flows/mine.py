@@ -1,14 +1,13 @@
 """Prefect flows: one flow per stage (each deployable on its own) and `mine`, which composes them.
 
-The flows hold no logic: each stage flow maps `shard_task` over the shards and records the manifest; the work
-and the caching (verified shard keys, see pipeline/store.py) live in pipeline/. Tasks pass paths and settings,
+The flows hold no logic: each stage flow hands the engine's stage driver (`pipeline.engine.runner.run_stage`) its
+task map (`prefect_map`); the work, the plan and the caching (verified shard keys, pipeline/engine/store.py) live in
+pipeline/. Tasks pass paths and settings,
 never tables, so they run the same on threads or on a Dask cluster.
 """
 from __future__ import annotations
 
-import json
 import re
-import time
 from contextlib import ExitStack
 
 from . import env  # noqa: F401  (Prefect settings before Prefect)
@@ -18,17 +17,20 @@ from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from pipeline.config import Config, configure  # noqa: F401  (configure: what flow callers build a config with)
-from pipeline.engine.runner import finish_stage, load_stages, resolve_plan, run_global, run_shard
+from pipeline.engine.maps import local_cluster
+from pipeline.engine.runner import load_stages, run_job_json, run_stage
 
 
-@task(name="shard", cache_policy=NO_CACHE, task_run_name="{stage}[{i}]")
-def shard_task(stage: str, cfg_json: str, i: int, force: bool, progress: bool, plan: dict) -> dict:
-    return run_shard(stage, Config.model_validate_json(cfg_json), i, force, progress, plan)
+@task(name="shard", cache_policy=NO_CACHE, task_run_name="{name}[{i}]")
+def shard_task(name: str, cfg_json: str, i: int, force: bool, progress: bool, plan: dict) -> list[dict]:
+    return run_job_json(name, cfg_json, i, force, progress, plan)
 
 
-@task(name="global", cache_policy=NO_CACHE, task_run_name="{stage}")
-def global_task(stage: str, cfg_json: str, force: bool, progress: bool, plan: dict) -> list[dict]:
-    return run_global(stage, Config.model_validate_json(cfg_json), force, progress, plan)
+def prefect_map(jobs: list[dict]) -> list[list[dict]]:
+    """The stage's jobs as Prefect task runs, on the flow's task runner (threads or Dask)."""
+    keys = ("name", "cfg_json", "force", "progress", "plan")
+    futures = shard_task.map(**{k: unmapped(jobs[0][k]) for k in keys}, i=[j["i"] for j in jobs])
+    return [f.result() for f in futures]
 
 
 def task_runner(cfg: Config):
@@ -41,35 +43,10 @@ def task_runner(cfg: Config):
     return DaskTaskRunner(cluster_class=local_cluster, cluster_kwargs={"workers": cfg.runner.workers})
 
 
-def local_cluster(workers: int, **_):
-    """A LocalCluster of one-thread worker processes that may start processes of their own: spaCy's
-    `negate.n_process` pool, which a daemonic Dask worker could not start."""
-    import dask
-    from distributed import LocalCluster
-
-    with dask.config.set({"distributed.worker.daemon": False}):
-        return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
-
-
 def execute_stage(stage: str, cfg: Config, force: bool = False, plan: dict | None = None) -> dict:
-    """Resolve the stage's resources here, once (those in `plan` are the run's earlier decisions), run every shard
-    under that plan (cached ones are verified and skipped), then write its manifest."""
-    log = get_run_logger()
-    cfg_json, progress = cfg.model_dump_json(), cfg.runner.workers == 1 and cfg.runner.kind == "threads"
-    t0 = time.perf_counter()
-    plan = resolve_plan(stage, cfg, plan)
-    for name, facts in plan.items():  # what this run decided for the stage (in the key and the manifest too)
-        log.info(f"{stage}: resource {name} = {json.dumps(facts, sort_keys=True)}")
-    if load_stages()[stage].one_job:
-        results = global_task(stage, cfg_json, force, progress, plan)
-    else:
-        futures = shard_task.map(stage, unmapped(cfg_json), list(range(cfg.run.shards)), unmapped(force),
-                                 unmapped(progress), unmapped(plan))
-        results = [f.result() for f in futures]
-    manifest = finish_stage(stage, cfg, results, time.perf_counter() - t0, plan)
+    """The engine's stage driver (`run_stage`) with Prefect's task map and logger; the manifest as an artifact."""
+    manifest = run_stage(stage, cfg, force, plan, map=prefect_map, log=get_run_logger().info)
     publish_stage(stage, cfg, manifest)
-    log.info(f"{stage}: {manifest['shards_computed']} shards computed, {manifest['shards_cached']} reused; "
-             f"rows {manifest['rows']}; {time.perf_counter() - t0:.1f}s")
     return manifest
 
 

@@ -1,13 +1,15 @@
 """Band search: each query's top `pool_size` neighbours among those with lo <= cos <= hi, exact by construction
-on a flat index, against any FAISS index (or anything with `search(x, k) -> (scores, ids)`). The rules are in
-pipeline/stages/neighbours.py's docstring, which is the stage that runs it; this module has no stage, no GPU code
-and no settings, so a recall check or a bench can run it against any index.
+on a flat index, against any FAISS index (or anything with `search(x, k) -> (scores, ids)`: pipeline/torch_search.py's
+TorchExact). The rules are in pipeline/stages/neighbours.py's docstring, which is the stage that runs it; this module
+has no stage, no GPU code, no settings and no FAISS import, so a recall check or a bench can run it against any
+index, and the torch engine where FAISS is not installed.
 """
 from __future__ import annotations
 
+import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
-import faiss
 import numpy as np
 import pyarrow as pa
 from tqdm.auto import tqdm
@@ -82,7 +84,7 @@ def exact_cosines(q: np.ndarray, q_rows: np.ndarray, base_vecs: np.ndarray, ids:
         np.clip(out[a:b], -1.0, 1.0, out=out[a:b])  # unit float32 rows: 1 ± 1e-7
 
     starts = range(0, len(ids), pairs_per_step)
-    workers = max(1, min(len(starts), faiss.omp_get_max_threads()))
+    workers = max(1, min(len(starts), _threads()))
     if workers == 1:
         for a in starts:
             chunk(a)
@@ -90,6 +92,17 @@ def exact_cosines(q: np.ndarray, q_rows: np.ndarray, base_vecs: np.ndarray, ids:
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(chunk, starts))
     return out
+
+
+def _threads() -> int:
+    """FAISS's thread count where FAISS is loaded, else OMP_NUM_THREADS or the CPUs this process may use: this module
+    never imports FAISS itself (the torch engine runs where there is none)."""
+    if sys.modules.get("faiss") is not None:
+        return sys.modules["faiss"].omp_get_max_threads()
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _resolve_block(q, q_sids, scores, ids, base_vecs, base_sids, lo, hi, pool_size, seen_all, skip_top=0,

@@ -10,32 +10,28 @@ Prefect logs every failed task and flow run with its traceback ("Task run failed
 exception during execution"). The CLI points Prefect at flows/logging.yml (PREFECT_LOGGING_CONFIG_PATH, Prefect's
 documented way to customise its logging), whose console handler carries `ExpectedErrors`: records of the errors the
 CLI reports in one line stay off the terminal. They still reach Prefect's API handler, so the UI keeps the traceback.
-This module imports nothing heavy: the filter runs in every process that logs, Dask workers included.
+This module imports nothing heavy: the filter runs in every process that logs, Dask workers included. Every
+expected error class derives from `ExpectedError`, defined here, so this module names none of them.
 """
 from __future__ import annotations
 
 import logging
 
 
-class StageError(RuntimeError):
+class ExpectedError(Exception):
+    """The one mark of an error the CLI reports as one line (no traceback): a bad key, file, row or model, an input
+    a stage cannot use. Every such error class derives from it (ConfigError, ModelUnavailable, CorpusError,
+    TableMissing, StageError, ...); the CLI and the log filter test for it and for nothing else."""
+
+
+class StageError(ExpectedError, RuntimeError):
     """A stage cannot go on with this input or these settings; the message is one line naming the file, row, key
     or model (e.g. a precomputed-embeddings file without a vector for some text, an index below its recall floor)."""
 
 
-# The errors the CLI prints as one line (flows/cli.py `main`), by defining module and class name, so that this
-# module need not import them: a subclass of any of them counts too.
-EXPECTED = frozenset({
-    "pipeline.errors.StageError",
-    "pipeline.sections.ConfigError",
-    "pipeline.models.hub.ModelUnavailable",
-    "pipeline.stages.sentences.CorpusError",
-    "pipeline.engine.tables.TableMissing",
-})
-
-
 def is_expected(exc: BaseException | None) -> bool:
     """Whether `exc` is one of the errors the CLI reports as one line (no traceback wanted)."""
-    return exc is not None and any(f"{c.__module__}.{c.__qualname__}" in EXPECTED for c in type(exc).__mro__)
+    return isinstance(exc, ExpectedError)
 
 
 class ExpectedErrors(logging.Filter):

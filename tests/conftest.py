@@ -28,6 +28,13 @@ for _var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_MODULES_CACHE", "HF_XE
     os.environ.pop(_var, None)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+# One torch / OpenMP thread per test process when pytest-xdist runs several (`make test`: 2 processes on 2 cores):
+# two processes of 2 threads each on 2 cores make every torch op wait on thread wake-ups (measured 4-8x slower for
+# encoding and generate on this box). Set before torch is imported, and inherited by the CLI subprocesses and the
+# Dask workers the tests start.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
 # one Prefect home (its SQLite database) per pytest-xdist worker: two servers writing one database lock each other
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 os.environ.setdefault("PREFECT_HOME", str(ROOT / "artifacts" / (".prefect-test" + (f"-{_WORKER}" if _WORKER else ""))))

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from pipeline.models import hub as models
-from pipeline.models.translator import backtranslate, chain_name, load_chain, load_translator
+from pipeline.config import chain_name
+from pipeline.models.chains import backtranslate, load_chain, load_translator
 from pipeline.seeding import row_seed
 from pipeline.config import BacktranslateCfg
 from pipeline.models.hub import ModelUnavailable
@@ -235,7 +236,7 @@ def zh_like(tmp_path_factory):
 
 
 def test_multi_target_marian_needs_its_language_token(zh_like):
-    from pipeline.models.translator import marian_language_codes, target_language_problem
+    from pipeline.models.translation import marian_language_codes, target_language_problem
 
     assert marian_language_codes(zh_like) == [">>cmn_Hans<<", ">>cmn_Hant<<", ">>yue_Hant<<"]
     problem = target_language_problem(zh_like, zh_like, cfg())
@@ -276,7 +277,7 @@ def test_mine_stops_before_any_work_without_a_target_language(zh_like, tiny, tmp
 
 def test_a_target_language_for_a_single_target_marian_model_stops_mine_before_any_work(tiny, tmp_path, capsys):
     from flows.cli import main as cli_main
-    from pipeline.models.translator import target_language_problem
+    from pipeline.models.translation import target_language_problem
 
     one = tiny["marian-xx-en"]  # no >>code<< tokens: it translates into one language
     problem = target_language_problem(one, one, cfg(target_lang={one: "de"}))

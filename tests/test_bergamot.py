@@ -15,8 +15,8 @@ from pipeline.config import BacktranslateCfg, ConfigError, configure
 from pipeline.degenerate import back_to_back, degenerate_flag, words
 from pipeline.models.bergamot import bergamot_folder
 from pipeline.models.hub import ModelUnavailable, resolve_model
-from pipeline.models.translator import backtranslate, load_chain
-from pipeline.stages.backtranslate import rows_serving
+from pipeline.models.chains import backtranslate, load_chain
+from pipeline.roles import rows_serving
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAIN = ["bergamot:en-pt", "bergamot:pt-en"]

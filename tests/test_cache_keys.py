@@ -9,10 +9,12 @@ import torch
 from pipeline.config import load_config
 from pipeline.engine.codeversion import PIPELINE, code_version, module_closure
 from pipeline.engine.runner import load_stages, resolve_plan, stage_facts
+from pipeline.models import chains, encoder
 from pipeline.models import hub as models
-from pipeline.stages import backtranslate, embeddings
 
 OFFLINE = ["backtranslate.chains=[]"]
+STANDIN = ['backtranslate.chains=[["standin:shuffle-de", "standin:shuffle-en"]]']  # HF-engine models, no weights
+BERGAMOT = ['backtranslate.chains=[["bergamot:en-pt", "bergamot:pt-en"]]']
 STAGES = load_stages()
 
 
@@ -39,23 +41,77 @@ def test_code_version_follows_every_module_a_stage_imports(tmp_path):
     assert {s for s in STAGES if again[s] != after[s]} == {"embeddings", "pool_embeddings", "scores"}  # they embed
 
 
+def test_code_version_covers_the_code_that_ran_and_no_other(tmp_path):
+    """Editing a module a run did not execute recomputes nothing: the training settings, an engine the chains did
+    not run on. The engines are reached through the chains' plan (its `code`), never through a stage's imports."""
+    src = tmp_path / "pipeline"
+    shutil.copytree(PIPELINE, src, ignore=shutil.ignore_patterns("__pycache__"))
+    versions = lambda: {s: code_version(STAGES[s].module, root=src) for s in STAGES}  # noqa: E731
+    engines = lambda: {m: code_version(m, root=src) for m in chains.ENGINES.values()}  # noqa: E731
+    before, engines_before = versions(), engines()
+    for closure in (module_closure((STAGES[s].module,)) for s in STAGES):
+        assert not {"pipeline.config.training", "pipeline.config.root", "pipeline.config.loading",
+                    *chains.ENGINES.values()} & set(closure)
+    for module in ("config/training.py", "models/ct2.py", "models/translator.py", "models/bergamot.py"):
+        (src / module).write_text((src / module).read_text() + "\n\ndef added():\n    return 1\n")
+    code_version.cache_clear()
+    assert versions() == before  # no stage's own code version moves ...
+    moved = {m for m, v in engines().items() if v != engines_before[m]}
+    assert moved == set(chains.ENGINES.values())  # ... the engines' do, and a run's plan names only its own
+    plan = chains.chains_plan(load_config("default", BERGAMOT))
+    assert set(plan["code"]) == {"bergamot"} and plan["code"]["bergamot"] == code_version("pipeline.models.bergamot")
+    encoder_py = src / "models" / "encoder.py"
+    encoder_py.write_text(encoder_py.read_text() + "\n\ndef added():\n    pass\n")
+    code_version.cache_clear()
+    after = versions()
+    assert {s for s in STAGES if after[s] != before[s]} == {"embeddings", "pool_embeddings", "scores"}
+    code_version.cache_clear()
+
+
+def test_no_stage_module_imports_another():
+    """What two stages share lives below them (models/, roles.py, identity.py), so a stage's code version is its
+    own code and what it runs."""
+    stage_modules = {s.module for s in STAGES.values()}
+    for s in STAGES.values():
+        others = stage_modules - {s.module}
+        imported = {m for m in module_closure((s.module,))} - {s.module}
+        assert not imported & others, f"{s.module} imports {sorted(imported & others)}"
+
+
 def test_device_and_precision_are_part_of_the_key(monkeypatch):
-    cfg = load_config("default", OFFLINE)
+    cfg = load_config("default", STANDIN)
     stages = ("embeddings", "scores", "backtranslate")
     cpu = {s: extra_key(STAGES[s], cfg) for s in stages}
     assert all('"device":"cpu"' in cpu[s] for s in stages)
     assert '"precision":"float32"' in cpu["embeddings"] and '"dtype":"float32"' in cpu["backtranslate"]
     # the same run on a GPU with bf16: no shard of the CPU float32 run may be reused
     cuda = lambda setting="auto": "cuda" if setting == "auto" else setting  # noqa: E731
-    monkeypatch.setattr(embeddings, "pick_device", cuda)
-    monkeypatch.setattr(backtranslate, "pick_device", cuda)
+    monkeypatch.setattr(encoder, "pick_device", cuda)
+    monkeypatch.setattr(chains, "pick_device", cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     gpu = {s: extra_key(STAGES[s], cfg) for s in stages}
     for s in stages:
         assert gpu[s] != cpu[s] and '"device":"cuda"' in gpu[s], s
     assert '"precision":"bf16"' in gpu["embeddings"] and '"dtype":"bfloat16"' in gpu["backtranslate"]
-    fp16 = extra_key(STAGES["embeddings"], load_config("default", OFFLINE + ["encoder.precision=fp16"]))
+    fp16 = extra_key(STAGES["embeddings"], load_config("default", STANDIN + ["encoder.precision=fp16"]))
     assert '"precision":"fp16"' in fp16 and fp16 != gpu["embeddings"]
+    # Bergamot runs on the CPU whatever the flow's host has: mining from a GPU host recomputes nothing of it
+    bergamot = load_config("default", BERGAMOT)
+    on_gpu_host = extra_key(STAGES["backtranslate"], bergamot)
+    assert '"device":"cpu"' in on_gpu_host and "dtype" not in on_gpu_host
+    monkeypatch.undo()
+    assert extra_key(STAGES["backtranslate"], bergamot) == on_gpu_host
+
+
+def test_device_settings_are_not_in_the_section_hashes():
+    """The plan records the resolved device kind (and precision, dtype, engine where they matter): the settings
+    themselves would only change keys when nothing that shapes the bytes changed."""
+    base = load_config("default")
+    for sets in (["encoder.device=cpu"], ["encoder.precision=float32"], ["backtranslate.device=cpu"],
+                 ["backtranslate.dtype=float32"], ["backtranslate.engine=auto"], ["neighbours.gpu=never"]):
+        other = load_config("default", sets)
+        assert all(base.section_hash(*st.settings) == other.section_hash(*st.settings) for st in STAGES.values()), sets
+    assert base.section_hash("encoder") != load_config("default", ["encoder.pooler=cls"]).section_hash("encoder")
 
 
 def test_model_files_are_part_of_the_key(tmp_path):

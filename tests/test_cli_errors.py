@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.stages.sentences import CorpusError, split_sentences
+from pipeline.corpus import CorpusError, split_sentences
 
 from hostile import plain_rows, wiki_lines, write_corpus
 
@@ -100,3 +100,19 @@ def test_cli_subprocess_stage_before_its_input(tmp_path):
     assert r.stderr.startswith("error: stage neighbours reads table `embeddings`, which run 'fresh' does not have")
     assert "run `make stage STAGE=embeddings RUN=fresh`" in r.stderr
     assert not root.exists() or not any(root.iterdir())
+
+
+def test_one_command_line_lists_every_command_and_delegates_with_one_line_errors(capsys):
+    """`contramine --help` lists training, evaluation and the compare beside mining; a delegated command's bad key
+    ends as every other: one `error:` line, exit 2."""
+    import pytest
+
+    from flows.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listing = capsys.readouterr().out
+    for cmd in ("mine", "stage", "sql", "report", "export", "train", "eval", "compare"):
+        assert f"    {cmd} " in listing, cmd
+    assert main(["compare", "--set", "nope=1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: config error: nope: unknown key (profile 'default')"

@@ -54,10 +54,20 @@ def test_compare_trains_every_objective_and_seed_writes_table_json_plots_and_res
     assert saved["budget"]["steps"] == 2 and saved["seeds"] == 2 and saved["baseline"] == "simcse"
     assert set(saved["runs"]) == {"simcse", "debcse"} and set(saved["paired_bootstrap"]) == {"debcse"}
     assert len(saved["paired_bootstrap"]["debcse"]["per_seed"]) == 2
-    # the table: the start model first, then each objective, mean ± std over seeds of the 7 tasks + average
+    # the table: the start model first (one row per pooler: here both objectives read cls_before_pooler), then each
+    # objective, its pooler, mean ± std over seeds of the 7 tasks + average, Δ against its start and the baseline
     table = (out / "table.md").read_text().splitlines()
-    assert [line.split("|")[1].strip() for line in table[2:]] == ["start", "simcse", "debcse"]
-    assert "±" in table[3] and "pairs" in table[4] and table[0].count("|") == 17
+    assert [line.split("|")[1].strip() for line in table[2:]] == ["start (cls_before_pooler)", "simcse", "debcse"]
+    assert [line.split("|")[2].strip() for line in table[2:]] == ["cls_before_pooler"] * 3
+    assert "±" in table[3] and "pairs" in table[4] and table[0].count("|") == 19
+    assert "vs its start" in table[0] and "vs simcse" in table[0]
+    assert set(saved["paired_bootstrap_vs_start"]) == {"simcse", "debcse"}
+    boot = (out / "bootstrap.md").read_text()  # per seed and pooled: debcse against its start and against simcse
+    firsts = [line.split("|")[1:3] for line in boot.splitlines() if line.startswith("| ") and "---" not in line]
+    assert sorted((a.strip(), b.strip()) for a, b in firsts[1:]) == [
+        ("debcse", "simcse"), ("debcse", "start (cls_before_pooler)"), ("simcse", "start (cls_before_pooler)")]
+    assert "seed 8" in boot
+    assert saved["start_of"] == {"simcse": "start (cls_before_pooler)", "debcse": "start (cls_before_pooler)"}
     m, s = saved["summary"]["debcse"]["avg"]
     avgs = [r["results"]["sts"]["avg"] for r in saved["runs"]["debcse"]]
     assert m == pytest.approx(np.mean(avgs), abs=0.01) and s == pytest.approx(np.std(avgs, ddof=1), abs=0.01)
@@ -96,3 +106,91 @@ def test_paired_bootstrap_against_a_direct_computation():
     # ties: average ranks, as the evaluator's Spearman
     tied = np.round(good[0])
     assert cmp._spearman_rows(tied[None], gold[None])[0] == pytest.approx(spearman(tied, gold))
+
+
+@pytest.fixture(scope="module")
+def osscse_run(tmp_path_factory):
+    """sentences, triplets (paraphrase and negation for half the rows) and pairs; a second run 'other' of the same
+    sentences with other pairs (as if mined with another encoder)."""
+    root = tmp_path_factory.mktemp("cmp-oss")
+    sents = sentences_rows(24)
+    for name, extra in (("r", " too"), ("other", " as well")):
+        write_table(root / name, "sentences", sents)
+        write_table(root / name, "pairs", [{"sid": r["sid"], "anchor": r["text"], "positives": [r["text"] + extra],
+                                            "negatives": ["a dog", "the cat"]} for r in sents])
+    write_table(root / "r", "triplets", [{"sid": r["sid"], "anchor": r["text"], "paraphrase": "so " + r["text"],
+                                          "negation": "not " + r["text"], "para_mer": 0.3, "para_chain": "de"}
+                                         for r in sents if r["sid"] % 2])
+    return root / "r"
+
+
+def test_compare_has_a_start_row_per_pooler_osscse_in_both_forms_and_rows_on_other_mined_runs(
+        osscse_run, bert, senteval, monkeypatch):
+    """OssCSE's paper form reads the [MASK] of its first template: its own start row is the start under that pooler
+    and prompt, its Δ is against that start; the start-pooler variant reads the configured pooler; debcse trains on
+    the run of compare.mined_runs too (a row of its own, its tables from that run); a rerun reuses everything."""
+    calls = []
+    real_train = trainer.train.train
+
+    def counting_train(cfg, resume=True):
+        calls.append((cfg.train.output.split("/compare/")[1], cfg.run.name))
+        return real_train(cfg, resume)
+
+    monkeypatch.setattr(trainer.train, "train", counting_train)
+    profile = write_profile(osscse_run.parent / "oss.toml", osscse_run.parent, "r", bert, senteval, eval_every=1)
+    sets = ["compare.steps=2", "compare.bootstrap=100", "compare.mined_runs=other"]
+    rep = cmp.compare(str(profile), None, sets, ["simcse", "debcse", "osscse"], 1)
+    out = osscse_run / "compare"
+    assert sorted(calls) == sorted([("simcse/seed-0", "r"), ("debcse/seed-0", "r"), ("debcse@other/seed-0", "other"),
+                                    ("osscse/seed-0", "r"), ("osscse-start-pooler/seed-0", "r")])
+    mask = 'mask · This sentence : "{s}" means [MASK] .'
+    assert rep["start_of"] == {"simcse": "start (cls_before_pooler)", "debcse": "start (cls_before_pooler)",
+                               "debcse@other": "start (cls_before_pooler)", "osscse": "start (mask)",
+                               "osscse-start-pooler": "start (cls_before_pooler)"}
+    assert (out / "start.json").is_file() and len(list(out.glob("start-mask-*.json"))) == 1
+    assert rep["starts"]["start (mask)"]["results"]["pooler"] == "mask"
+    assert rep["starts"]["start (cls_before_pooler)"]["results"]["pooler"] == "cls_before_pooler"
+    # each run trained and was evaluated under its row's pooler
+    best = lambda n: json.loads((out / n / "seed-0" / "best" / "train_config.json").read_text())  # noqa: E731
+    assert best("osscse")["pooler"] == "mask" and best("osscse-start-pooler")["pooler"] == "cls_before_pooler"
+    assert rep["runs"]["osscse"][0]["results"]["pooler"] == "mask"
+    assert rep["runs"]["osscse-start-pooler"][0]["extras"]["form"] == "start-pooler"
+    assert "train.osscse.form=start-pooler" in rep["runs"]["osscse-start-pooler"][0]["command"]
+    assert "RUN=other" in rep["runs"]["debcse@other"][0]["command"]
+    # Δ against its own start: the mask-pooled start's STS-B cosines for osscse, a direct computation
+    gold = cmp._stsb_gold(trainer.train.load_config(str(profile)))
+    for name, start in (("osscse", "start (mask)"), ("osscse-start-pooler", "start (cls_before_pooler)")):
+        ours = rep["runs"][name][0]["results"]["cosines"]["STSBenchmark"]
+        theirs = rep["starts"][start]["results"]["cosines"]["STSBenchmark"]
+        direct = 100 * (spearman(ours, gold) - spearman(theirs, gold))
+        assert rep["paired_bootstrap_vs_start"][name]["pooled"]["delta"] == pytest.approx(direct, abs=0.01)
+    table = (out / "table.md").read_text().splitlines()
+    names = [line.split("|")[1].strip() for line in table[2:]]
+    assert names == ["start (cls_before_pooler)", "start (mask)", "simcse", "debcse", "debcse@other", "osscse",
+                     "osscse-start-pooler"]
+    poolers = dict(zip(names, (line.split("|")[2].strip() for line in table[2:])))
+    assert poolers["start (mask)"] == mask == poolers["osscse"]
+    assert poolers["osscse-start-pooler"] == "cls_before_pooler"
+
+    calls.clear()  # a second invocation trains and evaluates nothing
+    again = cmp.compare(str(profile), None, sets, ["simcse", "debcse", "osscse"], 1)
+    assert calls == [] and again["table"] == rep["table"]
+
+
+def test_rows_objectives_then_their_variants_then_their_rows_on_other_mined_runs():
+    from pipeline.config import load_config
+
+    cfg = load_config("default", ["compare.mined_runs=simcse-mined"])
+    names = lambda objectives: [e["name"] for e in cmp.entries(cfg, objectives)]  # noqa: E731
+    assert names(["simcse", "debcse", "osscse", "dclr"]) == [
+        "simcse", "debcse", "debcse@simcse-mined", "osscse", "osscse-start-pooler", "dclr"]
+    assert names(["simcse", "osscse-start-pooler"]) == ["simcse", "osscse-start-pooler"]  # a variant alone
+    variant = cmp.entries(cfg, ["osscse"])[1]
+    assert variant["objective"] == "osscse" and variant["sets"] == ["train.osscse.form=start-pooler"]
+    mined = cmp.entries(cfg, ["debcse"])[1]
+    assert mined["run"] == "simcse-mined" and cmp.run_overrides(cfg, mined, 1, 100)[-2].endswith(
+        "/default/compare/debcse@simcse-mined/seed-1")
+    assert names(["simcse"]) == ["simcse"] and not cmp.entries(load_config("default", ["compare.variants={}"]),
+                                                                 ["osscse"])[1:]
+    with pytest.raises(ValueError, match="unknown objective"):
+        cmp.entries(cfg, ["simcse", "nope"])

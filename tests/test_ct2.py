@@ -13,9 +13,10 @@ from pipeline.engine.runner import run_shard
 from pipeline.engine.store import Store
 from pipeline.models import ct2
 from pipeline.models.translation import row_limit
-from pipeline.models.translator import backtranslate, chain_name, load_chain, load_translator
+from pipeline.config import chain_name
+from pipeline.models.chains import backtranslate, load_chain, load_translator
 from pipeline.schema import SCHEMAS
-from pipeline.stages.backtranslate import chains_plan, generator_notes
+from pipeline.models.chains import chains_plan, generator_notes
 from tests.tiny_mt import build_tiny_fsmt, build_tiny_m2m100, build_tiny_marian, corpus_lines
 
 SMALL = dict(max_new_tokens_factor=1.0, max_new_tokens_min=4, max_length=48)

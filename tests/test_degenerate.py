@@ -10,7 +10,7 @@ import pytest
 from pipeline.config import NeighboursCfg
 from pipeline.schema import table_vectors
 from pipeline.stages.neighbours import band_neighbours, build_index, exact_band_neighbours
-from pipeline.stages.sentences import split_sentences
+from pipeline.corpus import split_sentences
 from pipeline.engine.store import Store
 
 from hostile import plain_rows, wiki_lines, write_corpus

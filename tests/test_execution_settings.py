@@ -13,7 +13,7 @@ import pytest
 from flows.mine import configure, mine_flow, run_stage_flow
 from pipeline.config import load_config
 from pipeline.engine import resources
-from pipeline.engine.runner import load_stages, resolve_plan, run_shard
+from pipeline.engine.runner import load_stages, resolve_plan, run_shard, run_stage
 from pipeline.engine.store import Store
 from pipeline.engine.tables import RunTables
 from pipeline.models.bergamot import bergamot_folder
@@ -99,7 +99,7 @@ def test_models_are_loaded_once_per_plan_and_released_with_their_stage(tmp_path,
     run_global("sentences", cfg)
     loads = []
     enc = load_stages()["embeddings"].resources[0]
-    counted = resources.Resource(enc.name, enc.resolve, lambda *a: loads.append(1) or enc.load(*a))
+    counted = resources.Resource(enc.name, enc.resolve, lambda *a: loads.append(1) or enc.load(*a), reads=enc.reads)
     plan = resolve_plan("embeddings", cfg)
     got = []
     threads = [threading.Thread(target=lambda: got.append(
@@ -167,3 +167,38 @@ def test_weights_saved_again_reach_a_dask_worker_that_outlives_them(tmp_path, co
     texts = RunTables(cfg.run.dir).read("sentences").column("text").to_pylist()
     assert np.array_equal(np.stack(new.column("emb").to_numpy(zero_copy_only=False)),
                           local.encode(texts, batch_size=cfg.encoder.batch_size))
+
+
+def test_a_process_that_cannot_honour_the_plan_stops_with_one_line(tmp_path, corpus40):
+    """The plan is the law: a shard never adapts to its worker. A plan that says cuda (or a FAISS GPU) on a process
+    without one stops the shard with one line naming the process and what the plan required; nothing is written."""
+    from pipeline.engine.resources import PlanError
+    from pipeline.engine.runner import run_global
+
+    cfg = configure("default", "plan", str(corpus40), SMALL + [f"run.root={tmp_path}"])
+    run_global("sentences", cfg)
+    plan = resolve_plan("embeddings", cfg)
+    plan["encoder"] = {**plan["encoder"], "device": "cuda"}  # decided on a GPU host
+    with pytest.raises(PlanError) as err:
+        run_shard("embeddings", cfg, 0, plan=plan)
+    assert "\n" not in str(err.value) and "(cuda)" in str(err.value) and "process" in str(err.value)
+    assert not Store(cfg.run.dir).shard_path("embeddings", 0, 3).exists()
+    for stage in ("pool_sentences", "embeddings", "pool_embeddings"):
+        run_stage(stage, cfg)
+    index = resolve_plan("neighbours", cfg)
+    index["index"] = {**index["index"], "device": "gpu"}
+    with pytest.raises(PlanError, match="FAISS sees no GPU"):
+        run_shard("neighbours", cfg, 0, plan=index)
+
+
+def test_a_resource_load_sees_only_the_sections_it_declares():
+    """What keys a loaded object is what its load can read: reading an undeclared section is an error."""
+    cfg = load_config("default")
+    seen = resources.Resource("probe", lambda *a: {}, lambda c, *a: c.train.lr, reads=("encoder",))
+    with pytest.raises(AttributeError, match="reads config section 'train' without declaring it"):
+        resources.acquire("probe-stage", seen, cfg, None, 1, {})
+    ok = resources.Resource("probe", lambda *a: {}, lambda c, *a: c.encoder.pooler, reads=("encoder",))
+    assert resources.acquire("probe-stage", ok, cfg, None, 1, {}) == "mean"
+    other = load_config("default", ["encoder.pooler=cls"])  # same plan, other settings: loaded again
+    assert resources.acquire("probe-stage", ok, other, None, 1, {}) == "cls"
+    resources.release("probe-stage")

@@ -130,3 +130,35 @@ def test_no_import_circle_in_the_pipeline():
 
     circles = sorted(m for m in graph if m in reaches(m))
     assert not circles, f"modules on an import circle: {circles}"
+
+
+def test_a_stage_that_reads_a_table_written_after_it_is_refused(monkeypatch):
+    """ORDER is kept by hand; discovery checks it: every table a stage reads is written by a stage before it."""
+    from pipeline.engine import discovery
+
+    order = [s for s in pipeline.stages.ORDER if s != "noise"] + ["noise"]
+    with pytest.raises(ImportError, match="stage backtranslate reads `variants`.*noise writes it later"):
+        discovery._load(tuple(order))
+
+
+def test_the_cli_names_no_stage_and_no_error_class():
+    """What a stage needs checked before any work is declared with it (`@stage(checks=...)`), and one base class
+    marks the errors the CLI prints as one line: flows/cli.py names neither a stage nor an expected-error class."""
+    import ast
+
+    from pipeline.errors import ExpectedError
+
+    source = (ROOT / "flows" / "cli.py").read_text()
+    strings = {n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert not strings & set(load_stages()), strings & set(load_stages())
+    names = {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+    for cls in ("ConfigError", "ModelUnavailable", "CorpusError", "TableMissing", "StageError"):
+        assert cls not in names or cls == "ConfigError"  # (it raises ConfigError itself for an unknown stage)
+    from pipeline.config import ConfigError
+    from pipeline.corpus import CorpusError
+    from pipeline.engine.resources import PlanError
+    from pipeline.engine.tables import TableMissing
+    from pipeline.models.hub import ModelUnavailable
+
+    assert all(issubclass(c, ExpectedError) for c in (ConfigError, CorpusError, PlanError, TableMissing,
+                                                     ModelUnavailable))

@@ -12,7 +12,7 @@ from pipeline.engine.tables import RunTables
 from pipeline.schema import table_vectors
 from pipeline.stages import ORDER
 from pipeline.stages.ipw import ipw_probabilities
-from pipeline.stages.sentences import count_lines
+from pipeline.corpus import count_lines
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

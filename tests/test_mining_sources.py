@@ -13,7 +13,7 @@ from pipeline.models.precomputed import PrecomputedEncoder, PrecomputedError
 from pipeline.models.standin import StandInEncoder
 from pipeline.schema import table_vectors
 from pipeline.stages.neighbours import exact_band_neighbours
-from pipeline.stages.sentences import normalise, sentence_id
+from pipeline.identity import normalise, sentence_id
 
 STANDIN = "standin:encoder-32"
 FAST = [f"encoder.model={STANDIN}"]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipeline.stages.negate import Negation, load_nlp, negate_root_verb, negate_table, negate_texts
+from pipeline.models.parser import load_nlp
+from pipeline.stages.negate import Negation, negate_root_verb, negate_table, negate_texts
 from pipeline.schema import SCHEMAS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -59,3 +59,47 @@ def test_osscse_needs_mask_pooler_and_skips_margin_without_triplets():
     assert metrics["l_m"] == 0.0 and metrics["l_r"] == 0.0 and torch.isfinite(loss)
 
 
+
+
+def test_osscse_start_pooler_form_matches_direct():
+    """form = "start-pooler" (ours): no template, the start's pooler, l_c over two dropout views (dropout 0 here, so
+    both views are the same vector), l_m and l_r as in the paper."""
+    cfg = cfg_for("osscse", margin_weight=0.5, recall_weight=0.3, form="start-pooler")
+    assert OssCSE.train_pooler(cfg) is None and OssCSE.eval_prompt(cfg) is None  # the configured pooler, no prompt
+    assert OssCSE.train_pooler(cfg_for("osscse")) == "mask"
+    enc = tiny_encoder("cls_before_pooler", dropout=0.0)
+    start = {n: p.detach().clone().double().numpy() for n, p in enc.named_parameters()}
+    obj = get_objective("osscse")(enc, cfg).train()  # no 'mask' pooler needed in this form
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(3)
+        for p in enc.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=g))
+    rows = rows_all()
+    batch = obj.collate(rows)
+    assert not any(k.startswith(("t1.", "t2.")) for k in batch) and "sent.input_ids" in batch
+    loss, metrics = obj(batch)
+
+    st, tau, B = obj.settings, cfg.temperature, len(rows)
+    h = enc_np(enc, TEXTS, cfg.max_length)
+    l_c = sum(nll(cos(h[i], h[i]) / tau, [cos(h[i], h[j]) / tau for j in range(B)]) for i in range(B)) / B
+    both = [i for i, r in enumerate(rows) if r["paraphrase"] and r["negation"]]
+    hp = enc_np(enc, [rows[i]["paraphrase"] for i in both], cfg.max_length)
+    hn = enc_np(enc, [rows[i]["negation"] for i in both], cfg.max_length)
+    l_m = sum(max(cos(h[i], hn[k]) - cos(h[i], hp[k]) + st.alpha, 0.0)
+              + max(cos(h[i], hp[k]) - cos(h[i], hn[k]) - st.beta, 0.0) for k, i in enumerate(both)) / len(both)
+    l_r = st.recall_weight / 2 * sum(((p.detach().double().numpy() - start[n]) ** 2).sum()
+                                     for n, p in enc.named_parameters())
+    assert metrics["l_c"] == pytest.approx(l_c, rel=RTOL, abs=ATOL)
+    assert metrics["l_m"] == pytest.approx(l_m, rel=RTOL, abs=ATOL)
+    assert metrics["l_r"] == pytest.approx(l_r, rel=RTOL, abs=ATOL)
+    assert loss.item() == pytest.approx(l_c + l_r + st.margin_weight * l_m, rel=RTOL, abs=ATOL)
+
+
+def test_osscse_start_pooler_views_differ_by_dropout():
+    cfg = cfg_for("osscse", form="start-pooler")
+    obj = get_objective("osscse")(tiny_encoder("mean", dropout=0.1), cfg).train()
+    torch.manual_seed(0)
+    _, with_dropout = obj(obj.collate(rows_all()))
+    obj.eval()  # dropout off: the two views coincide, so the positive is the closest candidate of every row
+    _, without = obj(obj.collate(rows_all()))
+    assert with_dropout["l_c"] > without["l_c"]

@@ -119,7 +119,7 @@ def test_a_typo_in_an_objective_section_is_one_line_naming_the_key():
 
 
 def test_old_flat_keys_still_work_with_one_deprecation_line(capsys, monkeypatch):
-    from pipeline import settings
+    from pipeline.config import training as settings
 
     monkeypatch.setattr(settings, "_warned", set())
     train = TrainCfg(osscse_alpha=0.07, whitened_groups=16, mlp_train_only=False)

@@ -19,7 +19,7 @@ from pipeline.engine import devices, resources
 from pipeline.engine.runner import run_shard
 from pipeline.engine.store import Store
 from pipeline.models.encoder import Encoder
-from pipeline.models.translator import load_translator
+from pipeline.models.chains import load_translator
 from pipeline.schema import vectors_table
 from trainer.objectives.common import cos_matrix, cos_rows
 

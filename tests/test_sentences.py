@@ -3,7 +3,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.stages.sentences import count_lines, sentence_id, shard_bounds, split_sentences
+from pipeline.corpus import count_lines, shard_bounds, split_sentences
+from pipeline.identity import sentence_id
 
 
 def _split(tmp_path, data: bytes, **kw):

@@ -5,7 +5,7 @@ from collections import Counter
 import jiwer
 import numpy as np
 
-from pipeline.stages.sentences import normalise
+from pipeline.identity import normalise
 from pipeline.text_distances import edit_distance, lexical_overlap, mer
 
 WIKI = "../shared/data/wiki1m_head.txt"

@@ -1,17 +1,25 @@
 """`make compare`: every objective from the same start, on the same mined run, with the same budget, for several seeds.
 
     python -m trainer.compare --run default [--objectives simcse debcse] [--seeds 2] [--set compare.steps=200]
+    python -m trainer.compare --run default --set compare.mined_runs=simcse-mined    # + debcse on those pairs
 
-For each (objective, seed) it runs the ordinary trainer (trainer/train.py, nothing re-implemented) into
-artifacts/<run>/compare/<objective>/seed-<k>/ with `train.max_steps` = the budget, evaluates that run's best/
+The rows: each objective; each of its variants (`compare.variants`: the objective under other settings of its own,
+by default OssCSE under the start's own pooler beside the paper's [MASK] templates); and, for each run of
+`compare.mined_runs` (the same corpus mined with another encoder, e.g. your own SimCSE checkpoint), each objective
+that reads `pairs` trained on that run's pairs ("debcse@<run>").
+
+For each (row, seed) it runs the ordinary trainer (trainer/train.py, nothing re-implemented) into
+artifacts/<run>/compare/<row>/seed-<k>/ with `train.max_steps` = the budget, evaluates that run's best/
 checkpoint once (trainer/evaluate.py, the numbers `make eval` prints), and writes `run.json` there last: a run
 with a `run.json` of the same key (run_key: the configuration, and by content the start weights, the mined tables,
 the evaluation data and code, trainer/keys.py) is reused, any other one is (re)trained — and the trainer itself
 resumes a half-done run from its last/ — so a killed compare continues where it stopped. The start model is
-evaluated once into start.json, reused under the same start_key. Then, under artifacts/<run>/compare/: table.md
-(mean ± std over seeds, the starting model first), a paired bootstrap of each objective against the baseline on
-STS-B test (same resampled sentence pairs for both, per seed and pooled over seeds), dev_curves.png, sts_bars.png
-and compare.json with everything and the command that reproduces each run.
+evaluated once under every pooler/prompt a row trains with (trainer/train.py's run_pooling: mean for most, the
+[MASK] of T1 for OssCSE's paper form) into start.json (the configured pooler) and start-<pooler>-<h>.json (any
+other), each reused under the same start_key. Then, under artifacts/<run>/compare/: table.md (mean ± std over
+seeds, one start row per pooler/prompt first), paired bootstraps of each row against its own start and against
+the baseline on STS-B test (same resampled sentence pairs for both, per seed and pooled over seeds; bootstrap.md),
+dev_curves.png, sts_bars.png and compare.json with everything and the command that reproduces each run.
 
 Same for every objective: the start model, batch size, steps, learning rate and schedule, dev selection
 (`train.eval_every`) and seeds. Each keeps its own published extras ([train.<objective>], listed in the table).
@@ -48,10 +56,34 @@ def budget_steps(cfg: Config) -> int:
     return max(1, n // cfg.train.batch_size)
 
 
-def run_overrides(cfg: Config, objective: str, k: int, steps: int) -> list[str]:
-    out = cfg.run.dir / "compare" / objective / f"seed-{k}"
-    return [f"train.objective={objective}", f"train.seed={cfg.train.seed + k}", f"train.max_steps={steps}",
-            f"train.output={out}", "train.final_eval=false"]
+def entries(cfg: Config, objectives: list[str]) -> list[dict]:
+    """The rows to train, in table order: each objective, then its variants (compare.variants), then that objective
+    on each other mined run (compare.mined_runs) where it reads `pairs`. name: the row and its folder under
+    compare/; sets: the train.* overrides of a variant; run: the mined run it trains on (None: the compare's)."""
+    from trainer.objectives import get_objective
+
+    cc, out = cfg.compare, []
+    for objective in objectives:
+        if objective in cc.variants:  # a variant named alone: that row only
+            v = cc.variants[objective]
+            out.append({"name": objective, "objective": v.objective, "sets": list(v.set), "run": None})
+            continue
+        get_objective(objective)  # an unknown name stops here, with the known ones
+        out.append({"name": objective, "objective": objective, "sets": [], "run": None})
+        out += [{"name": name, "objective": v.objective, "sets": list(v.set), "run": None}
+                for name, v in cc.variants.items() if v.objective == objective]
+        if "pairs" in get_objective(objective).tables:
+            out += [{"name": f"{objective}@{run}", "objective": objective, "sets": [], "run": run}
+                    for run in cc.mined_runs if run != cfg.run.name]
+    return out
+
+
+def run_overrides(cfg: Config, entry: dict | str, k: int, steps: int) -> list[str]:
+    """The overrides of one compare run: the row's objective and settings, then seed, budget and folder."""
+    entry = {"name": entry, "objective": entry, "sets": [], "run": None} if isinstance(entry, str) else entry
+    out = cfg.run.dir / "compare" / entry["name"] / f"seed-{k}"
+    return [f"train.objective={entry['objective']}", *entry["sets"], f"train.seed={cfg.train.seed + k}",
+            f"train.max_steps={steps}", f"train.output={out}", "train.final_eval=false"]
 
 
 def run_key(cfg: Config) -> str:
@@ -95,10 +127,11 @@ def _probe(cfg: Config) -> Path | None:
 
 
 def command(profile: str, run: str, user_sets: list[str], overrides: list[str]) -> str:
+    """The make commands that reproduce one compare run (`run`: the mined run it trains on)."""
+    value = dict(o.split("=", 1) for o in overrides)
     sets = " ".join([*user_sets, *(o for o in overrides if not o.startswith("train.objective="))])
-    objective = overrides[0].split("=", 1)[1]
-    return (f"make train PROFILE={profile} RUN={run} OBJECTIVE={objective} SET={shlex.quote(sets)} && "
-            f"make eval MODEL={overrides[3].split('=', 1)[1]}/best")
+    return (f"make train PROFILE={profile} RUN={run} OBJECTIVE={value['train.objective']} SET={shlex.quote(sets)} "
+            f"&& make eval MODEL={value['train.output']}/best")
 
 
 # ------------------------------------------------------------------------------------------------ one run
@@ -131,17 +164,54 @@ def evaluate_checkpoint(model: str, cfg: Config) -> dict:
     return res
 
 
-def start_results(cfg: Config, path: Path) -> dict:
-    """The start model's evaluation: start.json when it was computed under the same start_key, else computed now
-    (and start.json rewritten). The key is taken before evaluating: data edited meanwhile is evaluated next time."""
+def start_results(cfg: Config, path: Path, pooling: tuple[str, str] | None = None) -> dict:
+    """The start model's evaluation (under `pooling` = (pooler, prompt) when given, else the configured pooler):
+    `path` when it was computed under the same start_key, else computed now (and `path` rewritten). The key is taken
+    before evaluating: data edited meanwhile is evaluated next time."""
+    if pooling is not None:
+        cfg = pooled_config(cfg, *pooling)
     model = cfg.train.model or cfg.encoder.model
-    key = start_key(model, eval_settings(model, cfg))
+    s = eval_settings(model, cfg)
+    key = start_key(model, s)
     prev = json.loads(path.read_text()) if path.is_file() else None
     if prev is not None and prev.get("key") == key:
         return prev
-    start = {"model": model, "key": key, "results": evaluate_checkpoint(model, cfg)}
+    start = {"model": model, "key": key, "pooler": s["pooler"],
+             "prompt": s["prompt"] if s["pooler"] == "mask" else None, "results": evaluate_checkpoint(model, cfg)}
     atomic_write_json(path, start, indent=1)
     return start
+
+
+def pooled_config(cfg: Config, pooler: str, prompt: str) -> Config:
+    """cfg with the start read under `pooler` (and `prompt`, for "mask"): what eval_settings gives the start."""
+    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"pooler": pooler}),
+                                  "encoder": cfg.encoder.model_copy(update={"prompt": prompt})})
+
+
+def pooling_label(pooler: str, prompt: str | None) -> str:
+    return f"{pooler} · {prompt}" if pooler == "mask" else pooler
+
+
+def start_file(cfg: Config, pooler: str, prompt: str) -> str:
+    """start.json for the configured pooler (and prompt); start-<pooler>[-<prompt hash>].json for another."""
+    if (pooler, prompt if pooler == "mask" else None) == (cfg.train.pooler or cfg.encoder.pooler,
+                                                          cfg.encoder.prompt if pooler == "mask" else None):
+        return "start.json"
+    tail = "-" + hashlib.blake2b(prompt.encode(), digest_size=4).hexdigest() if pooler == "mask" else ""
+    return f"start-{pooler}{tail}.json"
+
+
+def mined_with(run_dir: Path) -> dict | None:
+    """The encoder a run was mined with (its `embeddings` manifest): the configured name and the fingerprint of its
+    files (a checkpoint of this project is fingerprinted like any model); None without a manifest."""
+    path = Path(run_dir) / "embeddings" / "_manifest.json"
+    if not path.is_file():
+        return None
+    m = json.loads(path.read_text())
+    enc = (m.get("config") or {}).get("encoder") or {}
+    src = ((m.get("config") or {}).get("embeddings") or {}).get("source")
+    return {"model": src or enc.get("model"), "pooler": enc.get("pooler"),
+            "fingerprint": ((m.get("resources") or {}).get("encoder") or {}).get("model")}
 
 
 def dev_curve(metrics: Path) -> list[list[float]]:
@@ -243,37 +313,73 @@ def _ms(pair: tuple) -> str:
     return "—" if m is None else (cell(m) if not s else f"{cell(m)} ± {cell(s)}")
 
 
-def table_markdown(start: dict, summaries: dict, tests: dict, rows: dict, baseline: str) -> str:
-    head = ["model", *STS_HEAD, "STS-B dev", "align", "uniform", "probe para / neg", "Cont. / Oppn.",
-            f"Δ STS-B vs {baseline} [95% CI], P(Δ≤0)", "inputs"]
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 2) + "---|"]
-    for name, s in [("start", start), *summaries.items()]:
-        t = tests.get(name, {}).get("pooled")
-        test = f"{t['delta']:+.2f} [{t['ci95'][0]:+.2f}, {t['ci95'][1]:+.2f}], {t['p_le_0']:.3f}" if t else "—"
-        first = rows.get(name, [{}])[0]
-        inputs = "+".join(first.get("inputs", [])) + ("; " + "; ".join(first["data_notes"])
-                                                       if first.get("data_notes") else "")
-        lines.append(f"| {name} | " + " | ".join(_ms(s[k]) for k in STS_KEYS) + f" | {_ms(s['stsb_dev'])} | "
-                     f"{_ms(s['alignment'])} | {_ms(s['uniformity'])} | {_ms(s['probe_paraphrase'])} / "
-                     f"{_ms(s['probe_negation'])} | {_ms(s['cont'])} / {_ms(s['oppn'])} | {test} | "
-                     f"{inputs or 'none (not trained)'} |")
+def _delta(t: dict | None) -> str:
+    t = (t or {}).get("pooled")
+    return f"{t['delta']:+.2f} [{t['ci95'][0]:+.2f}, {t['ci95'][1]:+.2f}], {t['p_le_0']:.3f}" if t else "—"
+
+
+def _inputs(first: dict, mined: dict | None) -> str:
+    text = "+".join(first.get("inputs", []))
+    if mined and {"pairs", "embeddings"} & set(first.get("inputs", [])):
+        text += f" (mined with {mined['model']})"
+    if first.get("data_notes"):
+        text += "; " + "; ".join(first["data_notes"])
+    return text or "none (not trained)"
+
+
+def table_markdown(starts: dict, summaries: dict, tests: dict, rows: dict, baseline: str,
+                   vs_start: dict | None = None, meta: dict | None = None) -> str:
+    """One start row per pooler/prompt (`starts`: label -> summary), then every row: its pooler, the 7 STS numbers,
+    ..., Δ STS-B against its own start and against the baseline. `meta`: row -> {"start": label, "pooling": text,
+    "mined": mined_with(...)}."""
+    vs_start, meta = vs_start or {}, meta or {}
+    head = ["model", "pooler", *STS_HEAD, "STS-B dev", "align", "uniform", "probe para / neg", "Cont. / Oppn.",
+            "Δ STS-B vs its start [95% CI], P(Δ≤0)", f"Δ STS-B vs {baseline} [95% CI], P(Δ≤0)", "inputs"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 4) + "---:|---|"]
+    named = [(label, s, True) for label, s in starts.items()] + [(n, s, False) for n, s in summaries.items()]
+    for name, s, is_start in named:
+        m = meta.get(name, {})
+        inputs = "none (not trained)" if is_start else _inputs(rows.get(name, [{}])[0], m.get("mined"))
+        lines.append(f"| {name} | {m.get('pooling', '')} | " + " | ".join(_ms(s[k]) for k in STS_KEYS)
+                     + f" | {_ms(s['stsb_dev'])} | {_ms(s['alignment'])} | {_ms(s['uniformity'])} | "
+                     f"{_ms(s['probe_paraphrase'])} / {_ms(s['probe_negation'])} | {_ms(s['cont'])} / "
+                     f"{_ms(s['oppn'])} | {_delta(vs_start.get(name))} | {_delta(tests.get(name))} | {inputs} |")
     return "\n".join(lines)
 
 
-def plots(rows: dict[str, list[dict]], start: dict, summaries: dict, out: Path) -> list[str]:
+def bootstrap_markdown(rows: dict, tests: dict, vs_start: dict, start_of: dict, baseline: str, n_boot: int) -> str:
+    """bootstrap.md: every row's paired bootstrap on STS-B test, per seed and pooled, against its start and the
+    baseline."""
+    seeds = next(iter(rows.values()))
+    lines = [f"Paired bootstrap on STS-B test ({n_boot} resamples of the sentence pairs, the same for both sides): "
+             "Δ = Spearman ×100 of the row minus the other side's, [95% interval], P(Δ≤0).", "",
+             "| row | against | " + " | ".join(f"seed {r['seed']}" for r in seeds) + " | pooled |",
+             "|---|---|" + "---:|" * (len(seeds) + 1)]
+    fmt = lambda t: f"{t['delta']:+.2f} [{t['ci95'][0]:+.2f}, {t['ci95'][1]:+.2f}], {t['p_le_0']:.3f}"  # noqa: E731
+    for name in rows:
+        for against, res in ((start_of[name], vs_start.get(name)), (baseline, tests.get(name))):
+            if res:
+                lines.append(f"| {name} | {against} | " + " | ".join(fmt(t) for t in res["per_seed"])
+                             + f" | {fmt(res['pooled'])} |")
+    return "\n".join(lines)
+
+
+def plots(rows: dict[str, list[dict]], starts: dict, summaries: dict, out: Path, start_of: dict) -> list[str]:
+    """dev_curves.png (each run from its own start's dev score at step 0) and sts_bars.png (every start, then every
+    row). `starts`: label -> summary; `start_of`: row -> its start's label."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(9, 5.5))
     for c, (name, runs) in enumerate(rows.items()):
+        dev0 = starts[start_of[name]]["stsb_dev"][0]
         for k, r in enumerate(runs):
             if r["dev_curve"]:
-                # every run starts from the same model, so each curve begins at its dev score (step 0)
-                steps, dev = zip(*([[0, start["stsb_dev"][0]]] if start["stsb_dev"][0] is not None else [])
-                                 + r["dev_curve"])
+                # every run starts from the start model read under its pooler: its curve begins there (step 0)
+                steps, dev = zip(*([[0, dev0]] if dev0 is not None else []) + r["dev_curve"])
                 ax.plot(steps, dev, color=colours[c % len(colours)], linestyle=["-", "--", ":", "-."][k % 4],
                         marker="o", markersize=3, label=f"{name} seed {r['seed']}")
     ax.set(xlabel="step", ylabel="STS-B dev Spearman ×100", title="dev score against step (one line per seed)")
@@ -282,18 +388,19 @@ def plots(rows: dict[str, list[dict]], start: dict, summaries: dict, out: Path) 
     fig.savefig(out / "dev_curves.png", dpi=120)
     plt.close(fig)
 
-    models = [("start", start), *summaries.items()]
-    fig, ax = plt.subplots(figsize=(11, 4.5))
+    models = [*starts.items(), *summaries.items()]
+    fig, ax = plt.subplots(figsize=(12, 4.8))
     width = 0.8 / len(models)
     x = np.arange(len(STS_KEYS))
+    greys = ["0.6", "0.8", "0.4", "0.9"]
     for i, (name, s) in enumerate(models):
         mean = [s[k][0] if s[k][0] is not None else np.nan for k in STS_KEYS]
         std = [s[k][1] or 0 for k in STS_KEYS]
-        ax.bar(x + (i - (len(models) - 1) / 2) * width, mean, width, yerr=std, capsize=2, label=name,
-               color=colours[(i - 1) % len(colours)] if i else "0.6")
+        colour = greys[i % len(greys)] if i < len(starts) else colours[(i - len(starts)) % len(colours)]
+        ax.bar(x + (i - (len(models) - 1) / 2) * width, mean, width, yerr=std, capsize=2, label=name, color=colour)
     ax.set_xticks(x, STS_HEAD)
     ax.set(ylabel="Spearman ×100", title="STS test sets: mean over seeds, error bars = std")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(out / "sts_bars.png", dpi=120)
     plt.close(fig)
@@ -303,6 +410,8 @@ def plots(rows: dict[str, list[dict]], start: dict, summaries: dict, out: Path) 
 # ------------------------------------------------------------------------------------------------ driver
 def compare(profile: str, run: str | None, user_sets: list[str], objectives: list[str] | None = None,
             seeds: int | None = None) -> dict:
+    from trainer.train import run_pooling
+
     t0 = time.perf_counter()
     base = load_config(profile, [*user_sets, *([f"run.name={run}"] if run else [])])
     cc = base.compare
@@ -310,36 +419,62 @@ def compare(profile: str, run: str | None, user_sets: list[str], objectives: lis
     if cc.baseline not in objectives:
         objectives = [cc.baseline, *objectives]  # the paired test needs it
     steps, out = budget_steps(base), base.run.dir / "compare"
-    print(f"[compare] run {base.run.name}: {', '.join(objectives)} x {seeds} seed(s), {steps} steps each "
-          f"(batch {base.train.batch_size}, lr {base.train.lr}, dev every {base.train.eval_every}) -> {out}")
+    plan = entries(base, objectives)
+    # each row's configuration (seed 0): which start it trains from, read under which pooler and prompt
+    cfgs = {e["name"]: load_config(profile, [*user_sets, f"run.name={e['run'] or base.run.name}",
+                                             *run_overrides(base, e, 0, steps)]) for e in plan}
+    pooling = {n: run_pooling(c) for n, c in cfgs.items()}
+    print(f"[compare] run {base.run.name}: {', '.join(e['name'] for e in plan)} x {seeds} seed(s), {steps} steps "
+          f"each (batch {base.train.batch_size}, lr {base.train.lr}, dev every {base.train.eval_every}) -> {out}")
     start_model = base.train.model or base.encoder.model
-    start = start_results(base, out / "start.json")
+    starts, start_of, labels = {}, {}, {}
+    for name, (pooler, prompt) in pooling.items():
+        pk = (pooler, prompt if pooler == "mask" else None)
+        if pk not in labels:
+            same = sum(p == pooler for p, _ in labels)  # another prompt under the same pooler: numbered
+            labels[pk] = f"start ({pooler}{f' {same + 1}' if same else ''})"
+            print(f"[compare] start model {start_model} under {pooling_label(*pk)}", flush=True)
+            starts[labels[pk]] = start_results(base, out / start_file(base, pooler, prompt), (pooler, prompt))
+        start_of[name] = labels[pk]
     rows: dict[str, list[dict]] = {}
-    for objective in objectives:
+    for e in plan:
         for k in range(seeds):
-            print(f"[compare] {objective} seed {k + 1}/{seeds}", flush=True)
-            rows.setdefault(objective, []).append(
-                train_and_evaluate(profile, run_overrides(base, objective, k, steps), user_sets, base.run.name))
+            print(f"[compare] {e['name']} seed {k + 1}/{seeds}", flush=True)
+            rows.setdefault(e["name"], []).append(
+                train_and_evaluate(profile, run_overrides(base, e, k, steps), user_sets, e["run"] or base.run.name))
     gold = _stsb_gold(base)
-    tests = {o: paired_bootstrap(gold, [r["results"]["cosines"]["STSBenchmark"] for r in rs],
-                                 [r["results"]["cosines"]["STSBenchmark"] for r in rows[cc.baseline]], cc.bootstrap)
+    stsb = lambda res: res["cosines"]["STSBenchmark"]  # noqa: E731
+    tests = {o: paired_bootstrap(gold, [stsb(r["results"]) for r in rs],
+                                 [stsb(r["results"]) for r in rows[cc.baseline]], cc.bootstrap)
              for o, rs in rows.items() if o != cc.baseline}
+    vs_start = {o: paired_bootstrap(gold, [stsb(r["results"]) for r in rs],
+                                    [stsb(starts[start_of[o]]["results"])] * len(rs), cc.bootstrap)
+                for o, rs in rows.items()}
     summaries = {o: summarise(rs) for o, rs in rows.items()}
-    start_summary = summarise([start])
-    table = table_markdown(start_summary, summaries, tests, rows, cc.baseline)
-    pngs = plots(rows, start_summary, summaries, out)
+    start_summaries = {label: summarise([s]) for label, s in starts.items()}
+    mined = {e["name"]: mined_with(cfgs[e["name"]].run.dir) for e in plan}
+    meta = {**{label: {"pooling": pooling_label(s["pooler"] or "", s["prompt"])} for label, s in starts.items()},
+            **{n: {"start": start_of[n], "pooling": pooling_label(*pooling[n]), "mined": mined[n]} for n in rows}}
+    table = table_markdown(start_summaries, summaries, tests, rows, cc.baseline, vs_start, meta)
+    pngs = plots(rows, start_summaries, summaries, out, start_of)
     report = {"run": base.run.name, "profile": profile, "set": user_sets, "objectives": objectives, "seeds": seeds,
+              "entries": plan,
               "budget": {"steps": steps, "batch_size": base.train.batch_size, "lr": base.train.lr,
                          "warmup_steps": base.train.warmup_steps, "eval_every": base.train.eval_every,
                          "start_model": start_model, "base_seed": base.train.seed},
-              "start": start, "runs": rows, "summary": summaries, "start_summary": start_summary,
-              "paired_bootstrap": tests, "baseline": cc.baseline, "table": table, "plots": pngs,
-              "wall_s": round(time.perf_counter() - t0, 1),
+              "starts": starts, "start_of": start_of, "start": starts[start_of[cc.baseline]], "runs": rows,
+              "pooling": {n: {"pooler": p, "prompt": q if p == "mask" else None} for n, (p, q) in pooling.items()},
+              "mined_with": mined, "summary": summaries, "start_summaries": start_summaries,
+              "start_summary": start_summaries[start_of[cc.baseline]],
+              "paired_bootstrap": tests, "paired_bootstrap_vs_start": vs_start, "baseline": cc.baseline,
+              "table": table, "plots": pngs, "wall_s": round(time.perf_counter() - t0, 1),
               # train + evaluate time of every run, whichever invocation ran it (reused runs keep theirs)
               "runs_wall_s": round(sum(r["wall_s"] for rs in rows.values() for r in rs), 1)}
     atomic_write_json(out / "compare.json", report, indent=1)
     atomic_write_bytes(out / "table.md", (table + "\n").encode())
-    print("\n" + table + f"\n\nwrote {out / 'compare.json'}, table.md, {', '.join(pngs)} "
+    atomic_write_bytes(out / "bootstrap.md", (bootstrap_markdown(rows, tests, vs_start, start_of, cc.baseline,
+                                                                 cc.bootstrap) + "\n").encode())
+    print("\n" + table + f"\n\nwrote {out / 'compare.json'}, table.md, bootstrap.md, {', '.join(pngs)} "
           f"({report['wall_s']:.0f} s this invocation; {report['runs_wall_s']:.0f} s of training and evaluation in all)")
     return report
 
@@ -354,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer.compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="default")
     ap.add_argument("--run", help="the mining run whose tables every objective trains on (artifacts/<run>)")
-    ap.add_argument("--objectives", nargs="+", help="default: compare.objectives (all five)")
+    ap.add_argument("--objectives", nargs="+", help="default: compare.objectives (all five); each brings its "
+                    "compare.variants and its rows on compare.mined_runs; a variant's name: that row alone")
     ap.add_argument("--seeds", type=int, help="default: compare.seeds")
     ap.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                     help="overrides for every run, e.g. compare.steps=200 train.lr=1e-5")

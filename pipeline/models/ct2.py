@@ -1,7 +1,7 @@
 """Back-translation on CTranslate2 (`backtranslate.engine = "ctranslate2" | "auto"`), beside HF generate.
 
-    engine_for(name, path, cfg)            # "hf" or "ctranslate2" for one resolved model
-    tr = load_ct2_translator(name, path, cfg, device)
+    tr = load_engine(name, path, cfg, device, compute_type)   # chains.py decides engine and compute type
+
     tr.translate(texts, seeds)             # same interface and outputs layout as translator.Translator
 
 CTranslate2 runs the same Marian / M2M100 / NLLB weights through its own C++ decoder: at the same BLEU, 4.7x the
@@ -42,33 +42,9 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.config import BacktranslateCfg, chain_name
+from pipeline.config.backtranslation import BacktranslateCfg, chain_name
 from pipeline.models.hub import hub_cache_dir, model_fingerprint
 from pipeline.models.translation import language_settings, model_type, row_limit
-
-# model_type in config.json -> what the CTranslate2 Transformers converter knows (NLLB is model_type m2m_100)
-CONVERTIBLE = {"marian", "m2m_100"}
-
-
-def engine_for(name: str, path: str | Path, cfg: BacktranslateCfg) -> str:
-    """The engine that translates with model `name` (resolved to `path`): "hf" or "ctranslate2"."""
-    from pipeline.models.standin import is_standin
-
-    if cfg.engine == "hf" or cfg.do_sample or is_standin(name):  # sampling stays on HF: per-row seeds (module doc)
-        return "hf"
-    if model_type(path) in CONVERTIBLE:
-        return "ctranslate2"
-    if cfg.engine == "auto":
-        return "hf"
-    raise ValueError(f"backtranslate.engine = 'ctranslate2': model {name!r} ({model_type(path)}) cannot be converted "
-                     f"by CTranslate2 (it converts {', '.join(sorted(CONVERTIBLE))}); use engine = 'auto' to run it on HF")
-
-
-def resolve_compute_type(setting: str, device: str) -> str:
-    if setting != "auto":
-        return setting
-    return "float16" if device.startswith("cuda") else "int8"  # the published speed-ups' settings (PEERS.md)
-
 
 def converted_dir(name: str, path: str | Path, compute_type: str) -> Path:
     """Where the converted model lives: keyed by model id, its files (hub commit or content) and compute type."""
@@ -184,11 +160,12 @@ class CT2Translator:
         return " ".join(self.tokenizer.decode(ids, skip_special_tokens=True).split())
 
 
-def load_ct2_translator(name: str, path: str | Path, cfg: BacktranslateCfg, device: str) -> CT2Translator:
+def load_engine(name: str, path: str | Path, cfg: BacktranslateCfg, device: str, compute_type: str) -> CT2Translator:
+    """The CTranslate2 engine for model `name` (resolved to `path`) on `device` at `compute_type`, as the run's plan
+    says (pipeline/models/chains.py decides; nothing is decided here)."""
     import ctranslate2
     from transformers import AutoTokenizer
 
-    compute_type = resolve_compute_type(cfg.compute_type, device)
     folder = convert(name, path, compute_type)
     kind, _, index = device.partition(":")
     import torch

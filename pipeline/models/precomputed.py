@@ -2,7 +2,7 @@
 a model this project cannot run) instead of `encoder.model`.
 
 The file has a vector column `emb` (list<float> or fixed_size_list<float>, one length) and a key column: `sid` (our
-sentence id, see pipeline/stages/sentences.py) or `text` (normalised as the `sentences` stage does, then hashed to
+sentence id, see pipeline/identity.py) or `text` (normalised as the `sentences` stage does, then hashed to
 the sid). Lookup is by sid, so a text matches whatever its row, shard or duplicate count. Vectors are L2-normalised
 here (cosines, as with `encoder.model`; rows already of unit length are kept bit for bit). Every text the run
 embeds must be in the file: the sentences (`embeddings` stage) and, for DebCSE, the positive candidates the
@@ -30,7 +30,7 @@ class PrecomputedError(StageError, ValueError):
 
 
 def _sids_of(texts) -> np.ndarray:
-    from pipeline.stages.sentences import normalise, sentence_id
+    from pipeline.identity import normalise, sentence_id
 
     return np.fromiter((sentence_id(normalise(t or "")) for t in texts), np.int64, len(texts))
 

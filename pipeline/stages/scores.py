@@ -2,8 +2,8 @@
 
 - negatives: the anchor's `neighbours` (cos from that table, text from `sentences`);
 - positives: its noised variants and/or the back-translations of the chains whose role serves DebCSE positives
-  (`sources`: scores.positives with "auto" resolved, pipeline/generators.py), duplicates and copies of the anchor
-  removed, embedded with the same encoder as the anchors so cos is comparable.
+  (`sources`: scores.positives with "auto" resolved against the run's chains, pipeline/roles.py), duplicates and
+  copies of the anchor removed, embedded with the same encoder as the anchors so cos is comparable.
 edit = normalised Levenshtein distance (char level by default). IPW happens in the next stage, so changing λ or
 T never re-embeds anything.
 """
@@ -15,8 +15,9 @@ import pyarrow.compute as pc
 
 from pipeline.engine.spec import Ctx, package_versions, stage
 from pipeline.schema import SCHEMAS, table_vectors
-from pipeline.stages.backtranslate import CHAINS, positive_sources, rows_serving
-from pipeline.stages.embeddings import ENCODER
+from pipeline.models.chains import POSITIVES, check_chains
+from pipeline.models.encoder import ENCODER, check_encoder
+from pipeline.roles import rows_serving
 from pipeline.text_distances import edit_distance
 
 
@@ -96,11 +97,11 @@ def score_pools(sentences: pa.Table, embeddings: pa.Table, neighbours: pa.Table,
     return pools.select(SCHEMAS["scores"].names + ["variant"])
 
 
-# resources: the encoder embeds the positive candidates; the run's chains decide where positives come from
+# resources: the encoder embeds the positive candidates; the run's chains decide where positives come from (positives)
 @stage(reads=("sentences", "embeddings", "neighbours", "variants", "backtranslations"),
        reads_whole=("sentences", "pool_sentences"),
-       writes=("scores",), settings=("scores", "encoder", "embeddings"), resources=(ENCODER, CHAINS),
-       facts=lambda cfg: package_versions("rapidfuzz", "numpy"))
+       writes=("scores",), settings=("scores", "encoder", "embeddings"), resources=(ENCODER, POSITIVES),
+       facts=lambda cfg: package_versions("rapidfuzz", "numpy"), checks=(check_encoder, check_chains))
 def scores(ctx: Ctx) -> dict[str, pa.Table]:
     enc, cfg = ctx.resource("encoder"), ctx.cfg
     encode = lambda texts: enc.encode(texts, batch_size=cfg.encoder.batch_size,  # noqa: E731
@@ -108,4 +109,4 @@ def scores(ctx: Ctx) -> dict[str, pa.Table]:
     return {"scores": score_pools(ctx.shard("sentences"), ctx.shard("embeddings"), ctx.shard("neighbours"),
                                   ctx.whole("pool_sentences" if cfg.data.candidates is not None else "sentences"),
                                   ctx.shard("variants"), ctx.shard("backtranslations"),
-                                  encode, cfg, positive_sources(cfg, ctx.plan["chains"]))}
+                                  encode, cfg, ctx.plan["positives"]["sources"])}

@@ -5,7 +5,7 @@
     reader tables: obj.tables; DataLoader(collate_fn=obj.collate); loss, metrics = obj(batch)
 
 Adding an objective: a file here with its class (formula docstring, Settings, collate, forward), its line in
-OBJECTIVES below and its name in pipeline/config.py's OBJECTIVE_NAMES (and TrainCfg's [train.<name>] field).
+OBJECTIVES below and its name in pipeline/config/training.py's OBJECTIVE_NAMES (and TrainCfg's [train.<name>] field).
 """
 from __future__ import annotations
 

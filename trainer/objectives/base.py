@@ -43,6 +43,12 @@ class Objective(torch.nn.Module, abc.ABC):
     pooler: str | None = None
 
     @classmethod
+    def train_pooler(cls, cfg) -> str | None:
+        """The pooler this objective trains (and its checkpoint is evaluated) with, given its settings; None = the
+        configured one (train.pooler, else encoder.pooler)."""
+        return cls.pooler
+
+    @classmethod
     def eval_prompt(cls, cfg) -> str | None:
         """The prompt template the trained encoder is evaluated and saved with; None = encoder.prompt."""
         return None

@@ -2,8 +2,9 @@
 — "surface structure bias", EMNLP 2023, §4).
 
 Inputs: rows of `sentences` joined with `triplets`: `text` (the anchor s), `paraphrase` (sᵖ, may be None) and
-`negation` (sⁿ, may be None). The encoder's pooler must be "mask": a sentence's representation is the last hidden
-state at the [MASK] token of a prompt template (`Encoder.tokenize(texts, template=...)`).
+`negation` (sⁿ, may be None). In the paper's form (`form = "paper"`, the default) the encoder's pooler must be
+"mask": a sentence's representation is the last hidden state at the [MASK] token of a prompt template
+(`Encoder.tokenize(texts, template=...)`).
 
     L = l_c + l_r + λ·l_m          (λ = margin_weight)
 
@@ -20,14 +21,24 @@ l_r — recall of the starting weights: γ/2 · Σ (θ − θ*)² over every enc
       AFTER loading the start weights and BEFORE any step. It is a plain attribute, not a buffer: it is not in
       state_dict, not broadcast by DDP, and it moves to the parameters' device on first use.
 
+Our deviation, `form = "start-pooler"` ([train.osscse]): for a start that was not trained for [MASK] pooling (a
+mean-pooled sentence-transformer: MiniLM scores 78.87 under mean pooling, 39.08 under the [MASK] of T1), no template
+and the start's own pooler (train.pooler, else encoder.pooler); l_c's two views are two dropout passes of the same
+sentence (SimCSE's views, one forward over the batch stacked twice), l_m reads h from the first of them and hᵖ, hⁿ
+with the same pooler; l_r unchanged. Only where the sentence vector is read from changes: the three terms, their
+weights and the data are the paper's.
+
 Distributed: l_c uses gathered candidates with the (W/B)·Σ_local scaling, l_m the same scaling over the global
 count of rows that have it, l_r is replicated on every rank and added unscaled (trainer/dist.py).
 
-collate(rows) -> {"t1.*", "t2.*" (anchors under each template), "par.*", "negn.*" (only when some row has both),
+collate(rows) -> {"t1.*", "t2.*" (anchors under each template; form "start-pooler": "sent.*", the anchors once),
+                  "par.*", "negn.*" (only when some row has both),
                   "trip_index": LongTensor[n] (the rows those triplets belong to)}
 forward(batch) -> (loss, {"l_c", "l_m", "l_r"})
 """
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from pydantic import Field, field_validator
@@ -35,7 +46,7 @@ from pydantic import Field, field_validator
 from pipeline.config import Section
 from trainer import dist
 from trainer.objectives.base import Objective
-from trainer.objectives.common import cos_rows, info_nce_terms, prefixed, sub_batch
+from trainer.objectives.common import cos_rows, info_nce_terms, prefixed, sub_batch, two_views
 
 
 class OssCSE(Objective):
@@ -50,6 +61,9 @@ class OssCSE(Objective):
         margin_weight: float = Field(1e-3, ge=0, description="λ, the weight of l_m")
         recall_weight: float = Field(2e-3, ge=0, description="γ of l_r = γ/2 Σ (θ − θ*)²")
         templates: list[str] = ['This sentence : "{s}" means [MASK] .', 'This sentence of "{s}" means [MASK] .']
+        form: Literal["paper", "start-pooler"] = Field(
+            "paper", description="paper: the [MASK] vector of the two templates; start-pooler (ours): no template, "
+                                 "the start's own pooler, l_c over two dropout views")
 
         @field_validator("templates")
         @classmethod
@@ -62,11 +76,20 @@ class OssCSE(Objective):
             return v
 
     @classmethod
-    def eval_prompt(cls, cfg) -> str:
-        """T1: what the model was trained to read its [MASK] vector from is what evaluation must use."""
+    def train_pooler(cls, cfg) -> str | None:
+        """"mask" in the paper's form; the configured pooler (None) in form "start-pooler"."""
         from trainer.objectives.base import settings_of
 
-        return settings_of(cls, cfg).templates[0]
+        return "mask" if settings_of(cls, cfg).form == "paper" else None
+
+    @classmethod
+    def eval_prompt(cls, cfg) -> str | None:
+        """T1: what the model was trained to read its [MASK] vector from is what evaluation must use (the paper's
+        form; form "start-pooler" reads no template: None)."""
+        from trainer.objectives.base import settings_of
+
+        st = settings_of(cls, cfg)
+        return st.templates[0] if st.form == "paper" else None
 
     @classmethod
     def data_notes(cls, rows) -> list[str]:
@@ -81,17 +104,22 @@ class OssCSE(Objective):
 
     def __init__(self, encoder, cfg):
         super().__init__(encoder, cfg)
-        if encoder.pooler != "mask":
-            raise ValueError(f"osscse needs the encoder's pooler 'mask' (prompt [MASK] token), got {encoder.pooler!r}")
+        self.paper = self.settings.form == "paper"
+        if self.paper and encoder.pooler != "mask":
+            raise ValueError(f"osscse needs the encoder's pooler 'mask' (prompt [MASK] token), got {encoder.pooler!r}; "
+                             f"[train.osscse] form = \"start-pooler\" trains it under the start's own pooler")
         # θ*: the starting weights (name -> detached copy), deliberately not registered as buffers.
         self.theta_star: dict[str, torch.Tensor] = {
             n: p.detach().clone() for n, p in self.encoder.named_parameters() if p.requires_grad}
 
     def collate(self, rows: list[dict]) -> dict:
-        t1, t2 = self.settings.templates
+        t1, t2 = self.settings.templates if self.paper else (None, None)
         tok = lambda texts, t: self.encoder.tokenize(texts, template=t, max_length=self.cfg.max_length)  # noqa: E731
         texts = [r["text"] for r in rows]
-        out = {**prefixed("t1", tok(texts, t1)), **prefixed("t2", tok(texts, t2))}
+        if self.paper:
+            out = {**prefixed("t1", tok(texts, t1)), **prefixed("t2", tok(texts, t2))}
+        else:
+            out = prefixed("sent", tok(texts, None))
         both = [i for i, r in enumerate(rows) if r.get("paraphrase") and r.get("negation")]
         out["trip_index"] = torch.tensor(both, dtype=torch.long)
         if both:
@@ -116,8 +144,11 @@ class OssCSE(Objective):
 
     def forward(self, batch: dict):
         cfg = self.cfg
-        h = self.encoder(sub_batch(batch, "t1"))
-        h2 = self.encoder(sub_batch(batch, "t2"))
+        if self.paper:
+            h = self.encoder(sub_batch(batch, "t1"))
+            h2 = self.encoder(sub_batch(batch, "t2"))
+        else:  # two dropout views of the same sentences, one forward
+            h, h2 = self.encoder(two_views(sub_batch(batch, "sent"))).chunk(2)
         (G2,), (sizes,) = dist.gather_many([h2])
         sl = dist.local_slice(sizes)
         targets = torch.arange(sl.start, sl.stop, device=h.device)

@@ -1,5 +1,4 @@
-"""The settings of the `backtranslate` stage: its chains, generation, engines and degenerate-output rules
-(re-exported by pipeline.config, where every other section lives)."""
+"""The settings of the `backtranslate` stage: its chains, generation, engines and degenerate-output rules."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.sections import Section
+from pipeline.config.base import Section
 
 
 ChainRole = Literal["positives", "paraphrases", "both"]
@@ -115,6 +114,9 @@ class BacktranslateCfg(Section):
     # how fast, not what (never in a key): a row's output does not depend on its batch (tests/test_backtranslate.py,
     # tests/test_ct2.py: each row alone equals the batch) nor on the threads sharing a Bergamot direction
     EXECUTION: ClassVar[frozenset[str]] = frozenset({"threads", "batch_size", "batch_tokens"})
+    # the chains' plan records each model's engine (with its compute type) and, where an engine runs on torch, the
+    # device kind and dtype (pipeline/models/chains.py): Bergamot always runs on the CPU, whatever these say
+    RESOLVED: ClassVar[frozenset[str]] = frozenset({"device", "dtype", "compute_type", "engine"})
 
     @model_validator(mode="after")
     def _bergamot_greedy(self):

