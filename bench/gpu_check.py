@@ -51,13 +51,11 @@ seconds each; under 2 minutes on a 2-core box) and must exit 0 with every row an
 (tests/test_gpu_check.py).
 
 Imports: the standard library at import time; each section imports what it uses, and none imports FAISS, Prefect,
-DuckDB or spaCy itself (the GPU machine has none of them). The config and the objectives need pydantic, which that
-machine lacks: those sections then say "skipped: missing module pydantic". To bring it (and CTranslate2), download
-the wheels here and carry them (all carried files <= 64 MiB):
-    pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \\
-        -d wheels pydantic pydantic-core annotated-types typing-inspection ctranslate2==4.8.5
-and there `pip install --no-index --no-deps wheels/*.whl` before the check (or unzip them into a folder on
-PYTHONPATH). The `stage` section also needs what `load_stages` imports (every stage module: spaCy for `negate`).
+DuckDB or spaCy itself (the GPU machine has none of them; importing the stages imports none of them either). The
+config and the objectives need pydantic, which that machine may lack: `make gpu-wheels` downloads it (and
+CTranslate2: 44 MB in all) into .gpu-wheels/ for Python 3.12; carry that folder, and the check installs them there
+with the machine's pip, no index (`use_carried_wheels`). Without them those sections say "skipped: missing module
+pydantic" in one line.
 """
 from __future__ import annotations
 
@@ -150,6 +148,34 @@ def fmt(v) -> str:
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
+WHEELS, SITE = ROOT / ".gpu-wheels", ROOT / "artifacts" / "gpu-site"
+
+
+def use_carried_wheels() -> str:
+    """The wheels `make gpu-wheels` put in .gpu-wheels/ (carried to the GPU machine: pydantic for the config and the
+    objectives, CTranslate2), installed into artifacts/gpu-site with the machine's own pip, no index, and put first
+    on sys.path. Returns one line saying what it did."""
+    import importlib.util
+    import subprocess
+
+    wheels = sorted(WHEELS.glob("*.whl"))
+    if not wheels:
+        return "carried wheels: none (.gpu-wheels/ is empty: `make gpu-wheels` fills it)"
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    if any("-cp3" in w.name and f"-{tag}-" not in w.name for w in wheels):
+        return f"carried wheels: built for another Python than this {tag}: not used"
+    if not (SITE / ".complete").is_file():
+        r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target",
+                            str(SITE), *map(str, wheels)], capture_output=True, text=True)
+        if r.returncode != 0:
+            return f"carried wheels: pip could not install them ({' '.join(r.stderr.split())[:200]})"
+        (SITE / ".complete").touch()
+    sys.path.insert(1, str(SITE))  # after the repository root
+    importlib.invalidate_caches()
+    found = [m for m in ("pydantic", "ctranslate2") if importlib.util.find_spec(m) is not None]
+    return f"carried wheels: {len(wheels)} from .gpu-wheels/ in {SITE} (importable: {', '.join(found) or 'none'})"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -163,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     t_start = time.perf_counter()
+    print(use_carried_wheels(), flush=True)
     import torch
 
     device = "cuda" if torch.cuda.is_available() and not args.twin else "cpu"

@@ -37,6 +37,10 @@ SCHEMAS: dict[str, pa.Schema] = {
     "triplets": pa.schema([("sid", pa.int64()), ("anchor", pa.string()), ("paraphrase", pa.string()),
                            ("negation", pa.string()), ("para_mer", pa.float64()), ("para_chain", pa.string())]),
 }
+# The `data.candidates` corpus' tables have the anchors' columns. Listed here, not only in their stages, so that a
+# reader (`make sql`, `make report`) finds every shipped table's schema without importing any stage.
+SCHEMAS.update({"pool_sentences": SCHEMAS["sentences"], "pool_rejected": SCHEMAS["rejected"],
+                "pool_embeddings": SCHEMAS["embeddings"]})
 
 
 # The `emb` column as a matrix and back.

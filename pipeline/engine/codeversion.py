@@ -2,8 +2,10 @@
 
 Derived from the source (ast), never listed by hand: editing `seeding.py` invalidates exactly the stages that draw
 per-row random numbers, editing the encoder's padding-free forward exactly the stages that embed. Imports under
-`if TYPE_CHECKING:` are not followed (they run nothing), and the engine itself (runner, store) is not part of it:
-it moves data, and a shard's content hash is checked on every reuse.
+`if TYPE_CHECKING:` are not followed (they run nothing), and neither are imports of the engine (`pipeline.engine.*`:
+the runner, the store, declarations, resources): it moves data and decides nothing a table holds, and a shard's
+content hash is checked on every reuse; nor, through it, the stage list. What a resource resolves that changes
+bytes (a model's files, an engine module's own code version) is in the resource's plan, which is in the key.
 """
 from __future__ import annotations
 
@@ -62,14 +64,17 @@ def imported_modules(source: str, module: str) -> set[str]:
     return out
 
 
+ENGINE = "pipeline.engine"  # not followed (module doc)
+
+
 def module_closure(roots: tuple[str, ...], root: Path = PIPELINE) -> list[str]:
-    """`roots` and every pipeline module they import, transitively (sorted by name)."""
+    """`roots` and every pipeline module they import, transitively (sorted by name), the engine's left out."""
     seen: set[str] = set()
     todo = list(roots)
     while todo:
         m = todo.pop()
         path = module_file(m, root)
-        if m in seen or path is None:
+        if m in seen or path is None or (m == ENGINE or m.startswith(ENGINE + ".")) and m not in roots:
             continue
         seen.add(m)
         name = m + ".__init__" if path.name == "__init__.py" else m

@@ -10,7 +10,7 @@ from pipeline.models.encoder import ENCODER, embed_sentences
 
 
 @stage(reads=("pool_sentences",), writes=("pool_embeddings",), settings=("encoder", "embeddings"),
-       resources=(ENCODER,), schemas={"pool_embeddings": SCHEMAS["embeddings"]})
+       resources=(ENCODER,))
 def pool_embeddings(ctx: Ctx) -> dict[str, pa.Table]:
     shard = ctx.shard("pool_sentences")
     if not shard.num_rows:

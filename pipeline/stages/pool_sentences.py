@@ -34,8 +34,7 @@ def read_pool(path: Path | None, min_words: int, max_words: int, max_chars: int)
         raise CorpusError(f"data.candidates: {e}") from None
 
 
-@stage(writes=("pool_sentences", "pool_rejected"), settings=("sentences",), facts=pool_facts, one_job=True,
-       schemas={"pool_sentences": SCHEMAS["sentences"], "pool_rejected": SCHEMAS["rejected"]})
+@stage(writes=("pool_sentences", "pool_rejected"), settings=("sentences",), facts=pool_facts, one_job=True)
 def pool_sentences(ctx: Ctx) -> dict[str, list[pa.Table]]:
     c = ctx.cfg.sentences
     kept, rejected = read_pool(ctx.cfg.data.candidates, c.min_words, c.max_words, c.max_chars)
