@@ -9,6 +9,7 @@ import pytest
 
 import trainer.train
 from trainer import compare as cmp
+from trainer import compare_report
 from trainer.evaluate import spearman
 from train_helpers import sentences_rows, write_profile, write_table
 
@@ -105,7 +106,7 @@ def test_paired_bootstrap_against_a_direct_computation():
     assert same["pooled"] == {"delta": 0.0, "ci95": [0.0, 0.0], "p_le_0": 1.0}
     # ties: average ranks, as the evaluator's Spearman
     tied = np.round(good[0])
-    assert cmp._spearman_rows(tied[None], gold[None])[0] == pytest.approx(spearman(tied, gold))
+    assert compare_report._spearman_rows(tied[None], gold[None])[0] == pytest.approx(spearman(tied, gold))
 
 
 @pytest.fixture(scope="module")

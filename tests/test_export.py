@@ -138,7 +138,8 @@ def anchors_per_batch(trainer, column: str) -> list[list[str]]:
 
 def test_the_readme_and_card_recipes_use_no_duplicates():
     """The README trains as the test above does; the card's snippet is the same recipe (test_export_equals_...)."""
-    section = ROOT.joinpath("README.md").read_text(encoding="utf-8").split("## Training with sentence-transformers")[1]
+    page = ROOT / "docs" / "training.md" if (ROOT / "docs" / "training.md").is_file() else ROOT / "README.md"
+    section = page.read_text(encoding="utf-8").split("## Training with sentence-transformers")[1]
     recipe = re.search(r"^```python\n(.*?)^```", section, re.S | re.M).group(1)
     compile(recipe, "README recipe", "exec")
     assert "from sentence_transformers.sentence_transformer.training_args import BatchSamplers" in recipe

@@ -1,6 +1,6 @@
-"""The README's commands run as written: every command in its code blocks names a make target, profile, setting,
-stage, objective, deployment and module that exist, with values the config accepts; its SQL runs on a real
-(small) mined run, and the cheap commands run for real through the Makefile."""
+"""The README's commands (and its docs pages') run as written: every command in their code blocks names a make
+target, profile, setting, stage, objective, deployment and module that exist, with values the config accepts; the
+SQL runs on a real (small) mined run, and the cheap commands run for real through the Makefile."""
 from __future__ import annotations
 
 import importlib.util
@@ -16,7 +16,11 @@ import yaml
 from pipeline.config import CONFIG_DIR, ConfigError, load_config, split_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+# The README and the docs pages it links: every command and query in them must hold (the generated settings
+# reference and the benchmark history hold none)
+DOCS = ["mining.md", "backtranslation.md", "scale-and-clusters.md", "training.md", "papers.md", "architecture.md"]
+README = "\n".join(p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *(ROOT / "docs" / d for d in DOCS)]
+                   if p.is_file())
 # make variables a user may set on the command line (the Makefile's `?=` ones)
 MAKE_VARS = set(re.findall(r"^([A-Z_]+)\s*\?=", (ROOT / "Makefile").read_text(), re.M))
 MAKE_TARGETS = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
