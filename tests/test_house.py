@@ -162,3 +162,19 @@ def test_the_cli_names_no_stage_and_no_error_class():
 
     assert all(issubclass(c, ExpectedError) for c in (ConfigError, CorpusError, PlanError, TableMissing,
                                                      ModelUnavailable))
+
+
+def test_layers_point_down_no_lower_module_imports_a_stage():
+    """models/, engine/, report/ and config/ (and the shared modules beside them) import no stage module, lazily or
+    not; only discovery finds the stages, by the names in ORDER."""
+    from pipeline.engine.codeversion import PIPELINE, imported_modules
+
+    stage_modules = {s.module for s in load_stages().values()}
+    lower = [p for p in PIPELINE.rglob("*.py") if "stages" not in p.relative_to(PIPELINE).parts]
+    bad = {}
+    for p in lower:
+        name = ".".join(p.relative_to(PIPELINE.parent).with_suffix("").parts)
+        hits = imported_modules(p.read_text(), name) & stage_modules
+        if hits:
+            bad[name] = sorted(hits)
+    assert not bad, bad
