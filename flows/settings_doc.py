@@ -10,7 +10,7 @@ import json
 import sys
 import typing
 
-from pipeline.config import ROOT, Config
+from pipeline.config import ROOT, SHARED_DATA, Config
 
 OUT = ROOT / "docs" / "settings.md"
 
@@ -25,7 +25,7 @@ def _default(field) -> str:
     if hasattr(value, "model_dump"):
         return "(section)"
     text = json.dumps(value, default=str)
-    text = text.replace(str(ROOT), "<repo>").replace(str(ROOT.parent), "<repo>/..")
+    text = text.replace(str(SHARED_DATA), "<repo>/../shared/data").replace(str(ROOT), "<repo>")
     return f"`{text}`" if len(text) < 60 else f"`{text[:57]}...`"
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from flows.mine import configure, mine_flow, run_stage_flow
 from pipeline.engine.runner import load_stages, run_stage
 from pipeline.engine.store import Store
 from pipeline.engine.tables import RunTables
+from processes import free_port, stop_group
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
@@ -34,28 +34,12 @@ SMALL = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2"
          "backtranslate.chains=[]"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
 class Cluster:
     """`dask scheduler` + `dask worker` processes on 127.0.0.1, each in its own process group."""
 
     def __init__(self, tmp: Path, n_workers: int = 2):
         self.dask = str(Path(sys.executable).with_name("dask"))
-        self.port, self.tmp, self.workers = _free_port(), tmp, []
+        self.port, self.tmp, self.workers = free_port(), tmp, []
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
                     "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -107,7 +91,7 @@ class Cluster:
         if getattr(self, "_client", None) is not None:
             self._client.close()
         for p in [*self.workers, self.scheduler]:
-            _stop(p)
+            stop_group(p)
 
 
 @pytest.fixture(scope="module")

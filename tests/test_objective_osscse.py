@@ -11,6 +11,16 @@ from trainer.objectives import get_objective
 from trainer.objectives.osscse import OssCSE
 
 
+
+def check_terms(metrics, loss, st, enc, start, l_c: float, l_m: float) -> None:
+    """The objective's three terms and its loss against the direct computation (l_r from the weights here)."""
+    l_r = st.recall_weight / 2 * sum(((p.detach().double().numpy() - start[n]) ** 2).sum()
+                                     for n, p in enc.named_parameters())
+    assert metrics["l_c"] == pytest.approx(l_c, rel=RTOL, abs=ATOL)
+    assert metrics["l_m"] == pytest.approx(l_m, rel=RTOL, abs=ATOL)
+    assert metrics["l_r"] == pytest.approx(l_r, rel=RTOL, abs=ATOL)
+    assert loss.item() == pytest.approx(l_c + l_r + st.margin_weight * l_m, rel=RTOL, abs=ATOL)
+
 def test_osscse_matches_direct():
     cfg = cfg_for("osscse", margin_weight=0.5, recall_weight=0.3)  # large λ, γ so both terms are visible
     enc = encoder_for("osscse")
@@ -38,12 +48,7 @@ def test_osscse_matches_direct():
         sp, sn = cos(h[i], hp[k]), cos(h[i], hn[k])
         margins.append(max(sn - sp + st.alpha, 0.0) + max(sp - sn - st.beta, 0.0))
     l_m = sum(margins) / len(margins)
-    l_r = st.recall_weight / 2 * sum(((p.detach().double().numpy() - start[n]) ** 2).sum()
-                                     for n, p in enc.named_parameters())
-    assert metrics["l_c"] == pytest.approx(l_c, rel=RTOL, abs=ATOL)
-    assert metrics["l_m"] == pytest.approx(l_m, rel=RTOL, abs=ATOL)
-    assert metrics["l_r"] == pytest.approx(l_r, rel=RTOL, abs=ATOL)
-    assert loss.item() == pytest.approx(l_c + l_r + st.margin_weight * l_m, rel=RTOL, abs=ATOL)
+    check_terms(metrics, loss, st, enc, start, l_c, l_m)
 
 
 def test_osscse_needs_mask_pooler_and_skips_margin_without_triplets():
@@ -87,12 +92,7 @@ def test_osscse_start_pooler_form_matches_direct():
     hn = enc_np(enc, [rows[i]["negation"] for i in both], cfg.max_length)
     l_m = sum(max(cos(h[i], hn[k]) - cos(h[i], hp[k]) + st.alpha, 0.0)
               + max(cos(h[i], hp[k]) - cos(h[i], hn[k]) - st.beta, 0.0) for k, i in enumerate(both)) / len(both)
-    l_r = st.recall_weight / 2 * sum(((p.detach().double().numpy() - start[n]) ** 2).sum()
-                                     for n, p in enc.named_parameters())
-    assert metrics["l_c"] == pytest.approx(l_c, rel=RTOL, abs=ATOL)
-    assert metrics["l_m"] == pytest.approx(l_m, rel=RTOL, abs=ATOL)
-    assert metrics["l_r"] == pytest.approx(l_r, rel=RTOL, abs=ATOL)
-    assert loss.item() == pytest.approx(l_c + l_r + st.margin_weight * l_m, rel=RTOL, abs=ATOL)
+    check_terms(metrics, loss, st, enc, start, l_c, l_m)
 
 
 def test_osscse_start_pooler_views_differ_by_dropout():

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +20,7 @@ from pipeline.config import NeighboursCfg
 from pipeline.engine.runner import load_stages
 from pipeline.engine.store import Store
 from pipeline.engine.tables import RunTables
+from processes import free_port, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"
@@ -87,41 +86,10 @@ def test_approximate_recall_reaches_manifest_from_dask_workers_and_survives_reus
 
 # ---- Prefect server + process work pool + worker + deployment from prefect.yaml ----
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(predicate, timeout: float, what: str, procs=()):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        for p in procs:
-            if p.poll() is not None:
-                raise AssertionError(f"{what}: a subprocess exited early with {p.returncode}")
-        try:
-            if predicate():
-                return
-        except OSError:
-            pass
-        time.sleep(1.0)
-    raise AssertionError(f"{what}: not ready after {timeout:.0f}s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
 @pytest.mark.slow
 def test_sentences_deployment_runs_on_a_process_worker(tmp_path, corpus60):
     prefect = str(Path(sys.executable).with_name("prefect"))
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": api,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "PREFECT_UI_ENABLED": "false",
@@ -173,7 +141,7 @@ def test_sentences_deployment_runs_on_a_process_worker(tmp_path, corpus60):
         raise AssertionError(f"{e}\n{tail()}") from None
     finally:
         for p in reversed(procs):
-            _stop(p)
+            stop_group(p)
 
 
 def test_prefect_yaml_has_one_deployment_per_stage_flow():

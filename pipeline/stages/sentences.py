@@ -1,12 +1,5 @@
-"""Stage `sentences`: corpus → sentences + rejected (the reading rules: pipeline/corpus.py). Every input line ends
-in exactly one of the two.
-
-Lines are split on \\n, \\r\\n and \\r (bytes.splitlines), a UTF-8 BOM is dropped, each line is decoded strictly
-(undecodable → rejected, with its text decoded with replacement characters so nothing is lost), control
-characters become spaces and whitespace runs collapse to one space. Then: empty, too short, too long, and exact
-duplicates (the first occurrence is kept) are rejected with that reason. The sid is the first 8 bytes of
-blake2b(text) as a signed int64: stable across runs, machines and shard counts.
-"""
+"""Stage `sentences`: corpus → sentences + rejected, every input line in exactly one of the two, split into the run's
+contiguous sid ranges. How lines are read, normalised, rejected and given a sid: pipeline/corpus.py."""
 from __future__ import annotations
 
 from pathlib import Path
