@@ -86,6 +86,21 @@ def test_approximate_recall_reaches_manifest_from_dask_workers_and_survives_reus
 
 # ---- Prefect server + process work pool + worker + deployment from prefect.yaml ----
 
+def _wait(predicate, timeout: float, what: str, procs=()):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        for p in procs:
+            if p.poll() is not None:
+                raise AssertionError(f"{what}: a subprocess exited early with {p.returncode}")
+        try:
+            if predicate():
+                return
+        except OSError:
+            pass
+        time.sleep(1.0)
+    raise AssertionError(f"{what}: not ready after {timeout:.0f}s")
+
+
 @pytest.mark.slow
 def test_sentences_deployment_runs_on_a_process_worker(tmp_path, corpus60):
     prefect = str(Path(sys.executable).with_name("prefect"))
