@@ -1,0 +1,251 @@
+"""contramine's command line (what the Makefile calls).
+
+    python -m flows.cli mine   [--profile P] [--run R] [--corpus FILE] [--set k=v ...] [--force [STAGE ...]]
+    python -m flows.cli stage  NAME [same options]
+    python -m flows.cli sql    [--run R] [--query "SELECT ..."]
+    python -m flows.cli report [--run R]
+    python -m flows.cli export [--run R] [--format triplet ...]
+    python -m flows.cli train | eval | compare | bench | scale  [their own options: --help]
+
+`contramine` (the installed script) is the same command line.
+
+Settings, the corpus and the models are checked before Prefect starts or anything is written; a problem is one
+line on stderr naming the key, file or model, and exit code 2. A stage that fails on its input once the run has
+started (a `StageError`, pipeline/errors.py: e.g. a precomputed-embeddings file without a vector for some text)
+ends the same way: one `error:` line, exit 2, no traceback (flows/logging.yml keeps Prefect's copy of it off the
+terminal), and no half-written shard (pipeline/engine/atomic.py). A command imports what it uses: `sql` and
+`report` load neither torch nor Prefect.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import sys
+import time
+from pathlib import Path
+
+from . import env  # noqa: F401
+from pipeline.config import Config, ConfigError, configure, split_overrides
+from pipeline.errors import ExpectedError
+from pipeline.stages import ORDER
+
+# Prefect logs a failed task or flow run with its traceback; for the errors this CLI reports in one line, the
+# console handler of flows/logging.yml drops that record (pipeline.errors.ExpectedErrors; the API still gets it).
+# Only in the command's own process (`python -m flows.cli`; an in-process caller keeps its logging), set before
+# Prefect is imported (it reads its logging config then), and inherited by Dask worker processes. A logging config
+# of the user's own (the setting, or logging.yml in PREFECT_HOME) wins.
+LOGGING_YML = Path(__file__).with_name("logging.yml")
+_USERS_LOGGING = (os.environ.get("PREFECT_LOGGING_CONFIG_PATH") or os.environ.get("PREFECT_LOGGING_SETTINGS_PATH")
+                  or (Path(os.environ["PREFECT_HOME"]).expanduser() / "logging.yml").is_file())
+if __name__ == "__main__" and LOGGING_YML.is_file() and not _USERS_LOGGING:
+    os.environ["PREFECT_LOGGING_CONFIG_PATH"] = str(LOGGING_YML)
+
+
+class InputMissing(ExpectedError, RuntimeError):
+    """A stage run alone before the stages it reads from."""
+
+
+def preflight(cfg: Config, stages: list[str]) -> tuple[list[str], dict]:
+    """Fail fast on what would fail later: the training sections, then each check the stages to run declare
+    (`@stage(checks=...)`: the corpus, every model resolved — downloaded where needed — once per run), each distinct
+    check once. Returns their plain-words notes and the resources they resolved (the flow takes that plan as it is).
+    Names no stage: what a stage needs checked is declared with it."""
+    from pipeline.engine.runner import load_stages
+    from trainer.objectives import check_settings
+
+    check_settings(cfg.train)  # the profile's [train.<objective>] sections: a typo is caught before any work
+    notes, plan, done = [], {}, set()
+    for name in stages:
+        for check in load_stages()[name].checks:
+            if check not in done:
+                done.add(check)
+                found = check(cfg)
+                if found:
+                    notes += found[0]
+                    plan.update(found[1])
+    return notes, plan
+
+
+def check_inputs(cfg: Config, stage: str) -> None:
+    from pipeline.engine.runner import load_stages, writer as writer_of
+    from pipeline.engine.store import Store
+
+    store = Store(cfg.run.dir)
+    for table in load_stages()[stage].inputs:
+        if not store.exists(table):
+            writer = writer_of(table)
+            raise InputMissing(f"stage {stage} reads table `{table}`, which run {cfg.run.name!r} does not have yet: "
+                               f"run `make stage STAGE={writer} RUN={cfg.run.name}` (or `make mine`) first")
+        man = store.manifest(table)
+        if man and man.get("shards") != cfg.run.shards:
+            raise InputMissing(f"table `{table}` of run {cfg.run.name!r} has {man.get('shards')} shards but run.shards "
+                               f"is {cfg.run.shards}: rerun from its stage, or set run.shards={man.get('shards')}")
+        damaged = [i for i in range(cfg.run.shards) if not store.intact(table, i, cfg.run.shards)]
+        if damaged:
+            writer = writer_of(table)
+            raise InputMissing(f"table `{table}` of run {cfg.run.name!r}: shards {damaged} are missing or changed since "
+                               f"written: run `make stage STAGE={writer} RUN={cfg.run.name}` (it recomputes them) first")
+
+
+def cmd_mine(args, cfg: Config) -> None:
+    from pipeline.engine.runner import load_stages
+
+    from .mine import mine_flow
+
+    stages = list(load_stages())
+    notes, plan = preflight(cfg, stages)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    t0 = time.perf_counter()
+    rows = mine_flow(profile=args.profile, run=args.run, corpus=args.corpus, overrides=args.set,
+                     force=stages if args.force == [] else (args.force or []), plan=plan)
+    print(f"\nmined run {cfg.run.name!r} in {time.perf_counter() - t0:.0f}s → {cfg.run.dir}")
+    for stage, counts in rows.items():
+        print(f"  {stage:<14} " + ", ".join(f"{t}={n}" for t, n in counts.items()))
+    print(f"look at it: make sql RUN={cfg.run.name}   |   report: make report RUN={cfg.run.name}")
+
+
+def cmd_stage(args, cfg: Config) -> None:
+    from pipeline.engine.runner import load_stages
+
+    from .mine import run_stage_flow
+
+    if args.name not in load_stages():
+        raise ConfigError(f"unknown stage {args.name!r}; stages: {', '.join(load_stages())}")
+    notes, plan = preflight(cfg, [args.name])
+    if not load_stages()[args.name].one_job:
+        check_inputs(cfg, args.name)  # before the notes: a missing input is the one line the user gets
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    manifest = run_stage_flow(args.name, cfg, profile=args.profile, run=args.run, corpus=args.corpus,
+                              overrides=args.set, force=args.force is not None, plan=plan)
+    print(f"{args.name}: {manifest['shards_computed']} shards computed, {manifest['shards_cached']} reused, "
+          f"rows {manifest['rows']}")
+
+
+def cmd_sql(args, cfg: Config) -> None:
+    from .sql import connect, repl
+
+    try:
+        con = connect(cfg.run.dir)
+    except FileNotFoundError as e:
+        raise InputMissing(str(e)) from None
+    if args.query:
+        con.sql(args.query).show(max_rows=args.max_rows, max_width=200)
+    else:
+        repl(con, cfg.run.dir)
+
+
+def cmd_report(args, cfg: Config) -> None:
+    from pipeline.report import write_report
+
+    print(write_report(cfg.run.dir))
+
+
+def cmd_export(args, cfg: Config) -> None:
+    from pipeline.export import export_run
+
+    for fmt in args.format:
+        print(f"{fmt}: wrote {export_run(cfg.run.dir, fmt)} (load it with datasets.load_dataset(<that folder>))")
+
+
+# Commands whose own module parses the rest of the line (`contramine train --help` prints that module's options).
+DELEGATED = {
+    "train": ("trainer.train", "train an encoder on a run's mined tables (an objective, a start model, a budget)"),
+    "eval": ("trainer.evaluate", "score a model on STS12-16, STS-B and SICK-R (SentEval's protocol)"),
+    "compare": ("trainer.compare", "every objective from one start on a run's tables: table, bootstrap, plots"),
+    "bench": ("bench.run", "speed and memory against peers measured in the same run (a checkout's bench/)"),
+    "scale": ("bench.scale", "N synthetic sentences through every stage: seconds and peak RSS (a checkout's bench/)"),
+}
+
+
+def run_delegated(name: str, rest: list[str]) -> int:
+    import importlib
+
+    module, _ = DELEGATED[name]
+    try:
+        entry = importlib.import_module(module).main
+    except ModuleNotFoundError as e:
+        say_last(f"error: `contramine {name}` needs {e.name} (bench/ comes with a checkout of the repository)")
+        return 2
+    try:
+        return entry(rest) or 0
+    except ExpectedError as e:
+        say_last("error: " + " ".join(str(e).splitlines()))
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = argparse.ArgumentParser(prog="contramine", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name, what in (("mine", "every stage, in order"), ("stage", "one stage (what it reads must exist)"),
+                       ("sql", "DuckDB over a run's tables"), ("report", "the mining report of a run"),
+                       ("export", "a run's mined rows as a Hugging Face dataset folder")):
+        s = sub.add_parser(name, help=what)
+        if name == "stage":
+            s.add_argument("name", help=f"one of: {', '.join(ORDER)}")
+        s.add_argument("--profile", default="default", help="configs/<profile>.toml (or a path to a .toml)")
+        s.add_argument("--run", default=None, help="run name: tables go to artifacts/<run>/")
+        s.add_argument("--corpus", default=None, help="text file (one sentence a line) or Parquet with `text`")
+        s.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
+        if name == "mine":
+            s.add_argument("--force", nargs="*", default=None, metavar="STAGE",
+                           help="recompute these stages (all when none named) even where shards are intact")
+        elif name == "stage":
+            s.add_argument("--force", nargs="*", default=None, help="recompute even where shards are intact")
+        if name == "export":
+            from pipeline.export import FORMATS
+
+            s.add_argument("--format", nargs="+", default=["triplet"], choices=list(FORMATS),
+                           help="the sentence-transformers dataset format(s) to write")
+        if name == "sql":
+            s.add_argument("--query", "-q", default=None)
+            s.add_argument("--max-rows", type=int, default=40)
+    for name, (module, what) in DELEGATED.items():
+        sub.add_parser(name, help=f"{what}; options: contramine {name} --help", add_help=False)
+    if argv and argv[0] in DELEGATED:
+        return run_delegated(argv[0], argv[1:])
+    args = p.parse_args(argv)
+    # make passes SET="a=1 b=2" as one word: split before each `key=`, not inside a value ('x=[["a", "b"]]')
+    args.set = [kv for item in args.set for kv in split_overrides(item)]
+    try:
+        cfg = configure(args.profile, args.run, args.corpus, args.set)
+        {"mine": cmd_mine, "stage": cmd_stage, "sql": cmd_sql, "report": cmd_report,
+         "export": cmd_export}[args.cmd](args, cfg)
+    except ExpectedError as e:
+        # raised before Prefect started, or inside a shard task: Prefect's flow call re-raises the task's own
+        # exception. One line, whatever the message holds, and the last one.
+        say_last("error: " + " ".join(str(e).splitlines()))
+        return 2
+    return 0
+
+
+_LAST_WORDS: list[str] = []
+
+
+def say_last(line: str) -> None:
+    """Print `line` on stderr as the last line the user sees. Without PREFECT_API_URL, Prefect runs a temporary
+    server and, when the process exits, drains its log queue to it and stops it, logging "Stopping temporary server"
+    as it does: a line that would come after ours. So in the command's own process (`python -m flows.cli`, where
+    this module is __main__) `line` waits for the exit hook below, registered before Prefect was imported: exit
+    hooks run last-registered first, so it runs after Prefect's. Otherwise (a configured server, the user's or the
+    tests' harness, logs nothing at exit; an in-process call returns first) it is printed now."""
+    if __name__ == "__main__" and "prefect.server.api.server" in sys.modules:
+        from prefect.settings import PREFECT_API_URL
+
+        if not PREFECT_API_URL.value():
+            _LAST_WORDS.append(line)
+            return
+    print(line, file=sys.stderr, flush=True)
+
+
+@atexit.register
+def _say_last_words() -> None:
+    while _LAST_WORDS:
+        print(_LAST_WORDS.pop(0), file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Prefect flows: one flow per stage (each deployable on its own) and `mine`, which composes them.
+
+The flows hold no logic: each stage flow hands the engine's stage driver (`pipeline.engine.runner.run_stage`) its
+task map (`prefect_map`); the work, the plan and the caching (verified shard keys, pipeline/engine/store.py) live in
+pipeline/. Tasks pass paths and settings,
+never tables, so they run the same on threads or on a Dask cluster.
+"""
+from __future__ import annotations
+
+import re
+from contextlib import ExitStack
+
+from . import env  # noqa: F401  (Prefect settings before Prefect)
+from prefect import flow, get_run_logger, task, unmapped
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from pipeline.config import Config, configure  # noqa: F401  (configure: what flow callers build a config with)
+from pipeline.engine.maps import local_cluster
+from pipeline.engine.runner import load_stages, run_job_json, run_stage
+
+
+@task(name="shard", cache_policy=NO_CACHE, task_run_name="{name}[{i}]")
+def shard_task(name: str, cfg_json: str, i: int, force: bool, progress: bool, plan: dict) -> list[dict]:
+    return run_job_json(name, cfg_json, i, force, progress, plan)
+
+
+def prefect_map(jobs: list[dict]) -> list[list[dict]]:
+    """The stage's jobs as Prefect task runs, on the flow's task runner (threads or Dask)."""
+    keys = ("name", "cfg_json", "force", "progress", "plan")
+    futures = shard_task.map(**{k: unmapped(jobs[0][k]) for k in keys}, i=[j["i"] for j in jobs])
+    return [f.result() for f in futures]
+
+
+def task_runner(cfg: Config):
+    if cfg.runner.kind == "threads":
+        return ThreadPoolTaskRunner(max_workers=cfg.runner.workers)
+    from prefect_dask import DaskTaskRunner
+
+    if cfg.runner.kind == "dask":
+        return DaskTaskRunner(address=cfg.runner.address)
+    return DaskTaskRunner(cluster_class=local_cluster, cluster_kwargs={"workers": cfg.runner.workers})
+
+
+def execute_stage(stage: str, cfg: Config, force: bool = False, plan: dict | None = None) -> dict:
+    """The engine's stage driver (`run_stage`) with Prefect's task map and logger; the manifest as an artifact."""
+    manifest = run_stage(stage, cfg, force, plan, map=prefect_map, log=get_run_logger().info)
+    publish_stage(stage, cfg, manifest)
+    return manifest
+
+
+def artifact_key(run: str, what: str) -> str:
+    """Prefect artifact keys allow lower-case letters, digits and dashes only."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", f"{run}-{what}".lower())).strip("-")
+
+
+def publish_stage(stage: str, cfg: Config, manifest: dict) -> None:
+    """A table artifact per stage run (Prefect UI > Artifacts, and on the flow run): what it wrote and reused."""
+    create_table_artifact(
+        key=artifact_key(cfg.run.name, stage),
+        table=[{"table": t, "rows": n, "shards computed": manifest["shards_computed"],
+                "shards reused": manifest["shards_cached"], "seconds": manifest["wall_seconds_last_run"]}
+               for t, n in manifest["rows"].items()],
+        description=f"stage `{stage}` of run `{cfg.run.name}` ({cfg.run.dir})")
+
+
+def make_stage_flow(stage: str):
+    @flow(name=stage, log_prints=True)
+    def stage_flow(profile: str = "default", run: str | None = None, corpus: str | None = None,
+                   overrides: list[str] | None = None, force: bool = False, plan: dict | None = None) -> dict:
+        cfg = configure(profile, run, corpus, overrides)
+        return execute_stage(stage, cfg, force, plan)
+
+    stage_flow.__name__ = f"{stage}_flow"
+    return stage_flow
+
+
+STAGE_FLOWS = {s: make_stage_flow(s) for s in load_stages()}
+# Module attributes so that deployments can name them (flows/mine.py:neighbours_flow); prefect.yaml is generated
+# from the same stage list (python -m flows.deployments).
+globals().update({f"{s}_flow": f for s, f in STAGE_FLOWS.items()})
+
+
+def run_stage_flow(stage: str, cfg: Config, **params) -> dict:
+    """A stage flow with the task runner the config asks for."""
+    if stage not in STAGE_FLOWS:  # a stage added to the order after this module was imported
+        STAGE_FLOWS[stage] = make_stage_flow(stage)
+    return STAGE_FLOWS[stage].with_options(task_runner=task_runner(cfg))(**params)
+
+
+@flow(name="mine", log_prints=True)
+def mine_flow(profile: str = "default", run: str | None = None, corpus: str | None = None,
+              overrides: list[str] | None = None, force: list[str] | None = None, plan: dict | None = None) -> dict:
+    """Every stage in order; `force` names stages to recompute even when their shards are intact. `plan`: the
+    run's resources as resolved so far (the CLI's preflight); each stage adds what it resolves, so every stage of
+    the run sees one decision (e.g. which translation chains run)."""
+    cfg = configure(profile, run, corpus, overrides)
+    overrides, plan, rows = list(overrides or []), dict(plan or {}), {}
+    with ExitStack() as stack:
+        if cfg.runner.kind == "dask-local":  # one local cluster for all stages, not one per stage
+            cluster = stack.enter_context(local_cluster(cfg.runner.workers))
+            overrides += ["runner.kind=dask", f"runner.address={cluster.scheduler_address}"]
+            cfg = configure(profile, run, corpus, overrides)
+        for s in load_stages():
+            manifest = run_stage_flow(s, cfg, profile=profile, run=run, corpus=corpus, overrides=overrides,
+                                      force=s in (force or []), plan=plan)
+            rows[s] = manifest["rows"]
+            plan.update(manifest["resources"])
+    from pipeline.report import headline  # matplotlib: imported when a whole mine ends, not by every stage flow
+
+    create_markdown_artifact(key=artifact_key(cfg.run.name, "mine"), markdown=headline(cfg.run.dir),
+                             description=f"what run `{cfg.run.name}` mined")
+    return rows

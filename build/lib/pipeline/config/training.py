@@ -1,0 +1,118 @@
+"""The training sections: `train` (trainer/train.py) and `compare` (trainer/compare.py). The objective names are
+written here once; each objective's own settings are declared by its file in trainer/objectives/."""
+from __future__ import annotations
+
+import sys
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pipeline.config.base import Section
+from pipeline.config.mining import Pooler
+
+OBJECTIVE_NAMES = ("simcse", "debcse", "osscse", "whitenedcse", "dclr")  # trainer/objectives/<name>.py each
+Objective = Literal[OBJECTIVE_NAMES]  # the one list, as a type
+# Flat keys of the previous release -> [train.<objective>] key: still accepted, with a one-line deprecation note.
+FLAT_OBJECTIVE_KEYS = {
+    "debcse_negatives": ("debcse", "negatives"), "osscse_alpha": ("osscse", "alpha"), "osscse_beta": ("osscse", "beta"),
+    "osscse_lambda": ("osscse", "margin_weight"), "osscse_gamma": ("osscse", "recall_weight"),
+    "osscse_templates": ("osscse", "templates"), "whitened_groups": ("whitenedcse", "groups"),
+    "whitened_positives": ("whitenedcse", "positives"), "whitened_eps": ("whitenedcse", "eps"),
+    "whitened_lambda": ("whitenedcse", "loss_weight"), "dclr_phi": ("dclr", "phi"),
+    "dclr_k": ("dclr", "noise_per_row"), "dclr_steps": ("dclr", "noise_steps"),
+    "dclr_step_size": ("dclr", "noise_step_size"), "dclr_tau_u": ("dclr", "tau_u"),
+    "mlp_train_only": (("simcse", "dclr"), "mlp_train_only"),
+}
+_warned: set[str] = set()
+
+
+class TrainCfg(Section):
+    objective: Objective = "debcse"
+    model: str | None = None  # start weights; None = encoder.model
+    pooler: Pooler | None = None  # None = encoder.pooler
+    max_length: int = Field(32, ge=4)
+    batch_size: int = Field(64, ge=2)
+    lr: float = Field(3e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int = Field(0, ge=0, description="0 = epochs decide")
+    warmup_steps: int = Field(0, ge=0)
+    grad_clip: float = Field(1.0, ge=0)
+    temperature: float = Field(0.05, gt=0)
+    dropout: float = Field(0.1, ge=0, le=1)
+    eval_every: int = Field(125, ge=1)
+    eval_sick: bool = False
+    eval_max_pairs: int = Field(0, ge=0, description="0 = all dev pairs")
+    eval_precision: Literal["float32", "bf16", "fp16"] = Field(
+        "float32", description="autocast of dev and final evaluation (float32: the exact numbers)")
+    precision: Literal["auto", "float32", "bf16", "fp16"] = "auto"
+    device: str = "auto"
+    seed: int = Field(42, ge=0)
+    final_eval: bool = True
+    output: str = Field("", description="where best/, last/ and metrics.jsonl go (default: <run>/train/<objective>)")
+    num_workers: int = Field(2, ge=0, description="DataLoader workers that run objective.collate (tokenisation)")
+    unpad: bool = Field(True, description="padding-free encoder forward for BERT-family models "
+                                          "(pipeline/models/unpad.py): same outputs, no arithmetic on pad tokens")
+    # Each objective's own settings, [train.<objective>] (e.g. [train.osscse] alpha = 0.05): declared with their
+    # defaults and bounds by the objective's file in trainer/objectives/ and validated by it (`settings_of`) when a
+    # run starts; this file stays free of torch.
+    simcse: dict = {}
+    debcse: dict = {}
+    osscse: dict = {}
+    whitenedcse: dict = {}
+    dclr: dict = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_keys(cls, data):
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for flat, (objectives, key) in FLAT_OBJECTIVE_KEYS.items():
+            if flat not in data:
+                continue
+            value = data.pop(flat)
+            for name in (objectives if isinstance(objectives, tuple) else (objectives,)):
+                data[name] = {key: value, **dict(data.get(name) or {})}
+            if flat not in _warned:
+                _warned.add(flat)
+                where = " and ".join(f"[train.{o}] {key}" for o in (objectives if isinstance(objectives, tuple)
+                                                                      else (objectives,)))
+                print(f"note: train.{flat} is deprecated (accepted until the next release): use {where}",
+                      file=sys.stderr)
+        return data
+
+
+class CompareVariant(Section):
+    """One more row of `make compare`: an objective under other settings of its own (`set`: train.* overrides)."""
+    objective: Objective
+    set: list[str] = Field([], description="train.<objective>.* overrides that make this variant")
+
+    @field_validator("set")
+    @classmethod
+    def _only_train(cls, v):
+        for item in v:
+            if not item.startswith("train.") or "=" not in item:
+                raise ValueError(f"variant override {item!r}: expected train.<key>=<value>")
+        return v
+
+
+class CompareCfg(Section):
+    """`make compare` (trainer/compare.py): the objectives, seeds and shared step budget."""
+    objectives: list[Objective] = list(OBJECTIVE_NAMES)
+    seeds: int = Field(2, ge=1, description="seeds per objective: train.seed, train.seed + 1, ...")
+    steps: int = Field(0, ge=0, description="steps per run; 0 = one epoch of the run's pairs at train.batch_size")
+    baseline: Objective = "simcse"
+    bootstrap: int = Field(1000, ge=10, description="paired bootstrap resamples of STS-B test pairs")
+    # Rows beside an objective's own (only when that objective is compared), same start, budget and seeds. Default:
+    # OssCSE under the start's own pooler (our deviation) beside the paper's [MASK]-template form.
+    variants: dict[str, CompareVariant] = {
+        "osscse-start-pooler": CompareVariant(objective="osscse", set=["train.osscse.form=start-pooler"])}
+    mined_runs: list[str] = Field([], description="other mined runs of the same corpus (e.g. mined with your own "
+                                                   "SimCSE checkpoint): each compared objective that reads `pairs` "
+                                                   "also trains on each of them, a row '<objective>@<run>'")
+
+    @field_validator("mined_runs", mode="before")
+    @classmethod
+    def _one_run(cls, v):
+        return [v] if isinstance(v, str) else v

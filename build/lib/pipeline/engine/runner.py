@@ -1,0 +1,158 @@
+"""The shard runner: finds the stages, computes (or reuses) their shards, writes their manifests. It knows no stage
+by name: every stage module declares what it reads and writes (spec.py), and `pipeline/stages/__init__.py` says in
+which order they run. No Prefect here: flows/ wraps these functions in tasks and flows.
+
+A shard's cache key covers everything its bytes depend on — the content hashes of the input shards it reads, the
+config sections it declares (less their execution settings), the run seed, the shard layout (which follows the
+corpus only), its code version (codeversion.py), the outside facts it declares and its resources as resolved for
+the run (resources.py) — and `run_shard` skips the work when an intact shard with that key is already on disk.
+The plan is resolved once, where the flow runs (`resolve_plan`), and handed to every shard task.
+
+`run_stage` drives a whole stage (resolve, map the jobs, finish): the library runs its steps, and an orchestrator
+(the Prefect flows in flows/mine.py, or none: tests, benches, a GPU machine without Prefect) only maps them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Callable
+
+from pipeline.config import Config
+from pipeline.engine import resources
+from pipeline.engine.codeversion import code_version
+from pipeline.engine.discovery import load_stages, writer  # noqa: F401  (writer: re-exported for the CLI)
+from pipeline.engine.maps import default_map
+from pipeline.engine.spec import Ctx, Stage
+from pipeline.engine.store import Store, combine, file_hash  # noqa: F401  (file_hash: stages' facts use it)
+
+
+def shard_key(stage: Stage, cfg: Config, store: Store, i: int, n: int, facts: str = "") -> str:
+    inputs = [f"{t}[{i}]={store.shard_hash(t, i, n)}" for t in stage.reads]
+    inputs += [f"{t}[*]={store.table_hash(t, n)}" for t in stage.reads_whole]
+    return combine(stage.name, code_version(stage.module), cfg.section_hash(*stage.settings),
+                   f"seed={cfg.run.seed}", f"shards={n}", facts, *inputs)
+
+
+def resolve_plan(name: str, cfg: Config, known: dict | None = None) -> dict:
+    """The stage's resources resolved for this run ({resource: facts}), in the order the stage declares them (each
+    resolve sees those before it); those already in `known` (resolved for an earlier stage of the same run) are
+    taken as they are, so every stage of a run sees one decision."""
+    stage, known = load_stages()[name], known or {}
+    store, n = Store(cfg.run.dir), cfg.run.shards
+    plan: dict = {}
+    for r in stage.resources:
+        plan[r.name] = known[r.name] if r.name in known else r.resolve(cfg, store, n, dict(plan))
+    return plan
+
+
+def stage_facts(stage: Stage, cfg: Config, plan: dict | None = None) -> str:
+    """The stage's declared facts and its resolved resources, as one string of its key."""
+    facts = stage.facts(cfg) if stage.facts else ""
+    return facts + (f";resources={resources.plan_key(plan)}" if plan else "")
+
+
+def _plan(name: str, cfg: Config, plan: dict | None) -> dict:
+    stage = load_stages()[name]
+    if plan is None or any(r.name not in plan for r in stage.resources):
+        plan = resolve_plan(name, cfg, plan)  # a shard run on its own (tests, `python -c`): resolved here
+    return {r.name: plan[r.name] for r in stage.resources}
+
+
+def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: bool = False,
+            plan: dict | None = None) -> list[dict]:
+    """One job of a stage under the run's `plan`: shard i, or every shard for a `one_job` stage. Reuses what is on
+    disk under the same key, else computes and writes it. Returns one small JSON-able row per table shard."""
+    stage, store, n = load_stages()[name], Store(cfg.run.dir), cfg.run.shards
+    plan = _plan(name, cfg, plan)
+    key = shard_key(stage, cfg, store, i, n, stage_facts(stage, cfg, plan))
+    shards = range(n) if stage.one_job else (i,)
+    cached = [store.cached_shard(t, j, n, key) for t in stage.writes for j in shards]
+    if not force and all(cached):
+        return [{"stage": name, "shard": c.index, "table": c.table, "cached": True, "rows": c.rows, "seconds": 0.0}
+                for c in cached]
+    resources.enter(name)
+    t0 = time.perf_counter()
+    tables = stage(Ctx(cfg, store, i, n, progress, stage, plan))
+    seconds = time.perf_counter() - t0
+    out = []
+    for t in stage.writes:
+        for j, part in zip(shards, tables[t] if stage.one_job else [tables[t]]):
+            info = store.write_shard(t, j, n, part, key, seconds / len(shards))
+            out.append({"stage": name, "shard": j, "table": t, "cached": False, "rows": info.rows, "seconds": seconds})
+    return out
+
+
+def run_shard(name: str, cfg: Config, i: int, force: bool = False, progress: bool = False,
+              plan: dict | None = None) -> dict:
+    """Compute (or reuse) shard i of a stage's outputs under the run's `plan`: {stage, shard, cached, rows: {table:
+    rows}, seconds}."""
+    rows = run_job(name, cfg, i, force, progress, plan)
+    return {"stage": name, "shard": i, "cached": rows[0]["cached"], "rows": {r["table"]: r["rows"] for r in rows},
+            "seconds": rows[0]["seconds"]}
+
+
+def run_global(name: str, cfg: Config, force: bool = False, progress: bool = False,
+               plan: dict | None = None) -> list[dict]:
+    """A stage whose one job writes every shard (`one_job`)."""
+    return run_job(name, cfg, 0, force, progress, plan)
+
+
+def jobs_of(name: str, cfg: Config, force: bool, plan: dict) -> list[dict]:
+    """The stage's jobs as keyword arguments of `run_job`, the config as JSON (what a task or worker is sent)."""
+    stage, cfg_json = load_stages()[name], cfg.model_dump_json()
+    progress = cfg.runner.workers == 1 and cfg.runner.kind == "threads"
+    return [dict(name=name, cfg_json=cfg_json, i=i, force=force, progress=progress, plan=plan)
+            for i in range(1 if stage.one_job else cfg.run.shards)]
+
+
+def run_job_json(name: str, cfg_json: str, i: int, force: bool, progress: bool, plan: dict) -> list[dict]:
+    """`run_job` with the config as JSON: what every map (threads, Dask, Prefect tasks) calls."""
+    return run_job(name, Config.model_validate_json(cfg_json), i, force, progress, plan)
+
+
+def run_stage(name: str, cfg: Config, force: bool = False, plan: dict | None = None,
+              map: Callable[[list[dict]], list[list[dict]]] | None = None,
+              log: Callable[[str], None] | None = None) -> dict:
+    """A whole stage: resolve its resources here, once (those in `plan` are the run's earlier decisions), run
+    every job under that plan with `map` (default: `maps.default_map`: threads, or the Dask cluster of
+    runner.address, with no Prefect), then write its manifest. `map(jobs) -> results` takes `jobs_of`'s keyword
+    dicts and returns `run_job_json(**job)` of each, in order: the Prefect flows pass their task map
+    (flows/mine.py), as datatrove's executors run the steps and an orchestrator only maps them. Returns the
+    manifest."""
+    log = log or logging.getLogger("contramine.runner").info
+    t0 = time.perf_counter()
+    plan = resolve_plan(name, cfg, plan)
+    for resource, facts in plan.items():  # what this run decided for the stage (in the key and the manifest too)
+        log(f"{name}: resource {resource} = {json.dumps(facts, sort_keys=True)}")
+    jobs = jobs_of(name, cfg, force, plan)
+    results = [r for rows in (map or default_map(cfg, run_job_json))(jobs) for r in rows]
+    manifest = finish_stage(name, cfg, results, time.perf_counter() - t0, plan)
+    log(f"{name}: {manifest['shards_computed']} shards computed, {manifest['shards_cached']} reused; "
+        f"rows {manifest['rows']}; {time.perf_counter() - t0:.1f}s")
+    return manifest
+
+
+def finish_stage(name: str, cfg: Config, results: list[dict], wall: float, plan: dict | None = None) -> dict:
+    """Release what the stage loaded in this process; write each output table's manifest: config, inputs, rows,
+    seconds, the stage's own facts and resolved resources. Returns it."""
+    resources.release(name)
+    stage, store, n = load_stages()[name], Store(cfg.run.dir), cfg.run.shards
+    plan = _plan(name, cfg, plan)
+    manifest = {
+        "stage": name, "config": {s: getattr(cfg, s).model_dump(mode="json") for s in stage.settings},
+        "config_hash": cfg.section_hash(*stage.settings), "seed": cfg.run.seed, "code": code_version(stage.module),
+        "inputs": {t: store.table_hash(t, n) for t in stage.inputs},
+        "rows": {t: sum(store.cached_rows(t, i, n) for i in range(n)) for t in stage.writes},
+        "seconds": round(sum(store.shard_seconds(stage.writes[0], i, n) for i in range(n)), 3),
+        "wall_seconds_last_run": round(wall, 3),
+        "shards_computed": len({r["shard"] for r in results if not r["cached"]}),
+        "shards_cached": len({r["shard"] for r in results if r["cached"]}),
+        "extra": stage.facts(cfg) if stage.facts else "",
+        "resources": json.loads(resources.plan_key(plan)),
+    }
+    if stage.manifest:
+        manifest.update(stage.manifest(cfg, store, n, plan))
+    for t in stage.writes:
+        store.finish(t, n, manifest)
+    return manifest

@@ -1,0 +1,121 @@
+"""What a stage declares next to its computation; the runner (runner.py) reads nothing else.
+
+    @stage(reads=("embeddings",), reads_whole=("embeddings", "pool_embeddings"), writes=("neighbours",),
+           settings=("neighbours",), resources=(INDEX,), manifest=index_facts)
+    def neighbours(ctx: Ctx) -> dict[str, pa.Table]:
+        ...
+
+- reads:        tables of which the stage reads shard i while computing its shard i (per-sentence tables);
+- reads_whole:  tables it reads whole (every shard), e.g. the search base of `neighbours`;
+- writes:       the tables it writes, one shard each per shard index;
+- settings:     the config sections that change its result (their content hash is part of the cache key; a
+                section's execution settings, its `EXECUTION` set, are left out);
+- resources:    the models and indexes it uses (resources.py), declared next to their models: resolved once per
+                run before any shard starts — fingerprint, device, precision, engine, index kind — and that plan
+                is part of the cache key and the manifest; a shard reads the plan as `ctx.plan[name]` and the
+                loaded object as `ctx.resource(name)` (loaded as the plan says, keyed by the settings it read);
+- facts:        cfg -> str, whatever else changes the result: input files, resolved models, device, precision,
+                library versions (part of the cache key, recorded in the manifest);
+- manifest:     (cfg, store, n, plan) -> dict, facts the manifest records beyond rows and hashes;
+- schemas:      {table: pa.Schema} for tables that pipeline/schema.py does not list (a new stage's own tables);
+- checks:       cfg -> None | (notes, plan): fail fast before any work (a missing corpus, model or spaCy
+                pipeline: one line); what the CLI's preflight runs for the stages it will run, each distinct check
+                once; a check may return plain-words notes and resources it resolved (the run keeps that plan);
+- one_job:      one job writes every shard (`sentences` reads the corpus in one pass; its compute returns
+                {table: [shard 0, shard 1, ...]}).
+
+The stage's name is the function's name; its code version covers its module and every pipeline module that module
+imports (codeversion.py), so it cannot go stale by hand. A stage module imports no other stage module: what two
+stages share lives below them (pipeline/models/, pipeline/roles.py, pipeline/identity.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:  # (not imports of the stages: the code version does not follow them)
+    import pyarrow as pa
+
+    from pipeline.config import Config
+    from pipeline.engine.resources import Resource
+    from pipeline.engine.store import Store
+
+
+@dataclass
+class Ctx:
+    """What a shard computation sees: the config, its shard index, readers for its inputs, the run's resolved
+    resources (`plan`), whether to show progress."""
+    cfg: "Config"
+    store: "Store"
+    i: int
+    n: int
+    progress: bool = False
+    stage: "Stage | None" = None
+    plan: dict = field(default_factory=dict)
+
+    def resource(self, name: str):
+        """The loaded resource `name` of this stage, for the run's plan (loaded once per process)."""
+        from pipeline.engine.resources import acquire
+
+        declared = {r.name: r for r in (self.stage.resources if self.stage else ())}
+        if name not in declared:
+            raise KeyError(f"stage {self.stage.name if self.stage else '?'} uses resource {name!r} without "
+                           f"declaring it (@stage(resources=...))")
+        return acquire(self.stage.name, declared[name], self.cfg, self.store, self.n, self.plan[name])
+
+    def shard(self, table: str) -> "pa.Table":
+        return self.store.read_shard(table, self.i, self.n)
+
+    def whole(self, table: str) -> "pa.Table":
+        return self.store.read(table, self.n)
+
+    def label(self, what: str) -> str | bool:
+        """A progress-bar label for this shard, or False when progress is off."""
+        return self.progress and f"{what} {self.i + 1}/{self.n}"
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    compute: Callable[[Ctx], dict]
+    module: str
+    writes: tuple[str, ...]
+    reads: tuple[str, ...] = ()
+    reads_whole: tuple[str, ...] = ()
+    settings: tuple[str, ...] = ()
+    facts: Callable[["Config"], str] | None = field(default=None, compare=False)
+    manifest: Callable[["Config", "Store", int, dict], dict] | None = field(default=None, compare=False)
+    one_job: bool = False
+    schemas: dict = field(default_factory=dict, compare=False)
+    resources: tuple["Resource", ...] = ()
+    checks: tuple[Callable, ...] = field(default=(), compare=False)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (*self.reads, *self.reads_whole)
+
+    def __call__(self, ctx: Ctx) -> dict:
+        return self.compute(ctx)
+
+
+def package_versions(*packages: str) -> str:
+    """"name=version,..." of installed distributions ("-" when absent): library versions change results too."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def v(p: str) -> str:
+        try:
+            return version(p)
+        except PackageNotFoundError:
+            return "-"
+    return ",".join(f"{p}={v(p)}" for p in packages)
+
+
+def stage(*, writes: tuple[str, ...], reads: tuple[str, ...] = (), reads_whole: tuple[str, ...] = (),
+          settings: tuple[str, ...] = (), facts=None, manifest=None, one_job: bool = False,
+          schemas: dict | None = None, resources: tuple = (), checks: tuple = ()):
+    """Declare the decorated function `name(ctx) -> {table: pa.Table}` as the stage `name` (see the module doc)."""
+    def declare(fn) -> Stage:
+        return Stage(fn.__name__, fn, fn.__module__, tuple(writes), tuple(reads), tuple(reads_whole),
+                     tuple(settings), facts, manifest, one_job, dict(schemas or {}),
+                     tuple(resources), tuple(checks))
+    return declare

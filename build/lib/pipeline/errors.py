@@ -1,0 +1,43 @@
+"""The one error type of a stage that cannot go on with its input or settings, and the logging filter that keeps
+the traceback of such an expected error off the terminal.
+
+    raise StageError(f"embeddings.from {path}: row {row} has a zero or non-finite vector")
+
+The message is one line naming the file, row, key or model. `make mine` / `make stage` (flows/cli.py) print it as
+`error: <message>` and exit with code 2, whether it was raised before Prefect started or inside a shard task.
+
+Prefect logs every failed task and flow run with its traceback ("Task run failed with exception", "Encountered
+exception during execution"). The CLI points Prefect at flows/logging.yml (PREFECT_LOGGING_CONFIG_PATH, Prefect's
+documented way to customise its logging), whose console handler carries `ExpectedErrors`: records of the errors the
+CLI reports in one line stay off the terminal. They still reach Prefect's API handler, so the UI keeps the traceback.
+This module imports nothing heavy: the filter runs in every process that logs, Dask workers included. Every
+expected error class derives from `ExpectedError`, defined here, so this module names none of them.
+"""
+from __future__ import annotations
+
+import logging
+
+
+class ExpectedError(Exception):
+    """The one mark of an error the CLI reports as one line (no traceback): a bad key, file, row or model, an input
+    a stage cannot use. Every such error class derives from it (ConfigError, ModelUnavailable, CorpusError,
+    TableMissing, StageError, ...); the CLI and the log filter test for it and for nothing else."""
+
+
+class StageError(ExpectedError, RuntimeError):
+    """A stage cannot go on with this input or these settings; the message is one line naming the file, row, key
+    or model (e.g. a precomputed-embeddings file without a vector for some text, an index below its recall floor)."""
+
+
+def is_expected(exc: BaseException | None) -> bool:
+    """Whether `exc` is one of the errors the CLI reports as one line (no traceback wanted)."""
+    return isinstance(exc, ExpectedError)
+
+
+class ExpectedErrors(logging.Filter):
+    """Drops log records that carry an expected error (`is_expected`) with their traceback; every other record,
+    unexpected errors with their tracebacks included, passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if isinstance(record.exc_info, tuple) else None
+        return not is_expected(exc)

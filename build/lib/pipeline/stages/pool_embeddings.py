@@ -1,0 +1,19 @@
+"""Stage `pool_embeddings`: the vectors of `pool_sentences` (the `data.candidates` corpus), by the same encoder as
+`embeddings` (or the same `embeddings.from` file). Empty, and no model loaded, when `data.candidates` is unset."""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from pipeline.engine.spec import Ctx, stage
+from pipeline.schema import SCHEMAS
+from pipeline.models.encoder import ENCODER, embed_sentences
+
+
+@stage(reads=("pool_sentences",), writes=("pool_embeddings",), settings=("encoder", "embeddings"),
+       resources=(ENCODER,))
+def pool_embeddings(ctx: Ctx) -> dict[str, pa.Table]:
+    shard = ctx.shard("pool_sentences")
+    if not shard.num_rows:
+        return {"pool_embeddings": SCHEMAS["embeddings"].empty_table()}
+    return {"pool_embeddings": embed_sentences(shard, ctx.resource("encoder"), ctx.cfg.encoder.batch_size,
+                                               progress=ctx.label("pool embeddings"))}

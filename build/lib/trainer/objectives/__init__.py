@@ -1,0 +1,42 @@
+"""Training objectives (METHODS §7), one per file, all on the contract in `base.py`; what several share is in
+`common.py`. Each declares its own settings ([train.<name>] in a profile) as a nested `Settings` class.
+
+    cls = get_objective("debcse"); obj = cls(encoder, cfg.train)
+    reader tables: obj.tables; DataLoader(collate_fn=obj.collate); loss, metrics = obj(batch)
+
+Adding an objective: a file here with its class (formula docstring, Settings, collate, forward), its line in
+OBJECTIVES below and its name in pipeline/config/training.py's OBJECTIVE_NAMES (and TrainCfg's [train.<name>] field).
+"""
+from __future__ import annotations
+
+from trainer.objectives.base import Objective, settings_of
+from trainer.objectives.dclr import DCLR
+from trainer.objectives.debcse import DebCSE
+from trainer.objectives.osscse import OssCSE
+from trainer.objectives.simcse import SimCSE
+from trainer.objectives.whitenedcse import WhitenedCSE
+
+OBJECTIVES: dict[str, type[Objective]] = {
+    "simcse": SimCSE,
+    "debcse": DebCSE,
+    "osscse": OssCSE,
+    "whitenedcse": WhitenedCSE,
+    "dclr": DCLR,
+}
+
+
+def check_settings(train_cfg) -> None:
+    """Validate every objective's [train.<name>] section: a typo stops the run at start, with one line."""
+    for cls in OBJECTIVES.values():
+        settings_of(cls, train_cfg)
+
+
+def get_objective(name: str) -> type[Objective]:
+    """The Objective class registered under `name`; a clear error naming the known ones otherwise."""
+    try:
+        return OBJECTIVES[name]
+    except KeyError:
+        raise ValueError(f"unknown objective {name!r}; one of {', '.join(OBJECTIVES)}") from None
+
+
+__all__ = ["OBJECTIVES", "Objective", "get_objective", "check_settings", "settings_of", "SimCSE", "DebCSE", "OssCSE", "WhitenedCSE", "DCLR"]

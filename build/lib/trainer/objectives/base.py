@@ -1,0 +1,77 @@
+"""The contract between the training loop and an objective.
+
+The loop reads rows (dicts) from mined Parquet tables, hands lists of rows to `collate` (called in DataLoader
+workers, so tokenisation stays off the hot path), moves the returned tensors to the device and calls `forward`.
+
+Row keys the reader provides (None where the table has no value for that sentence):
+    sid: int, text: str,
+    positives: list[str] | None, negatives: list[str] | None          (from `pairs`)
+    paraphrase: str | None, negation: str | None                       (from `triplets`)
+    emb: np.ndarray[float32, d] | None                                 (from `embeddings`, L2-normalised)
+"""
+from __future__ import annotations
+
+import abc
+
+import torch
+from pydantic import ValidationError
+
+from pipeline.config import ConfigError, Section
+from pipeline.models.encoder import Encoder
+
+
+def settings_of(cls: type["Objective"], train_cfg):
+    """The objective's own settings, [train.<name>], validated by its `Settings` (a one-line ConfigError naming the
+    key otherwise)."""
+    try:
+        return cls.Settings.model_validate(getattr(train_cfg, cls.name, None) or {})
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(["train", cls.name, *(str(p) for p in err["loc"])])
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"config error: {key}: {msg}") from None
+
+
+class Objective(torch.nn.Module, abc.ABC):
+    name: str = "base"
+
+    class Settings(Section):
+        """The objective's own settings ([train.<name>]); each objective declares its own."""
+    # Tables this objective reads, in the order the reader joins them: the first is the row source.
+    tables: tuple[str, ...] = ("sentences",)
+    # The pooler this objective needs whatever the profile says (OssCSE: "mask"); None = the configured one.
+    pooler: str | None = None
+
+    @classmethod
+    def train_pooler(cls, cfg) -> str | None:
+        """The pooler this objective trains (and its checkpoint is evaluated) with, given its settings; None = the
+        configured one (train.pooler, else encoder.pooler)."""
+        return cls.pooler
+
+    @classmethod
+    def eval_prompt(cls, cfg) -> str | None:
+        """The prompt template the trained encoder is evaluated and saved with; None = encoder.prompt."""
+        return None
+
+    @classmethod
+    def data_notes(cls, rows) -> list[str]:
+        """Warnings about the mined rows this objective is about to train on (printed once, loudly, at start)."""
+        return []
+
+    def __init__(self, encoder: Encoder, cfg):
+        super().__init__()
+        self.encoder = encoder
+        self.cfg = cfg  # pipeline.config.TrainCfg: the settings every objective shares (temperature, lengths, ...)
+        self.settings = settings_of(type(self), cfg)  # this objective's own: [train.<name>]
+
+    @abc.abstractmethod
+    def collate(self, rows: list[dict]) -> dict:
+        """Tokenise a list of rows into a dict of tensors (and plain values)."""
+
+    @abc.abstractmethod
+    def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        """Return the scalar loss of this rank's rows and a few floats to log."""
+
+    def export_encoder(self) -> Encoder:
+        """The encoder to evaluate and save (training-only heads left out)."""
+        return self.encoder

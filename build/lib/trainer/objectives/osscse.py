@@ -1,0 +1,168 @@
+"""OssCSE (Liu et al., "Identifying and Mitigating Surface Structure Bias in Contrastive Sentence Embeddings"
+— "surface structure bias", EMNLP 2023, §4).
+
+Inputs: rows of `sentences` joined with `triplets`: `text` (the anchor s), `paraphrase` (sᵖ, may be None) and
+`negation` (sⁿ, may be None). In the paper's form (`form = "paper"`, the default) the encoder's pooler must be
+"mask": a sentence's representation is the last hidden state at the [MASK] token of a prompt template
+(`Encoder.tokenize(texts, template=...)`).
+
+    L = l_c + l_r + λ·l_m          (λ = margin_weight)
+
+l_c — InfoNCE whose two views are the two templates T1, T2 = templates
+      (`This sentence : "{s}" means [MASK] .`, `This sentence of "{s}" means [MASK] .`), with dropout:
+      ℓ_i = −log e^{cos(h_i, h'_i)/τ} / Σ_j e^{cos(h_i, h'_j)/τ},  h = f(T1(s)), h' = f(T2(s)),  l_c = (1/B) Σ_i ℓ_i.
+l_m — two-way max margin, for the rows that have BOTH a paraphrase and a negation (the other rows skip the term;
+      the mean is over the rows that have it, 0 when none), all three under T1, sim = cos:
+      m_i = max(sim(h,hⁿ) − sim(h,hᵖ) + α, 0) + max(sim(h,hᵖ) − sim(h,hⁿ) − β, 0)
+      (α = alpha: the paraphrase must beat the negation by α; β = beta: but not by more
+      than β, so the model does not learn to separate them by surface form alone).
+l_r — recall of the starting weights: γ/2 · Σ (θ − θ*)² over every encoder parameter (γ = recall_weight).
+      θ* is a detached copy of the encoder's weights taken when the objective is constructed — construct it
+      AFTER loading the start weights and BEFORE any step. It is a plain attribute, not a buffer: it is not in
+      state_dict, not broadcast by DDP, and it moves to the parameters' device on first use.
+
+Our deviation, `form = "start-pooler"` ([train.osscse]): for a start that was not trained for [MASK] pooling (a
+mean-pooled sentence-transformer: MiniLM scores 78.87 under mean pooling, 39.08 under the [MASK] of T1), no template
+and the start's own pooler (train.pooler, else encoder.pooler); l_c's two views are two dropout passes of the same
+sentence (SimCSE's views, one forward over the batch stacked twice), l_m reads h from the first of them and hᵖ, hⁿ
+with the same pooler; l_r unchanged. Only where the sentence vector is read from changes: the three terms, their
+weights and the data are the paper's.
+
+Distributed: l_c uses gathered candidates with the (W/B)·Σ_local scaling, l_m the same scaling over the global
+count of rows that have it, l_r is replicated on every rank and added unscaled (trainer/dist.py).
+
+collate(rows) -> {"t1.*", "t2.*" (anchors under each template; form "start-pooler": "sent.*", the anchors once),
+                  "par.*", "negn.*" (only when some row has both),
+                  "trip_index": LongTensor[n] (the rows those triplets belong to)}
+forward(batch) -> (loss, {"l_c", "l_m", "l_r"})
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field, field_validator
+
+from pipeline.config import Section
+from trainer import dist
+from trainer.objectives.base import Objective
+from trainer.objectives.common import cos_rows, info_nce_terms, prefixed, sub_batch, two_views
+
+
+class OssCSE(Objective):
+    name = "osscse"
+    tables = ("sentences", "triplets")
+    pooler = "mask"
+
+    class Settings(Section):
+        """OssCSE §5: α = 0.05, β = 0.2, λ = 1e-3, γ = 2e-3, the two PromptBERT templates."""
+        alpha: float = Field(0.05, description="α: the paraphrase must beat the negation by this much")
+        beta: float = Field(0.2, description="β: ... but not by more than this")
+        margin_weight: float = Field(1e-3, ge=0, description="λ, the weight of l_m")
+        recall_weight: float = Field(2e-3, ge=0, description="γ of l_r = γ/2 Σ (θ − θ*)²")
+        templates: list[str] = ['This sentence : "{s}" means [MASK] .', 'This sentence of "{s}" means [MASK] .']
+        form: Literal["paper", "start-pooler"] = Field(
+            "paper", description="paper: the [MASK] vector of the two templates; start-pooler (ours): no template, "
+                                 "the start's own pooler, l_c over two dropout views")
+
+        @field_validator("templates")
+        @classmethod
+        def _templates(cls, v):
+            if len(v) != 2:
+                raise ValueError(f"osscse needs exactly two templates, got {len(v)}")
+            for t in v:
+                if "{s}" not in t or "[MASK]" not in t:
+                    raise ValueError(f"template {t!r} must contain '{{s}}' and '[MASK]'")
+            return v
+
+    @classmethod
+    def train_pooler(cls, cfg) -> str | None:
+        """"mask" in the paper's form; the configured pooler (None) in form "start-pooler"."""
+        from trainer.objectives.base import settings_of
+
+        return "mask" if settings_of(cls, cfg).form == "paper" else None
+
+    @classmethod
+    def eval_prompt(cls, cfg) -> str | None:
+        """T1: what the model was trained to read its [MASK] vector from is what evaluation must use (the paper's
+        form; form "start-pooler" reads no template: None)."""
+        from trainer.objectives.base import settings_of
+
+        st = settings_of(cls, cfg)
+        return st.templates[0] if st.form == "paper" else None
+
+    @classmethod
+    def data_notes(cls, rows) -> list[str]:
+        both = rows.count_present("paraphrase", "negation")
+        if both:
+            return []
+        para, neg = rows.count_present("paraphrase"), rows.count_present("negation")
+        return [f"OssCSE's max-margin term l_m is 0 for this WHOLE run: none of the {len(rows)} training rows has "
+                f"both a paraphrase and a negation ({para} have a paraphrase, {neg} a negation), so only l_c and "
+                f"l_r train. Mine paraphrases with back-translation chains (role \"paraphrases\", e.g. make mine "
+                f"PROFILE=osscse-paper where the hub is reachable) to train the full objective."]
+
+    def __init__(self, encoder, cfg):
+        super().__init__(encoder, cfg)
+        self.paper = self.settings.form == "paper"
+        if self.paper and encoder.pooler != "mask":
+            raise ValueError(f"osscse needs the encoder's pooler 'mask' (prompt [MASK] token), got {encoder.pooler!r}; "
+                             f"[train.osscse] form = \"start-pooler\" trains it under the start's own pooler")
+        # θ*: the starting weights (name -> detached copy), deliberately not registered as buffers.
+        self.theta_star: dict[str, torch.Tensor] = {
+            n: p.detach().clone() for n, p in self.encoder.named_parameters() if p.requires_grad}
+
+    def collate(self, rows: list[dict]) -> dict:
+        t1, t2 = self.settings.templates if self.paper else (None, None)
+        tok = lambda texts, t: self.encoder.tokenize(texts, template=t, max_length=self.cfg.max_length)  # noqa: E731
+        texts = [r["text"] for r in rows]
+        if self.paper:
+            out = {**prefixed("t1", tok(texts, t1)), **prefixed("t2", tok(texts, t2))}
+        else:
+            out = prefixed("sent", tok(texts, None))
+        both = [i for i, r in enumerate(rows) if r.get("paraphrase") and r.get("negation")]
+        out["trip_index"] = torch.tensor(both, dtype=torch.long)
+        if both:
+            out.update(prefixed("par", tok([rows[i]["paraphrase"] for i in both], t1)))
+            out.update(prefixed("negn", tok([rows[i]["negation"] for i in both], t1)))
+        return out
+
+    def recall(self) -> torch.Tensor:
+        """γ/2 · Σ (θ − θ*)²."""
+        total = None
+        for n, p in self.encoder.named_parameters():
+            ref = self.theta_star.get(n)
+            if ref is None:
+                continue
+            if ref.device != p.device or ref.dtype != p.dtype:
+                ref = self.theta_star[n] = ref.to(device=p.device, dtype=p.dtype)
+            s = (p - ref).pow(2).sum()
+            total = s if total is None else total + s
+        if total is None:
+            return torch.zeros((), device=self.encoder.device)
+        return 0.5 * self.settings.recall_weight * total
+
+    def forward(self, batch: dict):
+        cfg = self.cfg
+        if self.paper:
+            h = self.encoder(sub_batch(batch, "t1"))
+            h2 = self.encoder(sub_batch(batch, "t2"))
+        else:  # two dropout views of the same sentences, one forward
+            h, h2 = self.encoder(two_views(sub_batch(batch, "sent"))).chunk(2)
+        (G2,), (sizes,) = dist.gather_many([h2])
+        sl = dist.local_slice(sizes)
+        targets = torch.arange(sl.start, sl.stop, device=h.device)
+        l_c = dist.global_mean(info_nce_terms(h, G2, targets, cfg.temperature))
+
+        trip = batch["trip_index"].to(h.device)
+        if len(trip):
+            hp = self.encoder(sub_batch(batch, "par"))
+            hn = self.encoder(sub_batch(batch, "negn"))
+            sp, sn = cos_rows(h[trip], hp), cos_rows(h[trip], hn)  # float32 whatever the autocast
+            margins = torch.relu(sn - sp + self.settings.alpha) + torch.relu(sp - sn - self.settings.beta)
+        else:
+            margins = h.new_zeros((0,))
+        l_m = dist.global_mean(margins, h.device)
+        l_r = self.recall()
+        loss = l_c + l_r + self.settings.margin_weight * l_m
+        return loss, {"l_c": float(l_c.detach()), "l_m": float(l_m.detach()), "l_r": float(l_r.detach())}

@@ -1,0 +1,67 @@
+"""Unsupervised SimCSE (Gao, Yao & Chen, "SimCSE: Simple Contrastive Learning of Sentence Embeddings", EMNLP 2021).
+
+Inputs: rows of the `sentences` table (only `text` is read).
+
+Each sentence x_i is encoded twice; the two passes differ only by dropout noise, giving h_i and h'_i.
+In-batch InfoNCE with cosine similarity and temperature τ (cfg.temperature), over the global batch of B rows:
+
+    ℓ_i = −log  e^{cos(h_i, h'_i)/τ} / Σ_{j=1..B} e^{cos(h_i, h'_j)/τ}          L = (1/B) Σ_i ℓ_i
+
+With mlp_train_only = True ([train.simcse], the published unsup setting) an MLP head, Linear(d, d) + Tanh, is put over the
+pooled vector during training only: h = tanh(W·pool(x) + b). `export_encoder()` returns the bare encoder (the
+head is left out), so evaluation uses the encoder's own pooler (published: `cls_before_pooler`). With
+mlp_train_only = False no head is added: training and evaluation both use the encoder's pooler as is.
+
+Settings ([train.simcse]): mlp_train_only (True).
+
+Dropout is the encoder's own (the loop builds the model with cfg.dropout); the two views come from one forward
+pass in training mode over the batch stacked twice (2B rows, each with its own dropout mask).
+
+Distributed: anchors are this rank's rows, candidates h'_j are gathered from all ranks with gradient, and the
+rank's loss is (W/B)·Σ_{local i} ℓ_i — see trainer/dist.py for why DDP then reproduces the single-process gradient.
+
+collate(rows) -> {"sent.input_ids", "sent.attention_mask", ["sent.token_type_ids"], ["sent.mask_positions"]}
+forward(batch) -> (loss, {"acc": top-1 in-batch accuracy of this rank's anchors})
+"""
+from __future__ import annotations
+
+import torch
+
+from pipeline.config import Section
+from trainer import dist
+from trainer.objectives.base import Objective
+from trainer.objectives.common import MLPHead, cos_matrix, info_nce_terms, prefixed, sub_batch, two_views
+
+
+# ------------------------------------------------------------------------------------------------- objective
+class SimCSE(Objective):
+    name = "simcse"
+    tables = ("sentences",)
+
+    class Settings(Section):
+        mlp_train_only: bool = True  # Linear + Tanh over the pooled vector, in training only
+
+    def __init__(self, encoder, cfg):
+        super().__init__(encoder, cfg)
+        self.mlp = MLPHead(encoder.dim) if self.settings.mlp_train_only else None
+
+    def collate(self, rows: list[dict]) -> dict:
+        return prefixed("sent", self.encoder.tokenize([r["text"] for r in rows], max_length=self.cfg.max_length))
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.mlp(h) if self.mlp is not None else h
+
+    def forward(self, batch: dict):
+        b = sub_batch(batch, "sent")
+        h1, h2 = self.head(self.encoder(two_views(b))).chunk(2)
+        (g2,), (sizes,) = dist.gather_many([h2])
+        sl = dist.local_slice(sizes)
+        targets = torch.arange(sl.start, sl.stop, device=h1.device)
+        per = info_nce_terms(h1, g2, targets, self.cfg.temperature)
+        loss = dist.global_mean(per)
+        with torch.no_grad():
+            acc = (cos_matrix(h1, g2).argmax(1) == targets).float().mean().item()
+        return loss, {"acc": acc}
+
+    def export_encoder(self):
+        return self.encoder

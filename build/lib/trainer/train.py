@@ -1,0 +1,395 @@
+"""Train a sentence encoder on mined tables with one of the objectives of METHODS §7.
+
+    python -m trainer.train --profile simcse-paper [--run R] [--objective O] [--set train.lr=1e-5 ...] [--no-resume]
+    torchrun --nproc_per_node 4 -m trainer.train --profile debcse-paper          # DDP, gloo on CPU / nccl on GPU
+
+One loop, top to bottom: rows of the mined Parquet tables (trainer/data.py) -> objective.collate in DataLoader
+workers -> objective.forward -> AdamW with linear decay (optional warmup) and gradient clipping. Every
+`eval_every` steps (and at the last step) rank 0 scores STS-B dev (+ SICK trial), keeps the best encoder in
+best/ and the full training state in last/ (trainer/checkpoint.py). A restart with the same configuration (the
+settings, and by content the start weights, the mined tables and the dev files: trainer/keys.py) resumes from
+last/ and ends at the same weights as an uninterrupted run (float32, same machine). Outputs, under
+artifacts/<run>/train/<objective>/: best/, last/, metrics.jsonl.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import os
+import random
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from pipeline.config import Config, ConfigError, load_config
+from pipeline.engine.atomic import atomic_write_json
+from pipeline.models.encoder import Encoder
+from pipeline.models.hub import ModelUnavailable, model_fingerprint, pick_device, resolve_model
+from trainer import checkpoint as ckpt
+from trainer import dist
+from trainer.data import MinedRows, TableMissing, batches_per_epoch, fingerprint, make_loader
+from trainer.keys import eval_data_hash
+
+
+# ----------------------------------------------------------------------------------------------- small helpers
+def load_encoder(name: str, pooler: str, max_length: int, device: str, prompt: str, dropout: float | None,
+                 precision: str = "float32") -> Encoder:
+    """Encoder.load with the dropout of the config where the model's config has BERT-style dropout keys (a key the
+    config lacks would reach the model constructor and fail)."""
+    from transformers import AutoConfig
+
+    kwargs = {}
+    if dropout is not None:
+        conf = AutoConfig.from_pretrained(resolve_model(name, "encoder"))
+        kwargs = {k: dropout for k in ("hidden_dropout_prob", "attention_probs_dropout_prob") if hasattr(conf, k)}
+    return Encoder.load(name, pooler=pooler, max_length=max_length, device=device, prompt=prompt,
+                        precision=precision, **kwargs)
+
+
+def run_pooling(cfg: Config) -> tuple[str, str]:
+    """(pooler, prompt) a run trains and saves its encoder with: the objective's own where its settings fix one
+    (OssCSE's paper form: "mask" and its first template), else train.pooler / encoder.pooler and encoder.prompt.
+    trainer/compare.py evaluates each run's start under the same pair."""
+    from trainer.objectives import get_objective
+
+    cls = get_objective(cfg.train.objective)
+    return (cls.train_pooler(cfg.train) or cfg.train.pooler or cfg.encoder.pooler,
+            cls.eval_prompt(cfg.train) or cfg.encoder.prompt)
+
+
+def eval_max_length(name: str) -> int:
+    """The inference length of the encoder (dev evaluation, best/): what `make eval` uses for the starting model
+    (sentence-transformers' max_seq_length where shipped, else the tokenizer limit capped at 512 — SimCSE's STS
+    evaluation does not truncate at the training length), never past the model's position embeddings."""
+    from transformers import AutoConfig
+
+    from trainer.evaluate import default_max_length
+
+    path = resolve_model(name, "encoder")
+    positions = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+    return min(default_max_length(path), positions or 512)
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(s: dict) -> None:
+    random.setstate(s["python"])
+    np.random.set_state(s["numpy"])
+    torch.set_rng_state(s["torch"])
+    if s.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def config_hash(cfg: Config, model: str, pooler: str, prompt: str, eval_len: int, data: list) -> str:
+    """What decides the trajectory of the weights. Settings that do not (final_eval, num_workers: collate is
+    deterministic) are left out, so changing them does not throw away a half-done run. Data by content
+    (trainer/keys.py): the mined tables' hashes (`data`), the start weights' fingerprint, the dev files that pick
+    best/ — a shard rewritten in place or a model saved again into the same folder is another configuration."""
+    train = cfg.train.model_dump(mode="json")
+    for key in ("final_eval", "num_workers", "output"):
+        train.pop(key, None)
+    blob = {"train": train, "model": model, "weights": model_fingerprint(resolve_model(model, "encoder")),
+            "pooler": pooler, "prompt": prompt, "eval_max_length": eval_len, "data": data,
+            "dev_data": eval_data_hash(cfg.data.senteval_dir, dev_only=True, sick=cfg.train.eval_sick)}
+    return hashlib.blake2b(json.dumps(blob, sort_keys=True).encode(), digest_size=12).hexdigest()
+
+
+def linear_schedule(warmup: int, total: int):
+    """LR multiplier: 0 -> 1 over `warmup` steps, then linearly down to 0 at `total` (HF's linear schedule)."""
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        return max(0.0, (total - step) / max(1, total - warmup))
+    return f
+
+
+def dev_score(dev: dict) -> float:
+    """Model selection: STS-B dev, or the mean of STS-B dev and SICK trial when both are scored."""
+    vals = [v for v in dev.values() if v is not None]
+    return sum(vals) / len(vals) if vals else float("-inf")
+
+
+def trim_jsonl(path: Path, max_step: int) -> None:
+    """Drop log lines past `max_step`: steps a killed run logged after its last checkpoint are redone on resume."""
+    if not path.is_file():
+        return
+    keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= max_step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(ln + "\n" for ln in keep))
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------------- training
+def train(cfg: Config, resume: bool = True) -> dict:
+    """Train (see the module docstring); the caller's float32 matmul settings are back on return, TF32 included."""
+    from trainer.evaluate import restored_float32_settings
+
+    with restored_float32_settings():
+        return _train(cfg, resume)
+
+
+def _train(cfg: Config, resume: bool) -> dict:
+    t0 = time.perf_counter()
+    tc = cfg.train
+
+    # --- distributed: torchrun sets WORLD_SIZE / RANK / LOCAL_RANK; one process per device -------------------------
+    device = pick_device(tc.device)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_dist():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if device.startswith("cuda"):
+            device = f"cuda:{local_rank}"
+            torch.cuda.set_device(device)
+        torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    rank, world = dist.rank(), dist.world_size()
+    master = rank == 0
+    dev_type = torch.device(device).type
+    if dev_type == "cuda":
+        # TF32 for the training matmuls only: ~free speed, no effect on fp32 CPU runs. Dev and final evaluation run
+        # in strict float32 (trainer.evaluate.strict_float32), so best/ is chosen on the numbers `make eval` gives.
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+    # --- precision: bf16/fp16 autocast on GPU, float32 on CPU (no bf16 speed-up on these CPUs, STACK.md) -----------
+    precision = tc.precision
+    if precision == "auto":
+        precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if dev_type == "cuda" else "float32"
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    autocast = (lambda: torch.autocast(dev_type, dtype=amp_dtype)) if amp_dtype else nullcontext
+    scaler = torch.amp.GradScaler(dev_type, enabled=amp_dtype is torch.float16)  # fp16 needs loss scaling
+
+    # --- data first: a missing mined table should stop the run before a large model loads -------------------------
+    from trainer.objectives import check_settings, get_objective
+
+    check_settings(tc)  # a typo in any [train.<objective>] section stops here, before anything is written
+    objective_cls = get_objective(tc.objective)
+    data_key = fingerprint(cfg.run.dir, objective_cls.tables)  # hashed before reading: a damaged shard is refused
+    rows = MinedRows(cfg.run.dir, objective_cls.tables)
+    steps_per_epoch = batches_per_epoch(len(rows), tc.batch_size)
+    if steps_per_epoch == 0:
+        raise ValueError(f"table {objective_cls.tables[0]!r} under {cfg.run.dir} has {len(rows)} rows, fewer than one "
+                         f"batch of {tc.batch_size}")
+    total = tc.max_steps or max(1, int(tc.epochs * steps_per_epoch))
+
+    # --- model and objective ------------------------------------------------------------------------------------------
+    seed_all(tc.seed)  # same seed on every rank: training-only heads start identical (DDP also broadcasts them)
+    model_name = tc.model or cfg.encoder.model
+    pooler, prompt = run_pooling(cfg)
+    # The encoder's own max_length is the inference one (evaluation, best/); objectives tokenise training rows with
+    # tc.max_length themselves.
+    eval_len = eval_max_length(model_name)
+    encoder = load_encoder(model_name, pooler, eval_len, device, prompt, tc.dropout, tc.eval_precision)
+    encoder.unpad = tc.unpad
+    objective = objective_cls(encoder, tc).to(device)
+    objective.train()
+    model = objective
+    if dist.is_dist():
+        # find_unused_parameters: parameters like BERT's pooler get no gradient under most poolers.
+        model = torch.nn.parallel.DistributedDataParallel(
+            objective, device_ids=[torch.device(device).index] if dev_type == "cuda" else None,
+            find_unused_parameters=True)
+
+    # --- optimiser: weight decay on matrices only (not biases / LayerNorm); the fused kernel (CPU and GPU) updates
+    # MiniLM's 22.7M parameters in 10 ms per step on 2 cores, the foreach one in 65 ms -----------------------------------
+    params = [p for p in objective.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": tc.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=tc.lr, fused=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_schedule(tc.warmup_steps, total))
+
+    # --- where things go; resume from last/ when it belongs to this configuration -------------------------------------
+    out = Path(tc.output) if tc.output else cfg.run.dir / "train" / tc.objective
+    best_dir, last_dir, log_path = out / "best", out / "last", out / "metrics.jsonl"
+    chash = config_hash(cfg, model_name, pooler, prompt, eval_len, data_key)
+    meta = {"objective": tc.objective, "model": model_name, "pooler": pooler, "prompt": prompt, "config_hash": chash,
+            "world_size": world, "config": cfg.model_dump(mode="json")}
+    step, epoch, batch_in_epoch, best, best_step = 0, 0, 0, float("-inf"), None
+    state = ckpt.load_state(last_dir) if resume else None
+    if state is not None and state["config_hash"] != chash:
+        if master:
+            print(f"[train] {last_dir} belongs to another configuration (hash {state['config_hash']} != {chash}): "
+                  f"starting from scratch (it will be overwritten)", file=sys.stderr)
+        state = None
+    if state is not None:
+        objective.load_state_dict(state["objective"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        scaler.load_state_dict(state["scaler"])
+        step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        best, best_step = state["best"], state["best_step"]
+        rngs = state["rng"]
+        if len(rngs) == world:
+            set_rng_state(rngs[rank])
+        else:  # another world size: positions and weights carry over, dropout streams cannot
+            seed_all(tc.seed + 7919 * step + rank)
+    else:
+        seed_all(tc.seed + rank)  # dropout streams differ between ranks
+    if master:
+        for note in objective_cls.data_notes(rows):  # loud, once: a silently idle loss term wastes a whole run
+            print(f"\n[train] WARNING: {note}\n", file=sys.stderr)
+        out.mkdir(parents=True, exist_ok=True)
+        if state is None:
+            log_path.unlink(missing_ok=True)
+        else:
+            trim_jsonl(log_path, step)
+        print(f"[train] {tc.objective}: model {model_name} pooler {pooler}, {len(rows)} rows of "
+              f"{'+'.join(objective.tables)}, batch {tc.batch_size} ({world} rank(s)), {steps_per_epoch} steps/epoch, "
+              f"{total} steps, lr {tc.lr}, {device} {precision}"
+              + (f"; resumed at step {step} (epoch {epoch}, batch {batch_in_epoch})" if state else ""))
+    log = open(log_path, "a", buffering=1) if master else None
+    bar = tqdm(total=total, initial=step, disable=not master, desc=tc.objective, unit="step", dynamic_ncols=True)
+
+    # --- the loop ---------------------------------------------------------------------------------------------------
+    while step < total:
+        loader = make_loader(rows, objective.collate, tc.batch_size, tc.seed, epoch, batch_in_epoch, rank, world,
+                             tc.num_workers, pin_memory=dev_type == "cuda")
+        for batch in loader:
+            batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+            with autocast():
+                loss, metrics = model(batch)
+            scaler.scale(loss).backward()
+            if tc.grad_clip > 0:
+                scaler.unscale_(opt)  # clip the true gradients, not the fp16-scaled ones
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tc.grad_clip))
+            else:
+                grad_norm = None
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+            step += 1
+            batch_in_epoch += 1
+
+            if master:
+                loss_f = float(loss.item())
+                log.write(json.dumps({"step": step, "epoch": epoch, "loss": loss_f, "lr": sched.get_last_lr()[0],
+                                      "grad_norm": grad_norm, **metrics,
+                                      "t": round(time.perf_counter() - t0, 4)}) + "\n")
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_f:.4f}", best=f"{best:.2f}" if best_step else "-")
+
+            if step % tc.eval_every == 0 or step == total:
+                # Rank 0 evaluates and saves; the others wait at the barrier (their RNG states travel with it).
+                rngs = [None] * world
+                if dist.is_dist():
+                    torch.distributed.all_gather_object(rngs, rng_state())
+                if master:
+                    dev = evaluate_dev_scores(objective, cfg)
+                    score = dev_score(dev)
+                    if score > best:
+                        best, best_step = score, step
+                        ckpt.save_encoder(best_dir, objective.export_encoder(),
+                                          {**meta, "step": step, "dev": dev, "dev_score": score})
+                    log.write(json.dumps({"step": step, "epoch": epoch, "dev": dev, "dev_score": score,
+                                          "best": best, "best_step": best_step,
+                                          "t": round(time.perf_counter() - t0, 4)}) + "\n")
+                    bar.write(f"[train] step {step}: dev {dev} (best {best:.2f} at step {best_step})")
+                    ckpt.save_state(last_dir, {
+                        "objective": objective.state_dict(), "optimizer": opt.state_dict(),
+                        "scheduler": sched.state_dict(), "scaler": scaler.state_dict(),
+                        "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch,
+                        "best": best, "best_step": best_step, "config_hash": chash,
+                        "rng": rngs if dist.is_dist() else [rng_state()],
+                    }, {**meta, "step": step})
+                if dist.is_dist():
+                    torch.distributed.barrier()
+            if step >= total:
+                break
+        else:  # the epoch ran out (not the step budget): next epoch, from its first batch
+            epoch, batch_in_epoch = epoch + 1, 0
+    bar.close()
+
+    # --- final evaluation of the best checkpoint against the starting model -------------------------------------------
+    result = {"objective": tc.objective, "steps": step, "best_step": best_step, "best_dev": best,
+              "best_dir": str(best_dir), "last_dir": str(last_dir), "metrics": str(log_path)}
+    if master:
+        if tc.final_eval:
+            result["results"] = final_eval(cfg, model_name, pooler, prompt, eval_len, best_dir, device)
+        log.close()
+        result["wall_s"] = round(time.perf_counter() - t0, 2)
+        print(f"[train] done: {step} steps, best dev {best:.2f} at step {best_step} -> {best_dir}; "
+              f"wall time {result['wall_s']:.1f} s")
+    if dist.is_dist():
+        # Free DDP while the group is still registered. Its C++ Reducer is freed with the GIL held; holding the
+        # group's last reference, it would run gloo's destructor, which joins a worker thread that may still need
+        # the GIL to free the last barrier's tensors: a deadlock at exit (pytorch/pytorch#56297; seen 1 run in 3).
+        del model
+        gc.collect()
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    return result
+
+
+def evaluate_dev_scores(objective, cfg: Config) -> dict:
+    """STS-B dev (+ SICK trial) Spearman ×100 of the exported encoder, with dropout off, in strict float32 (TF32 off,
+    matmul precision "highest", no autocast beyond eval_precision's): the training settings are back afterwards."""
+    from trainer.evaluate import evaluate_dev, strict_float32
+
+    was_training = objective.training
+    objective.eval()
+    try:
+        with strict_float32():
+            return evaluate_dev(objective.export_encoder(), cfg.data.senteval_dir, sick=cfg.train.eval_sick,
+                                max_pairs=cfg.train.eval_max_pairs)
+    finally:
+        objective.train(was_training)
+
+
+def final_eval(cfg: Config, model_name: str, pooler: str, prompt: str, eval_len: int, best_dir: Path,
+               device: str) -> dict:
+    """evaluate_all on best/ and on the starting model; print both; best/results.json (+ start_results.json)."""
+    from trainer.evaluate import evaluate_all, format_results
+
+    probe = cfg.data.probe if Path(cfg.data.probe).is_file() else None
+    named = []
+    for name, path in (("start", model_name), ("best", str(best_dir))):
+        enc = Encoder.load(path, pooler=pooler, max_length=eval_len, device=device, prompt=prompt,
+                           precision=cfg.train.eval_precision)
+        named.append((name, evaluate_all(enc, cfg.data.senteval_dir, probe_path=probe, progress=False)))
+        del enc
+    print(format_results(named))
+    results = dict(named)
+    atomic_write_json(best_dir / "results.json", results["best"], indent=2)
+    atomic_write_json(best_dir / "start_results.json", results["start"], indent=2)
+    return results
+
+
+# ------------------------------------------------------------------------------------------------------ CLI
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", default="default", help="configs/<profile>.toml or a path to a .toml")
+    ap.add_argument("--run", help="run name (artifacts/<run>): the mined tables to train on")
+    ap.add_argument("--objective", help="simcse | debcse | osscse | whitenedcse | dclr (default: the profile's)")
+    ap.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                    help="config overrides, e.g. train.lr=1e-5 train.max_steps=100")
+    ap.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                    help="continue from last/ when it has the same configuration (default: yes)")
+    args = ap.parse_args(argv)
+    overrides = list(args.set) + ([f"run.name={args.run}"] if args.run else []) \
+        + ([f"train.objective={args.objective}"] if args.objective else [])
+    try:
+        cfg = load_config(args.profile, overrides)
+        train(cfg, resume=args.resume)
+    except (ConfigError, TableMissing, ModelUnavailable) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
