@@ -1,3 +1,0 @@
-from pipeline.report import main
-
-main()
