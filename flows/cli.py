@@ -167,7 +167,9 @@ def run_delegated(name: str, rest: list[str]) -> int:
     try:
         entry = importlib.import_module(module).main
     except ModuleNotFoundError as e:
-        say_last(f"error: `contramine {name}` needs {e.name} (bench/ comes with a checkout of the repository)")
+        if e.name != module.split(".")[0]:
+            raise  # a missing dependency of the command itself: its own traceback
+        say_last(f"error: `contramine {name}` needs {e.name}/ (it comes with a checkout of the repository)")
         return 2
     try:
         return entry(rest) or 0

@@ -2,8 +2,7 @@
 
 The flows hold no logic: each stage flow hands the engine's stage driver (`pipeline.engine.runner.run_stage`) its
 task map (`prefect_map`); the work, the plan and the caching (verified shard keys, pipeline/engine/store.py) live in
-pipeline/. Tasks pass paths and settings,
-never tables, so they run the same on threads or on a Dask cluster.
+pipeline/. Tasks pass paths and settings, never tables, so they run the same on threads or on a Dask cluster.
 """
 from __future__ import annotations
 

@@ -35,14 +35,15 @@ def shard_key(stage: Stage, cfg: Config, store: Store, i: int, n: int, facts: st
 
 
 def resolve_plan(name: str, cfg: Config, known: dict | None = None) -> dict:
-    """The stage's resources resolved for this run ({resource: facts}), in the order the stage declares them (each
-    resolve sees those before it); those already in `known` (resolved for an earlier stage of the same run) are
-    taken as they are, so every stage of a run sees one decision."""
+    """The stage's resources resolved for this run ({resource: facts}), in the order the stage declares them; those
+    already in `known` (resolved for an earlier stage of the same run) are taken as they are, and each resolve sees
+    the run's decisions so far (`known` and the stage's earlier resources): every stage of a run sees one decision
+    (e.g. `scores`' positives read the `chains` decision `backtranslate` took)."""
     stage, known = load_stages()[name], known or {}
     store, n = Store(cfg.run.dir), cfg.run.shards
     plan: dict = {}
     for r in stage.resources:
-        plan[r.name] = known[r.name] if r.name in known else r.resolve(cfg, store, n, dict(plan))
+        plan[r.name] = known[r.name] if r.name in known else r.resolve(cfg, store, n, {**known, **plan})
     return plan
 
 

@@ -32,7 +32,7 @@ from pipeline.band_search import (EPS, GPU_MAX_K, band_neighbours, exact_band_ne
 from pipeline.engine.resources import Resource
 from pipeline.engine.spec import Ctx, package_versions, stage
 from pipeline.config.base import section_constants
-from pipeline.schema import read_vectors, table_vectors  # noqa: F401  (read_vectors: the benches use it here)
+from pipeline.schema import read_vectors, table_vectors
 
 log = logging.getLogger(__name__)
 
