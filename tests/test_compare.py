@@ -10,6 +10,8 @@ import pytest
 import trainer.train
 from trainer import compare as cmp
 from trainer import compare_report
+from pipeline.config import ConfigError
+from pipeline.engine.tables import TableMissing
 from trainer.evaluate import spearman
 from train_helpers import sentences_rows, write_profile, write_table
 
@@ -195,3 +197,35 @@ def test_rows_objectives_then_their_variants_then_their_rows_on_other_mined_runs
                                                                  ["osscse"])[1:]
     with pytest.raises(ValueError, match="unknown objective"):
         cmp.entries(cfg, ["simcse", "nope"])
+
+
+def test_a_mined_run_of_other_sentences_or_without_pairs_stops_the_compare_before_anything_trains(
+        tmp_path, bert, senteval, monkeypatch):
+    """compare.mined_runs must name the same corpus mined with another encoder: a run whose sentences differ (another
+    corpus, other filters) or that has no pairs yet is refused in one line naming it, and nothing trains or loads."""
+    calls = []
+    monkeypatch.setattr(trainer.train, "train", lambda cfg, resume=True: calls.append(cfg) or {})
+    monkeypatch.setattr(cmp, "start_results", lambda *a, **k: calls.append(a) or {})
+    sents = sentences_rows(12)
+    pairs = lambda rows: [{"sid": r["sid"], "anchor": r["text"], "positives": [r["text"] + " too"],  # noqa: E731
+                           "negatives": ["a dog"]} for r in rows]
+    write_table(tmp_path / "r", "sentences", sents)
+    write_table(tmp_path / "r", "pairs", pairs(sents))
+    other = [dict(r, text=r["text"] + " again") if r["sid"] == sents[5]["sid"] else r for r in sents]
+    write_table(tmp_path / "elsewhere", "sentences", other)
+    write_table(tmp_path / "elsewhere", "pairs", pairs(other))
+    write_table(tmp_path / "unmined", "sentences", sents)
+    profile = write_profile(tmp_path / "p.toml", tmp_path, "r", bert, senteval, eval_every=1)
+    with pytest.raises(ConfigError, match=rf"run 'elsewhere' .* 1 sid\(s\) differ .* first sid {sents[5]['sid']} .*"
+                                          r"'debcse@elsewhere' would compare corpora"):
+        cmp.compare(str(profile), None, ["compare.steps=1", "compare.mined_runs=elsewhere"], ["simcse", "debcse"], 1)
+    with pytest.raises(TableMissing, match=r"'pairs' not found at .*unmined/pairs/ .* `pairs` stage"):
+        cmp.compare(str(profile), None, ["compare.steps=1", "compare.mined_runs=unmined"], ["simcse", "debcse"], 1)
+    assert calls == []
+    # the same sentences mined otherwise (other positives): accepted
+    write_table(tmp_path / "same", "sentences", sents)
+    write_table(tmp_path / "same", "pairs", [dict(p, positives=["so " + p["anchor"]]) for p in pairs(sents)])
+    cfg = trainer.train.load_config(str(profile), ["compare.mined_runs=same"])
+    plan = cmp.entries(cfg, ["debcse"])
+    cmp.check_inputs(cfg, {e["name"]: trainer.train.load_config(str(profile), [f"run.name={e['run'] or 'r'}"])
+                           for e in plan}, plan)

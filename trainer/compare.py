@@ -77,6 +77,31 @@ def entries(cfg: Config, objectives: list[str]) -> list[dict]:
     return list({e["name"]: e for e in out}.values())  # a variant named beside its objective: one row
 
 
+def check_inputs(base: Config, cfgs: dict[str, Config], plan: list[dict]) -> None:
+    """Before anything trains: each row's run has every table its objective reads (TableMissing, one line naming the
+    folder and the stage that writes it), and each run of compare.mined_runs holds the compare run's sentences (same
+    sids, same texts): a row on another corpus, or on other sentence filters, would compare corpora, not encoders."""
+    from trainer.objectives import get_objective
+
+    own = RunTables(base.run.dir)
+    for e in plan:
+        tables = RunTables(cfgs[e["name"]].run.dir)
+        for table in get_objective(e["objective"]).tables:
+            tables.files(table)
+        if e["run"] and own.files_if_any("sentences") and tables.files_if_any("sentences"):
+            ours, theirs = (t.read("sentences", ["sid", "text"]) for t in (own, tables))
+            if not ours.equals(theirs):
+                a = dict(zip(ours["sid"].to_pylist(), ours["text"].to_pylist()))
+                b = dict(zip(theirs["sid"].to_pylist(), theirs["text"].to_pylist()))
+                differ = sorted(s for s in a.keys() | b.keys() if a.get(s) != b.get(s))
+                raise ConfigError(
+                    f"compare.mined_runs: run {e['run']!r} ({tables.dir}) does not hold the sentences of run "
+                    f"{base.run.name!r} ({own.dir}): {len(differ)} sid(s) differ or are missing, the first sid "
+                    f"{differ[0]} — it was mined from another corpus or with other [sentences] filters, so row "
+                    f"{e['name']!r} would compare corpora, not encoders. Mine it from the same corpus and settings "
+                    f"(only encoder.* changed).")
+
+
 def run_overrides(cfg: Config, entry: dict | str, k: int, steps: int) -> list[str]:
     """The overrides of one compare run: the row's objective and settings, then seed, budget and folder."""
     entry = {"name": entry, "objective": entry, "sets": [], "run": None} if isinstance(entry, str) else entry
@@ -264,6 +289,7 @@ def compare(profile: str, run: str | None, user_sets: list[str], objectives: lis
     cfgs = {e["name"]: load_config(profile, [*user_sets, f"run.name={e['run'] or base.run.name}",
                                              *run_overrides(base, e, 0, steps)]) for e in plan}
     pooling = {n: run_pooling(c) for n, c in cfgs.items()}
+    check_inputs(base, cfgs, plan)
     print(f"[compare] run {base.run.name}: {', '.join(e['name'] for e in plan)} x {seeds} seed(s), {steps} steps "
           f"each (batch {base.train.batch_size}, lr {base.train.lr}, dev every {base.train.eval_every}) -> {out}")
     start_model = base.train.model or base.encoder.model
