@@ -21,7 +21,7 @@ bench/gpu_speeds.py and bench/gpu_sections.py, the models in bench/shapes.py):
   lines, repeated past the file's 11k; seeded sentences of common words where ../shared/data is absent), batch
   `encode_batch`, max length 128, mean pooling, float32 (TF32 off) and bf16 autocast; one warm-up pass on a
   twentieth of them, then one timed pass each.
-- band_search: `pipeline.band_search.band_neighbours` with `pipeline.torch_search.TorchExact` on the GPU (exact
+- band_search: `pipeline.search.band.band_neighbours` with `pipeline.search.torch_exact.TorchExact` on the GPU (exact
   inner-product k-NN in torch; the stage's `neighbours.engine = "torch"`), `search_queries` queries against
   `search_n` x 384 unit vectors (seeded, ~100 per topic, so every query has in-band neighbours as on real
   sentences), the neighbours defaults (band 0.25-0.75, pool 64); seconds, queries/s, pool rows, GPU peak memory.

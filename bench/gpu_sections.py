@@ -101,9 +101,9 @@ def section_checks(models: Models, device: str, sizes: dict) -> list[dict]:
     import torch
 
     from bench.shapes import sentences
-    from pipeline.band_search import band_neighbours, exact_band_neighbours
+    from pipeline.search.band import band_neighbours, exact_band_neighbours
     from pipeline.models.encoder import Encoder
-    from pipeline.torch_search import TorchExact
+    from pipeline.search.torch_exact import TorchExact
     from trainer.precision import strict_float32
 
     rows = []

@@ -35,8 +35,8 @@ def section_search(models: Models, device: str, sizes: dict) -> list[dict]:
     import numpy as np
     import torch
 
-    from pipeline.band_search import band_neighbours
-    from pipeline.torch_search import TorchExact
+    from pipeline.search.band import band_neighbours
+    from pipeline.search.torch_exact import TorchExact
 
     b = dict(BAND)
     try:  # the stage's defaults where the config imports (it needs pydantic); else the same numbers, written above
@@ -51,7 +51,7 @@ def section_search(models: Models, device: str, sizes: dict) -> list[dict]:
     x = topic_vectors(n, d)
     sids = np.arange(n, dtype=np.int64)
     made = time.perf_counter() - t0
-    torch.set_float32_matmul_precision("highest")  # TorchExact refuses TF32 scores (band_search's error bound)
+    torch.set_float32_matmul_precision("highest")  # TorchExact refuses TF32 scores (the band search's error bound)
     reset_peak(device)
     t0 = time.perf_counter()
     index = TorchExact(x, device)

@@ -5,7 +5,7 @@
     python -m bench.ivf_bench [--n 100000]
 
 The vectors are encoded once (MiniLM, mean pooling, max_length 128, float32) and cached under artifacts/bench/.
-All three run the stage's own band search (pipeline/band_search.py) over every sentence with the default
+All three run the stage's own band search (pipeline/search/band.py) over every sentence with the default
 neighbours settings; an approximate index's time includes building it (IVF: k-means; HNSW: the graph, on one
 thread) and choosing nprobe / ef_search on the default 500-query sample. Reported: seconds each, the value chosen,
 the sample's recall and the recall over ALL queries against the flat (exact) pools. ratio = flat seconds /
@@ -47,9 +47,10 @@ def tatoeba_vectors(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def run(n: int = 100_000) -> list[dict]:
     from bench import smoke
-    from pipeline.band_search import band_neighbours, recall_at_pool
+    from pipeline.search.band import band_neighbours, recall_at_pool
     from pipeline.config import NeighboursCfg
-    from pipeline.stages.neighbours import build_index, ivf_lists, measure_recall
+    from pipeline.search.faiss_index import build_index, ivf_lists
+    from pipeline.search.index import measure_recall
 
     n = smoke.cap(n, 1_000)
     sids, x = tatoeba_vectors(n)

@@ -32,7 +32,8 @@ def vectors(n: int, d: int = 384, per_topic: int = 100, seed: int = 0) -> np.nda
 
 def one(n: int, pool_size: int = 64) -> dict:
     from pipeline.config import NeighboursCfg
-    from pipeline.stages.neighbours import band_neighbours, build_index
+    from pipeline.search.band import band_neighbours
+    from pipeline.search.faiss_index import build_index
 
     x = vectors(n)
     sids = np.arange(n, dtype=np.int64)

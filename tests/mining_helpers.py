@@ -14,7 +14,7 @@ from pipeline.engine.runner import load_stages
 from pipeline.engine.store import Store
 from pipeline.engine.tables import RunTables
 from pipeline.schema import table_vectors
-from pipeline.stages.neighbours import exact_band_neighbours
+from pipeline.search.band import exact_band_neighbours
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=2",

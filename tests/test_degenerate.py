@@ -9,7 +9,8 @@ import pytest
 
 from pipeline.config import NeighboursCfg
 from pipeline.schema import table_vectors
-from pipeline.stages.neighbours import band_neighbours, build_index, exact_band_neighbours
+from pipeline.search.band import band_neighbours, exact_band_neighbours
+from pipeline.search.faiss_index import build_index
 from pipeline.corpus import split_sentences
 from pipeline.engine.store import Store
 

@@ -12,7 +12,7 @@ from mining_helpers import _mine, _tables
 from pipeline.models.precomputed import PrecomputedEncoder, PrecomputedError
 from pipeline.models.standin import StandInEncoder
 from pipeline.schema import table_vectors
-from pipeline.stages.neighbours import exact_band_neighbours
+from pipeline.search.band import exact_band_neighbours
 from pipeline.identity import normalise, sentence_id
 
 STANDIN = "standin:encoder-32"

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-import pipeline.stages.neighbours as nb
+from pipeline.search import band, faiss_index as fx, index as ix
 from pipeline.config import BacktranslateCfg, ConfigError, NeighboursCfg, configure, load_config, shards_for
 from pipeline.engine import devices, resources
 from pipeline.engine.runner import run_shard
@@ -70,7 +70,7 @@ class FakeGpuFaiss:
         self.cpu, self.ks, self.active, self.overlap = cpu_index, [], 0, False
 
     def search(self, x, k):
-        assert k <= nb.GPU_MAX_K, f"GPU search with k = {k}"
+        assert k <= band.GPU_MAX_K, f"GPU search with k = {k}"
         self.active += 1
         self.overlap |= self.active > 1
         time.sleep(0.001)
@@ -101,16 +101,16 @@ def _crowded(seed=0, d=16, n_above=2600, n_band=40, n_far=400):
 def test_gpu_search_past_2048_stays_exact(monkeypatch):
     base, sids = _crowded()
     fakes = []
-    monkeypatch.setattr(nb, "gpu_count", lambda: 1)
-    monkeypatch.setattr(nb, "to_gpu", lambda index, n: fakes.append(FakeGpuFaiss(index)) or fakes[-1])
+    monkeypatch.setattr(fx, "gpu_count", lambda: 1)
+    monkeypatch.setattr(fx, "to_gpu", lambda index, n: fakes.append(FakeGpuFaiss(index)) or fakes[-1])
     cfg = NeighboursCfg(pool_size=8, lo=0.25, hi=0.75)
-    assert nb.choose_index(len(sids), NeighboursCfg(exact_threshold=10)) == "flat"  # auto: exact on a GPU
-    index, cpu_index = nb.build_index(base, "flat", cfg)
-    assert isinstance(index, nb.GpuIndex)
-    got = nb.band_neighbours(base[:5], sids[:5], base, sids, index, cpu_index, cfg.lo, cfg.hi, cfg.pool_size)
-    want = nb.exact_band_neighbours(base[:5], sids[:5], base, sids, cfg.lo, cfg.hi, cfg.pool_size)
+    assert fx.choose_index(len(sids), NeighboursCfg(exact_threshold=10)) == "flat"  # auto: exact on a GPU
+    index, cpu_index = fx.build_index(base, "flat", cfg)
+    assert isinstance(index, fx.GpuIndex)
+    got = band.band_neighbours(base[:5], sids[:5], base, sids, index, cpu_index, cfg.lo, cfg.hi, cfg.pool_size)
+    want = band.exact_band_neighbours(base[:5], sids[:5], base, sids, cfg.lo, cfg.hi, cfg.pool_size)
     assert got.column("cand_sid").equals(want.column("cand_sid")) and len(got) == 5 * 8
-    assert max(fakes[0].ks) <= nb.GPU_MAX_K < 2600  # widening past 2048 went to the exact CPU index
+    assert max(fakes[0].ks) <= band.GPU_MAX_K < 2600  # widening past 2048 went to the exact CPU index
     with pytest.raises(ValueError, match="k = 4096"):
         index.search(base[:1], 4096)
 
@@ -120,23 +120,23 @@ def test_gpu_index_one_per_process_and_one_search_at_a_time(tmp_path, monkeypatc
     store = Store(tmp_path)
     store.write_shard("embeddings", 0, 1, vectors_table(sids, base), "k")
     built, fakes = [], []
-    real_build = nb.build_index
+    real_build = fx.build_index
 
     def slow_build(*a, **k):
         built.append(1)
         time.sleep(0.2)  # threads that arrive meanwhile must wait, not build a second GPU index
         return real_build(*a, **k)
 
-    monkeypatch.setattr(nb, "build_index", slow_build)
-    monkeypatch.setattr(nb, "gpu_count", lambda: 1)
-    monkeypatch.setattr(nb, "to_gpu", lambda index, n: fakes.append(FakeGpuFaiss(index)) or fakes[-1])
+    monkeypatch.setattr(fx, "build_index", slow_build)
+    monkeypatch.setattr(fx, "gpu_count", lambda: 1)
+    monkeypatch.setattr(fx, "to_gpu", lambda index, n: fakes.append(FakeGpuFaiss(index)) or fakes[-1])
     cfg = load_config("default", [f"run.root={tmp_path.parent}", f"run.name={tmp_path.name}", "run.shards=1",
                                   "neighbours.pool_size=4", "backtranslate.chains=[]"])
     store.write_shard("pool_embeddings", 0, 1, vectors_table(sids[:0], base[:0]), "k")
-    plan = nb.index_plan(cfg, store, 1)
+    plan = ix.index_plan(cfg, store, 1)
     assert plan["kind"] == "flat" and plan["device"] == "gpu"
     got = []
-    threads = [threading.Thread(target=lambda: got.append(resources.acquire("neighbours", nb.INDEX, cfg, store, 1,
+    threads = [threading.Thread(target=lambda: got.append(resources.acquire("neighbours", ix.INDEX, cfg, store, 1,
                                                                             plan))) for _ in range(4)]
     [t.start() for t in threads]
     [t.join() for t in threads]
@@ -156,10 +156,10 @@ def test_each_dask_worker_takes_its_own_gpu(monkeypatch):
     monkeypatch.setattr(distributed, "get_worker", lambda: types.SimpleNamespace(name=3))
     assert devices.worker_gpu(2) == 1 and devices.worker_gpu(4) == 3 and devices.worker_gpu(0) is None
     calls = []
-    monkeypatch.setattr(nb.faiss, "StandardGpuResources", lambda: "res", raising=False)
-    monkeypatch.setattr(nb.faiss, "index_cpu_to_gpu", lambda res, dev, index: calls.append(dev) or index,
+    monkeypatch.setattr(fx.faiss, "StandardGpuResources", lambda: "res", raising=False)
+    monkeypatch.setattr(fx.faiss, "index_cpu_to_gpu", lambda res, dev, index: calls.append(dev) or index,
                         raising=False)
-    nb.to_gpu("index", 2)
+    fx.to_gpu("index", 2)
     assert calls == [1]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -214,7 +214,7 @@ def test_approximate_index_below_min_recall_fails_before_any_shard_and_auto_reac
     assert not Store(tmp_path / "r").intact("neighbours", 0, 1)  # nothing searched, nothing written
     assert run_shard("neighbours", load_config("default", [*sets, "neighbours.min_recall=0"]), 0)["rows"]
     auto = load_config("default", [*(x for x in sets if "nprobe" not in x), "neighbours.min_recall=0.99"])
-    plan = nb.index_plan(auto, Store(tmp_path / "r"), 1)
+    plan = ix.index_plan(auto, Store(tmp_path / "r"), 1)
     assert plan["recall"] >= 0.99 and 8 <= plan["nprobe"] <= 64 and plan["recall_by_nprobe"][str(plan["nprobe"])] \
         == plan["recall"] and min(plan["recall_by_nprobe"].values()) < 0.99  # it had to rise
     assert run_shard("neighbours", auto, 0, plan={"index": plan})["rows"]
@@ -242,13 +242,13 @@ def test_hnsw_ef_search_auto_rises_to_min_recall_and_its_graph_is_the_same_every
                                                         "neighbours.min_recall=0.99"]), 0)
     assert not Store(tmp_path / "r").intact("neighbours", 0, 1)
     auto = load_config("default", [*sets, "neighbours.min_recall=0.995"])
-    plan = nb.index_plan(auto, Store(tmp_path / "r"), 1)
-    assert plan["kind"] == "hnsw" and plan["recall"] >= 0.995 and plan["ef_search"] > nb.ef_search_start(
+    plan = ix.index_plan(auto, Store(tmp_path / "r"), 1)
+    assert plan["kind"] == "hnsw" and plan["recall"] >= 0.995 and plan["ef_search"] > fx.ef_search_start(
         auto.neighbours) and min(plan["recall_by_ef_search"].values()) < 0.995  # it had to rise
     c = auto.neighbours
-    one, two = (nb.build_index(x, "hnsw", c, gpu=False)[0] for _ in range(2))
+    one, two = (fx.build_index(x, "hnsw", c, gpu=False)[0] for _ in range(2))
     assert np.array_equal(faiss.serialize_index(one), faiss.serialize_index(two))
-    _, _, mapped, _ = nb.load_index(auto, Store(tmp_path / "r"), 1, plan)
+    _, _, mapped, _ = ix.load_index(auto, Store(tmp_path / "r"), 1, plan)
     one.hnsw.efSearch = plan["ef_search"]
     for got, want in zip(mapped.search(x[:200], 41), one.search(x[:200], 41)):
         assert np.array_equal(got, want)
@@ -270,18 +270,18 @@ def test_auto_searches_exactly_when_its_approximate_index_cannot_reach_min_recal
     Store(tmp_path / "r").write_shard("pool_embeddings", 0, 1, vectors_table(sids[:0], x[:0]), "k")
     monkeypatch.setattr(NeighboursCfg, "MAX_EF_SEARCH", 64)  # one try: efSearch 64
     cfg = load_config("default", sets)
-    plan = nb.index_plan(cfg, Store(tmp_path / "r"), 1)
+    plan = ix.index_plan(cfg, Store(tmp_path / "r"), 1)
     assert plan["kind"] == "flat" and plan["recall"] == 1.0 and plan["fallback"]["kind"] == "hnsw"
     assert plan["fallback"]["recall"] < 1.0 and list(plan["fallback"]["recall_by_ef_search"]) == ["64"]
-    _, base, search, _ = nb.load_index(cfg, Store(tmp_path / "r"), 1, plan)
-    assert isinstance(base, np.memmap) and isinstance(search, nb.BruteForce)
+    _, base, search, _ = ix.load_index(cfg, Store(tmp_path / "r"), 1, plan)
+    assert isinstance(base, np.memmap) and isinstance(search, fx.BruteForce)
     run_shard("neighbours", cfg, 0, plan={"index": plan})
     got = Store(tmp_path / "r").read("neighbours")
-    assert got.equals(nb.exact_band_neighbours(x, sids, x, sids, 0.25, 0.75, 16))
+    assert got.equals(band.exact_band_neighbours(x, sids, x, sids, 0.25, 0.75, 16))
     from pipeline.errors import StageError
 
     with pytest.raises(StageError, match=r"hnsw index \(ef_search 64\) finds .* ef_search 'auto' stopped"):
-        nb.index_plan(load_config("default", [*sets, "neighbours.index=hnsw"]), Store(tmp_path / "r"), 1)
+        ix.index_plan(load_config("default", [*sets, "neighbours.index=hnsw"]), Store(tmp_path / "r"), 1)
 
 
 # ---- float32 logits under autocast ------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from flows.mine import configure, mine_flow, run_stage_flow
-from pipeline.stages import neighbours as nb
+from pipeline.search import band, faiss_index as fx
 from pipeline.config import NeighboursCfg
 from pipeline.engine.runner import load_stages
 from pipeline.engine.store import Store
@@ -176,10 +176,10 @@ def test_prefect_yaml_has_one_deployment_per_stage_flow():
 
 def test_auto_index_switches_to_hnsw_past_threshold():
     cfg = NeighboursCfg(exact_threshold=1000)
-    assert nb.choose_index(1000, cfg) == "flat" and nb.choose_index(1001, cfg) == "hnsw"
-    assert nb.choose_index(1001, NeighboursCfg(exact_threshold=1000, approximate="ivf")) == "ivf"
+    assert fx.choose_index(1000, cfg) == "flat" and fx.choose_index(1001, cfg) == "hnsw"
+    assert fx.choose_index(1001, NeighboursCfg(exact_threshold=1000, approximate="ivf")) == "ivf"
     assert NeighboursCfg(ivf_threshold=7).exact_threshold == 7  # the old name still sets it
-    assert nb.choose_index(10, NeighboursCfg(index="hnsw")) == "hnsw"
+    assert fx.choose_index(10, NeighboursCfg(index="hnsw")) == "hnsw"
 
 
 def _unit(n, d=32, seed=0):
@@ -198,25 +198,25 @@ def test_gpu_index_used_when_faiss_sees_a_gpu(monkeypatch):
             moved.append(k)
             return self.cpu.search(q, k)
 
-    monkeypatch.setattr(nb.faiss, "get_num_gpus", lambda: 1)
-    monkeypatch.setattr(nb.faiss, "index_cpu_to_all_gpus", lambda index: FakeGpuIndex(index))
+    monkeypatch.setattr(fx.faiss, "get_num_gpus", lambda: 1)
+    monkeypatch.setattr(fx.faiss, "index_cpu_to_all_gpus", lambda index: FakeGpuIndex(index))
     x = _unit(300)
-    index, cpu = nb.build_index(x, "flat", NeighboursCfg(), 0)
-    assert isinstance(index, nb.GpuIndex) and index.index.cpu is cpu  # one locked GPU index per process
+    index, cpu = fx.build_index(x, "flat", NeighboursCfg(), 0)
+    assert isinstance(index, fx.GpuIndex) and index.index.cpu is cpu  # one locked GPU index per process
     sids = np.arange(300, dtype=np.int64)
-    got = nb.band_neighbours(x, sids, x, sids, index, cpu, 0.25, 0.75, 8)
-    assert moved and got.equals(nb.exact_band_neighbours(x, sids, x, sids, 0.25, 0.75, 8))
-    index, cpu = nb.build_index(x, "flat", NeighboursCfg(gpu="never"), 0)
+    got = band.band_neighbours(x, sids, x, sids, index, cpu, 0.25, 0.75, 8)
+    assert moved and got.equals(band.exact_band_neighbours(x, sids, x, sids, 0.25, 0.75, 8))
+    index, cpu = fx.build_index(x, "flat", NeighboursCfg(gpu="never"), 0)
     assert index is cpu
-    monkeypatch.setattr(nb.faiss, "get_num_gpus", lambda: 0)
+    monkeypatch.setattr(fx.faiss, "get_num_gpus", lambda: 0)
     with pytest.raises(RuntimeError, match="no GPU"):
-        nb.build_index(x, "flat", NeighboursCfg(gpu="always"), 0)
+        fx.build_index(x, "flat", NeighboursCfg(gpu="always"), 0)
 
 
 def test_search_blocks_bounded_by_max_block_elems_and_exact():
     x = _unit(2000, seed=1)
     sids = np.arange(2000, dtype=np.int64)
-    index, cpu = nb.build_index(x, "flat", NeighboursCfg(), 0)
+    index, cpu = fx.build_index(x, "flat", NeighboursCfg(), 0)
     seen = []
 
     class Spy:
@@ -225,9 +225,9 @@ def test_search_blocks_bounded_by_max_block_elems_and_exact():
             return index.search(q, k)
 
     cap = 4096
-    got = nb.band_neighbours(x, sids, x, sids, Spy(), Spy(), 0.25, 0.75, 64, max_block_elems=cap)
+    got = band.band_neighbours(x, sids, x, sids, Spy(), Spy(), 0.25, 0.75, 64, max_block_elems=cap)
     assert seen and max(seen) <= cap
-    assert got.equals(nb.exact_band_neighbours(x, sids, x, sids, 0.25, 0.75, 64))
+    assert got.equals(band.exact_band_neighbours(x, sids, x, sids, 0.25, 0.75, 64))
 
 
 def test_ivf_index_recall_against_exact_is_high():
@@ -238,7 +238,7 @@ def test_ivf_index_recall_against_exact_is_high():
     sids = np.arange(3000, dtype=np.int64)
     recall = {}
     for nprobe in (4, 32):
-        index, cpu = nb.build_index(x, "ivf", NeighboursCfg(index="ivf", nprobe=nprobe), 0)
-        got = nb.band_neighbours(x[:200], sids[:200], x, sids, index, cpu, 0.25, 0.75, 16)
-        recall[nprobe] = nb.recall_at_pool(got, nb.exact_band_neighbours(x[:200], sids[:200], x, sids, 0.25, 0.75, 16))
+        index, cpu = fx.build_index(x, "ivf", NeighboursCfg(index="ivf", nprobe=nprobe), 0)
+        got = band.band_neighbours(x[:200], sids[:200], x, sids, index, cpu, 0.25, 0.75, 16)
+        recall[nprobe] = band.recall_at_pool(got, band.exact_band_neighbours(x[:200], sids[:200], x, sids, 0.25, 0.75, 16))
     assert recall[4] < recall[32] and recall[32] > 0.99

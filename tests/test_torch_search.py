@@ -1,11 +1,11 @@
-"""TorchExact (pipeline/torch_search.py): exact k-NN in torch, the same neighbours as faiss.knn and the same band
+"""TorchExact (pipeline/search/torch_exact.py): exact k-NN in torch, the same neighbours as faiss.knn and the same band
 search tables as the flat FAISS index, ties and k > n included."""
 import faiss
 import numpy as np
 import pytest
 
-from pipeline.band_search import band_neighbours, exact_band_neighbours
-from pipeline.torch_search import PAD_SCORE, TorchExact
+from pipeline.search.band import band_neighbours, exact_band_neighbours
+from pipeline.search.torch_exact import PAD_SCORE, TorchExact
 
 
 def _unit(x):
@@ -143,7 +143,7 @@ def test_neighbours_stage_with_the_torch_engine_equals_faiss_and_never_imports_i
     row for row, with FAISS made unimportable while it plans, loads and searches."""
     import sys
 
-    import pipeline.stages.neighbours as nb
+    from pipeline.search import index as ix
     from pipeline.config import load_config
     from pipeline.engine.runner import run_shard
     from pipeline.engine.store import Store
@@ -161,7 +161,7 @@ def test_neighbours_stage_with_the_torch_engine_equals_faiss_and_never_imports_i
         with monkeypatch.context() as m:
             if engine == "torch":
                 m.setitem(sys.modules, "faiss", None)  # `import faiss` raises ImportError
-            plan = nb.index_plan(cfg, Store(root / "r"), 2)
+            plan = ix.index_plan(cfg, Store(root / "r"), 2)
             assert plan["engine"] == engine and plan["kind"] == "flat" and plan["device"] == "cpu"
             for i in range(2):
                 assert run_shard("neighbours", cfg, i, plan={"index": plan})["rows"]

@@ -117,7 +117,7 @@ class NeighboursCfg(Section):
     engine: Literal["auto", "faiss", "torch"] = Field("auto", description="what searches: auto = torch on a CUDA GPU "
                                                       "when faiss has no GPU support (or faiss is not installed), "
                                                       "else faiss; torch = exact flat search in blocked torch "
-                                                      "matmuls (pipeline/torch_search.py), index flat only")
+                                                      "matmuls (pipeline/search/torch_exact.py), index flat only")
     max_block_elems: int = Field(1 << 24, ge=1 << 10, description="query block size x k bound: caps search memory")
     slack: int = Field(8, ge=0, description="extra neighbours fetched beyond pool_size to resolve float near-ties")
     recall_sample: int = Field(500, ge=1, description="queries whose pools an approximate index is checked on "
@@ -130,7 +130,7 @@ class NeighboursCfg(Section):
     MAX_EF_SEARCH: ClassVar[int] = 4096  # the largest efSearch auto tries (32x its first): past it, exact search
     # how fast, not what: the band search is exact per query (flat) or per query whatever the block (IVF / HNSW)
     EXECUTION: ClassVar[frozenset[str]] = frozenset({"max_block_elems"})
-    # the index plan records where it searches (pipeline/stages/neighbours.py: index_plan)
+    # the index plan records where it searches (pipeline/search/index.py: index_plan)
     RESOLVED: ClassVar[frozenset[str]] = frozenset({"gpu", "engine"})
 
     @model_validator(mode="after")

@@ -1,5 +1,5 @@
 """Band search: each query's top `pool_size` neighbours among those with lo <= cos <= hi, exact by construction
-on a flat index, against any FAISS index (or anything with `search(x, k) -> (scores, ids)`: pipeline/torch_search.py's
+on a flat index, against any FAISS index (or anything with `search(x, k) -> (scores, ids)`: pipeline/search/torch_exact.py's
 TorchExact). The rules are in pipeline/stages/neighbours.py's docstring, which is the stage that runs it; this module
 has no stage, no GPU code, no settings and no FAISS import, so a recall check or a bench can run it against any
 index, and the torch engine where FAISS is not installed.

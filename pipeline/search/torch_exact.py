@@ -11,7 +11,7 @@ and band_neighbours' result does not depend on which of them come back (its stop
 rows; it ranks by exact cosine, then sid). Rows past the base (k > n) are padded as FAISS pads them: score
 -FLT_MAX, id -1.
 
-Scores must be full float32 dot products (band_search's error bound, `score_tolerance`): with TF32 or bf16
+Scores must be full float32 dot products (the band search's error bound, `score_tolerance`): with TF32 or bf16
 matmul passes switched on (`torch.set_float32_matmul_precision` not "highest") search refuses to run.
 """
 from __future__ import annotations
