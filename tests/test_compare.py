@@ -74,6 +74,7 @@ def test_compare_trains_every_objective_and_seed_writes_table_json_plots_and_res
     m, s = saved["summary"]["debcse"]["avg"]
     avgs = [r["results"]["sts"]["avg"] for r in saved["runs"]["debcse"]]
     assert m == pytest.approx(np.mean(avgs), abs=0.01) and s == pytest.approx(np.std(avgs, ddof=1), abs=0.01)
+    assert rep["plots"] == ["dev_curves.png", "sts_bars.png", "delta_stsb.png"]
     for png in rep["plots"]:
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000

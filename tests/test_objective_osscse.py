@@ -103,3 +103,20 @@ def test_osscse_start_pooler_views_differ_by_dropout():
     obj.eval()  # dropout off: the two views coincide, so the positive is the closest candidate of every row
     _, without = obj(obj.collate(rows_all()))
     assert with_dropout["l_c"] > without["l_c"]
+
+
+def test_paper_form_warns_about_a_start_trained_for_another_pooler(tmp_path):
+    """A sentence-transformers start (1_Pooling/config.json) loses most of what it knows at the [MASK]: the paper's
+    form says so at the start of training, naming the pooler it was trained for and the setting that keeps it."""
+    from pipeline.config import load_config
+
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(
+        '{"word_embedding_dimension": 384, "pooling_mode_cls_token": false, "pooling_mode_mean_tokens": true}')
+    paper = load_config("default", ["train.objective=osscse"]).train
+    (note,) = OssCSE.start_notes(paper, tmp_path)
+    assert "trained for mean pooling" in note and 'form = "start-pooler"' in note and str(tmp_path) in note
+    ours = load_config("default", ["train.objective=osscse", "train.osscse.form=start-pooler"]).train
+    assert OssCSE.start_notes(ours, tmp_path) == []
+    assert OssCSE.start_notes(paper, tmp_path / "1_Pooling") == []  # no pooling config: nothing to say
+    assert get_objective("simcse").start_notes(paper, tmp_path) == []

@@ -19,7 +19,8 @@ evaluated once under every pooler/prompt a row trains with (trainer/train.py's r
 other), each reused under the same start_key. Then, under artifacts/<run>/compare/: table.md (mean ± std over
 seeds, one start row per pooler/prompt first), paired bootstraps of each row against its own start and against
 the baseline on STS-B test (same resampled sentence pairs for both, per seed and pooled over seeds; bootstrap.md),
-dev_curves.png, sts_bars.png and compare.json with everything and the command that reproduces each run.
+dev_curves.png, sts_bars.png, delta_stsb.png (each row's Δ against the baseline with its interval) and compare.json
+with everything and the command that reproduces each run.
 
 Same for every objective: the start model, batch size, steps, learning rate and schedule, dev selection
 (`train.eval_every`) and seeds. Each keeps its own published extras ([train.<objective>], listed in the table).
@@ -322,7 +323,7 @@ def compare(profile: str, run: str | None, user_sets: list[str], objectives: lis
     meta = {**{label: {"pooling": pooling_label(s["pooler"] or "", s["prompt"])} for label, s in starts.items()},
             **{n: {"start": start_of[n], "pooling": pooling_label(*pooling[n]), "mined": mined[n]} for n in rows}}
     table = table_markdown(start_summaries, summaries, tests, rows, cc.baseline, vs_start, meta)
-    pngs = plots(rows, start_summaries, summaries, out, start_of)
+    pngs = plots(rows, start_summaries, summaries, out, start_of, tests, cc.baseline)
     report = {"run": base.run.name, "profile": profile, "set": user_sets, "objectives": objectives, "seeds": seeds,
               "entries": plan,
               "budget": {"steps": steps, "batch_size": base.train.batch_size, "lr": base.train.lr,

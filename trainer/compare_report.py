@@ -127,26 +127,33 @@ def bootstrap_markdown(rows: dict, tests: dict, vs_start: dict, start_of: dict, 
     return "\n".join(lines)
 
 
-def plots(rows: dict[str, list[dict]], starts: dict, summaries: dict, out: Path, start_of: dict) -> list[str]:
-    """dev_curves.png (each run from its own start's dev score at step 0) and sts_bars.png (every start, then every
-    row). `starts`: label -> summary; `start_of`: row -> its start's label."""
+def plots(rows: dict[str, list[dict]], starts: dict, summaries: dict, out: Path, start_of: dict,
+          tests: dict | None = None, baseline: str | None = None) -> list[str]:
+    """dev_curves.png (one panel per start, each run from its start's dev score at step 0: a [MASK]-pooled start 40
+    points under the mean-pooled one would flatten every other curve on a shared axis), sts_bars.png (every start,
+    then every row) and, given the paired bootstraps against the baseline (`tests`), delta_stsb.png: each row's
+    pooled Δ on STS-B test with its 95% interval. `starts`: label -> summary; `start_of`: row -> its start's label."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    for c, (name, runs) in enumerate(rows.items()):
-        dev0 = starts[start_of[name]]["stsb_dev"][0]
-        for k, r in enumerate(runs):
-            if r["dev_curve"]:
-                # every run starts from the start model read under its pooler: its curve begins there (step 0)
-                steps, dev = zip(*([[0, dev0]] if dev0 is not None else []) + r["dev_curve"])
-                ax.plot(steps, dev, color=colours[c % len(colours)], linestyle=["-", "--", ":", "-."][k % 4],
-                        marker="o", markersize=3, label=f"{name} seed {r['seed']}")
-    ax.set(xlabel="step", ylabel="STS-B dev Spearman ×100", title="dev score against step (one line per seed)")
-    ax.legend(fontsize=7, ncol=2)
+    colour_of = {name: colours[c % len(colours)] for c, name in enumerate(rows)}
+    panels = [label for label in starts if any(start_of[n] == label for n in rows)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels) + 1, 5), squeeze=False)
+    for ax, label in zip(axes[0], panels):
+        dev0 = starts[label]["stsb_dev"][0]
+        for name in (n for n in rows if start_of[n] == label):
+            for k, r in enumerate(rows[name]):
+                if r["dev_curve"]:
+                    steps, dev = zip(*([[0, dev0]] if dev0 is not None else []) + r["dev_curve"])
+                    ax.plot(steps, dev, color=colour_of[name], linestyle=["-", "--", ":", "-."][k % 4],
+                            marker="o", markersize=3, label=f"{name} seed {r['seed']}")
+        ax.set(xlabel="step", title=f"from {label}")
+        ax.legend(fontsize=7, ncol=1 + (len(ax.get_lines()) > 9))
+    axes[0][0].set_ylabel("STS-B dev Spearman ×100")
+    fig.suptitle("dev score against step, one panel per start (one line per seed)")
     fig.tight_layout()
     fig.savefig(out / "dev_curves.png", dpi=120)
     plt.close(fig)
@@ -159,7 +166,7 @@ def plots(rows: dict[str, list[dict]], starts: dict, summaries: dict, out: Path,
     for i, (name, s) in enumerate(models):
         mean = [s[k][0] if s[k][0] is not None else np.nan for k in STS_KEYS]
         std = [s[k][1] or 0 for k in STS_KEYS]
-        colour = greys[i % len(greys)] if i < len(starts) else colours[(i - len(starts)) % len(colours)]
+        colour = greys[i % len(greys)] if i < len(starts) else colour_of.get(name, colours[0])
         ax.bar(x + (i - (len(models) - 1) / 2) * width, mean, width, yerr=std, capsize=2, label=name, color=colour)
     ax.set_xticks(x, STS_HEAD)
     ax.set(ylabel="Spearman ×100", title="STS test sets: mean over seeds, error bars = std")
@@ -167,7 +174,24 @@ def plots(rows: dict[str, list[dict]], starts: dict, summaries: dict, out: Path,
     fig.tight_layout()
     fig.savefig(out / "sts_bars.png", dpi=120)
     plt.close(fig)
-    return ["dev_curves.png", "sts_bars.png"]
+    if not tests:
+        return ["dev_curves.png", "sts_bars.png"]
+
+    names = [n for n in rows if n in tests]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.8))
+    ticks = []
+    for y, name in enumerate(reversed(names)):
+        d, (lo, hi) = tests[name]["pooled"]["delta"], tests[name]["pooled"]["ci95"]
+        ax.errorbar(d, y, xerr=[[d - lo], [hi - d]], fmt="o", color=colour_of[name], capsize=4)
+        ticks.append(f"{name}  {d:+.2f} [{lo:+.2f}, {hi:+.2f}]")
+    ax.axvline(0, color="0.5", linewidth=1)
+    ax.set_yticks(range(len(names)), ticks)
+    ax.set(xlabel=f"Δ STS-B test vs {baseline} (Spearman ×100): pooled over seeds,\n95% paired bootstrap interval "
+                  f"on the same resampled sentence pairs", title=f"each row against {baseline}")
+    fig.tight_layout()
+    fig.savefig(out / "delta_stsb.png", dpi=120)
+    plt.close(fig)
+    return ["dev_curves.png", "sts_bars.png", "delta_stsb.png"]
 
 
 # ------------------------------------------------------------------------------------------------ driver

@@ -240,7 +240,8 @@ def _train(cfg: Config, resume: bool) -> dict:
     else:
         seed_all(tc.seed + rank)  # dropout streams differ between ranks
     if master:
-        for note in objective_cls.data_notes(rows):  # loud, once: a silently idle loss term wastes a whole run
+        notes = [*objective_cls.data_notes(rows), *objective_cls.start_notes(tc, resolve_model(model_name, "encoder"))]
+        for note in notes:  # loud, once: a silently idle loss term, or a pooler the start never learnt, wastes a run
             print(f"\n[train] WARNING: {note}\n", file=sys.stderr)
         out.mkdir(parents=True, exist_ok=True)
         if state is None:

@@ -12,6 +12,7 @@ Row keys the reader provides (None where the table has no value for that sentenc
 from __future__ import annotations
 
 import abc
+from pathlib import Path
 
 import torch
 from pydantic import ValidationError
@@ -56,6 +57,12 @@ class Objective(torch.nn.Module, abc.ABC):
     @classmethod
     def data_notes(cls, rows) -> list[str]:
         """Warnings about the mined rows this objective is about to train on (printed once, loudly, at start)."""
+        return []
+
+    @classmethod
+    def start_notes(cls, train_cfg, start_dir: Path) -> list[str]:
+        """Warnings about the start model (its folder: `start_dir`) under this objective's settings, printed like
+        data_notes."""
         return []
 
     def __init__(self, encoder: Encoder, cfg):

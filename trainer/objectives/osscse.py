@@ -38,6 +38,8 @@ forward(batch) -> (loss, {"l_c", "l_m", "l_r"})
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -45,7 +47,7 @@ from pydantic import Field, field_validator
 
 from pipeline.config import Section
 from trainer import dist
-from trainer.objectives.base import Objective
+from trainer.objectives.base import Objective, settings_of
 from trainer.objectives.common import cos_rows, info_nce_terms, prefixed, sub_batch, two_views
 
 
@@ -101,6 +103,21 @@ class OssCSE(Objective):
                 f"both a paraphrase and a negation ({para} have a paraphrase, {neg} a negation), so only l_c and "
                 f"l_r train. Mine paraphrases with back-translation chains (role \"paraphrases\", e.g. make mine "
                 f"PROFILE=osscse-paper where the hub is reachable) to train the full objective."]
+
+    @classmethod
+    def start_notes(cls, train_cfg, start_dir: Path) -> list[str]:
+        """The paper's form reads the [MASK] of a template. A sentence-transformers start (1_Pooling/config.json) was
+        trained for another pooler and scores far lower there: say so, with the setting that keeps its pooler."""
+        pooling = Path(start_dir) / "1_Pooling" / "config.json"
+        if settings_of(cls, train_cfg).form != "paper" or not pooling.is_file():
+            return []
+        modes = [k.removeprefix("pooling_mode_").removesuffix("_token").removesuffix("_tokens")
+                 for k, v in json.loads(pooling.read_text()).items() if k.startswith("pooling_mode_") and v is True]
+        return [f"OssCSE's paper form reads the [MASK] of its first template, but this start ({start_dir}) was trained "
+                f"for {' + '.join(modes) or 'another'} pooling ({pooling.relative_to(start_dir)}): there it scores far "
+                f"lower (MiniLM: 39.08 STS avg at the [MASK] against 78.87 mean-pooled), and 100 steps did not win "
+                f"that back (docs/compare/table.md). [train.osscse] form = \"start-pooler\" trains OssCSE under the "
+                f"start's own pooler."]
 
     def __init__(self, encoder, cfg):
         super().__init__(encoder, cfg)
