@@ -120,3 +120,8 @@ def test_paper_form_warns_about_a_start_trained_for_another_pooler(tmp_path):
     assert OssCSE.start_notes(ours, tmp_path) == []
     assert OssCSE.start_notes(paper, tmp_path / "1_Pooling") == []  # no pooling config: nothing to say
     assert get_objective("simcse").start_notes(paper, tmp_path) == []
+    # a checkpoint of this project says which pooler it trained with: one trained at the [MASK] needs no warning
+    (tmp_path / "train_config.json").write_text('{"objective": "osscse", "pooler": "mask"}')
+    assert OssCSE.start_notes(paper, tmp_path) == []
+    (tmp_path / "train_config.json").write_text('{"objective": "simcse", "pooler": "mean"}')
+    assert "trained for mean pooling (train_config.json)" in OssCSE.start_notes(paper, tmp_path)[0]

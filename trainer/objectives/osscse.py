@@ -108,13 +108,18 @@ class OssCSE(Objective):
     def start_notes(cls, train_cfg, start_dir: Path) -> list[str]:
         """The paper's form reads the [MASK] of a template. A sentence-transformers start (1_Pooling/config.json) was
         trained for another pooler and scores far lower there: say so, with the setting that keeps its pooler."""
-        pooling = Path(start_dir) / "1_Pooling" / "config.json"
+        pooling, ours = Path(start_dir) / "1_Pooling" / "config.json", Path(start_dir) / "train_config.json"
         if settings_of(cls, train_cfg).form != "paper" or not pooling.is_file():
             return []
-        modes = [k.removeprefix("pooling_mode_").removesuffix("_token").removesuffix("_tokens")
-                 for k, v in json.loads(pooling.read_text()).items() if k.startswith("pooling_mode_") and v is True]
+        if ours.is_file():  # a checkpoint of this project: it says which pooler it was trained with
+            modes = [json.loads(ours.read_text()).get("pooler")]
+            if modes == ["mask"]:
+                return []
+        else:
+            modes = [k.removeprefix("pooling_mode_").removesuffix("_token").removesuffix("_tokens")
+                     for k, v in json.loads(pooling.read_text()).items() if k.startswith("pooling_mode_") and v is True]
         return [f"OssCSE's paper form reads the [MASK] of its first template, but this start ({start_dir}) was trained "
-                f"for {' + '.join(modes) or 'another'} pooling ({pooling.relative_to(start_dir)}): there it scores far "
+                f"for {' + '.join(modes) or 'another'} pooling ({(ours if ours.is_file() else pooling).relative_to(start_dir)}): there it scores far "
                 f"lower (MiniLM: 39.08 STS avg at the [MASK] against 78.87 mean-pooled), and 100 steps did not win "
                 f"that back (docs/compare/table.md). [train.osscse] form = \"start-pooler\" trains OssCSE under the "
                 f"start's own pooler."]
