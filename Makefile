@@ -29,6 +29,7 @@ NAME    ?=
 OBJECTIVE ?=
 OBJECTIVES ?=
 SEEDS   ?=
+FROM    ?=
 FORMAT  ?= triplet
 N       ?= 1000000
 # `make test`: the suite in TEST_WORKERS pytest-xdist processes, whole files per process (a module's fixtures are
@@ -56,7 +57,7 @@ $(STAMP): pyproject.toml requirements-extra.txt
 	rm -f $(VENV)/.installed-*; touch $@
 
 mine: $(STAMP)
-	$(BIN)/python -m flows.cli mine $(ARGS)
+	$(BIN)/python -m flows.cli mine $(ARGS) $(if $(FROM),--reuse-from $(FROM))
 
 stage: $(STAMP)
 	@test -n "$(STAGE)" || { echo "usage: make stage STAGE=<name> [RUN=..] [SET=..] [FORCE=1]"; exit 2; }

@@ -94,6 +94,14 @@ def cmd_mine(args, cfg: Config) -> None:
     from .mine import mine_flow
 
     stages = list(load_stages())
+    if args.reuse_from:
+        from pipeline.engine.tables import reuse_tables
+
+        source = cfg.run.root / args.reuse_from
+        brought = reuse_tables(source, cfg.run.dir)
+        print(f"run {cfg.run.name!r} starts from {len(brought)} table(s) of {source}/ "
+              f"({', '.join(brought) or 'none new'}): a shard is reused only where its key matches this run's settings",
+              file=sys.stderr)
     notes, plan = preflight(cfg, stages)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
@@ -195,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         if name == "mine":
             s.add_argument("--force", nargs="*", default=None, metavar="STAGE",
                            help="recompute these stages (all when none named) even where shards are intact")
+            s.add_argument("--reuse-from", default=None, metavar="RUN",
+                           help="first bring in that run's finished tables (hard links) that this run has not got: "
+                                "each shard is still reused only where its key matches (e.g. the same corpus mined "
+                                "with another encoder recomputes what the encoder decides, nothing else)")
         elif name == "stage":
             s.add_argument("--force", nargs="*", default=None, help="recompute even where shards are intact")
         if name == "export":

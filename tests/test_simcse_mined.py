@@ -5,10 +5,10 @@ decides is recomputed), train DebCSE from the start on those pairs, and compare 
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
+from flows.cli import main as cli_main
 from flows.mine import mine_flow
 from pipeline.engine.store import Store
 from pipeline.models.hub import model_fingerprint, resolve_model
@@ -32,11 +32,16 @@ def test_mine_with_your_own_simcse_checkpoint_then_debcse_on_its_pairs(small_cor
     assert train_main(["--run", "default", "--objective", "simcse", "--set", *common, "train.max_steps=4"]) == 0
     ckpt = root / "default" / "train" / "simcse" / "best"
     assert json.loads((ckpt / "train_config.json").read_text())["pooler"] == "mean"
-    # cp -r artifacts/default artifacts/simcse-mined; make mine RUN=simcse-mined SET="encoder.model=<checkpoint>"
-    shutil.copytree(root / "default", root / "simcse-mined", ignore=shutil.ignore_patterns("train", "compare"))
-    mine_flow(profile="default", run="simcse-mined", corpus=str(small_corpus),
-              overrides=SMALL + common + [f"encoder.model={ckpt}"])
+    # make mine RUN=simcse-mined FROM=default SET="encoder.model=<checkpoint>"
+    before = {f.relative_to(root): f.read_bytes() for f in (root / "default").glob("*/part-*.parquet")}
+    assert cli_main(["mine", "--run", "simcse-mined", "--reuse-from", "default", "--corpus", str(small_corpus),
+                     "--set", *SMALL, *common, f"encoder.model={ckpt}"]) == 0
     first, mined = Store(root / "default"), Store(root / "simcse-mined")
+    # the default run's tables came in as hard links, not train/; mining the new run changed none of the old one's
+    shard = "sentences/part-00000-of-00002.parquet"
+    assert (root / "simcse-mined" / shard).stat().st_ino == (root / "default" / shard).stat().st_ino
+    assert not (root / "simcse-mined" / "train").exists()
+    assert {f.relative_to(root): f.read_bytes() for f in (root / "default").glob("*/part-*.parquet")} == before
     # what the encoder does not decide is reused; what it decides is computed with the checkpoint, keyed by its bytes
     assert mined.manifest("sentences")["shards_computed"] == 0 and mined.manifest("negations")["shards_computed"] == 0
     assert mined.manifest("embeddings")["shards_computed"] == 2

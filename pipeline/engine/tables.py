@@ -123,3 +123,39 @@ class RunTables:
             elif (schema := schema_of(table)) is not None:  # finished with zero shards: empty, not absent
                 con.register(table, schema.empty_table())
         return con
+
+
+def reuse_tables(src: Path | str, dst: Path | str) -> list[str]:
+    """Start run folder `dst` from run `src`'s finished tables, the ones `dst` has not got: hard links where the
+    file system allows (every write of the pipeline replaces a file, never edits it, so the runs never share a
+    change), else copies; each table lands whole or not at all. Nothing is trusted because it was copied: a stage
+    reuses a shard only when its key (settings, inputs, code, models) matches, so what another encoder, say,
+    decides is computed again. Returns the tables it brought."""
+    import os
+    import shutil
+    import tempfile
+
+    source, dst = RunTables(src), Path(dst)
+    if source.dir.resolve() == dst.resolve():
+        raise TableMissing(f"--reuse-from: {source.dir} is this run's own folder: name the run to start from")
+    if not source.names():
+        raise TableMissing(f"--reuse-from: {source.dir}/ holds no finished table (no */_manifest.json): mine that run "
+                           f"first, or name another")
+
+    def link_or_copy(a: str, b: str) -> None:
+        try:
+            os.link(a, b)
+        except OSError:  # another file system, or one without hard links
+            shutil.copy2(a, b)
+
+    dst.mkdir(parents=True, exist_ok=True)
+    brought = []
+    for table in source.names():
+        if (dst / table).exists():
+            continue  # the run's own: never replaced
+        tmp = Path(tempfile.mkdtemp(prefix=f".{table}.", dir=dst))
+        shutil.copytree(source.dir / table, tmp / table, copy_function=link_or_copy)
+        os.replace(tmp / table, dst / table)
+        tmp.rmdir()
+        brought.append(table)
+    return brought
