@@ -85,12 +85,13 @@ def check_inputs(base: Config, cfgs: dict[str, Config], plan: list[dict]) -> Non
     from trainer.objectives import get_objective
 
     own = RunTables(base.run.dir)
+    ours = own.read("sentences", ["sid", "text"]) if own.files_if_any("sentences") else None
     for e in plan:
         tables = RunTables(cfgs[e["name"]].run.dir)
         for table in get_objective(e["objective"]).tables:
             tables.files(table)
-        if e["run"] and own.files_if_any("sentences") and tables.files_if_any("sentences"):
-            ours, theirs = (t.read("sentences", ["sid", "text"]) for t in (own, tables))
+        if e["run"] and ours is not None and tables.files_if_any("sentences"):
+            theirs = tables.read("sentences", ["sid", "text"])
             if not ours.equals(theirs):
                 a = dict(zip(ours["sid"].to_pylist(), ours["text"].to_pylist()))
                 b = dict(zip(theirs["sid"].to_pylist(), theirs["text"].to_pylist()))

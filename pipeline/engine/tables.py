@@ -128,12 +128,13 @@ class RunTables:
 def reuse_tables(src: Path | str, dst: Path | str) -> list[str]:
     """Start run folder `dst` from run `src`'s finished tables, the ones `dst` has not got: hard links where the
     file system allows (every write of the pipeline replaces a file, never edits it, so the runs never share a
-    change), else copies; each table lands whole or not at all. Nothing is trusted because it was copied: a stage
-    reuses a shard only when its key (settings, inputs, code, models) matches, so what another encoder, say,
-    decides is computed again. Returns the tables it brought."""
+    change), else copies; each table lands whole or not at all (atomic_dir). Nothing is trusted because it was
+    copied: a stage reuses a shard only when its key (settings, inputs, code, models) matches, so what another
+    encoder, say, decides is computed again. Returns the tables it brought."""
     import os
     import shutil
-    import tempfile
+
+    from pipeline.engine.atomic import atomic_dir, recover
 
     source, dst = RunTables(src), Path(dst)
     if source.dir.resolve() == dst.resolve():
@@ -148,14 +149,11 @@ def reuse_tables(src: Path | str, dst: Path | str) -> list[str]:
         except OSError:  # another file system, or one without hard links
             shutil.copy2(a, b)
 
-    dst.mkdir(parents=True, exist_ok=True)
     brought = []
     for table in source.names():
-        if (dst / table).exists():
+        if recover(dst / table).exists():
             continue  # the run's own: never replaced
-        tmp = Path(tempfile.mkdtemp(prefix=f".{table}.", dir=dst))
-        shutil.copytree(source.dir / table, tmp / table, copy_function=link_or_copy)
-        os.replace(tmp / table, dst / table)
-        tmp.rmdir()
+        with atomic_dir(dst / table) as tmp:
+            shutil.copytree(source.dir / table, tmp, dirs_exist_ok=True, copy_function=link_or_copy)
         brought.append(table)
     return brought

@@ -112,14 +112,15 @@ class OssCSE(Objective):
         if settings_of(cls, train_cfg).form != "paper" or not pooling.is_file():
             return []
         if ours.is_file():  # a checkpoint of this project: it says which pooler it was trained with
-            modes = [json.loads(ours.read_text()).get("pooler")]
-            if modes == ["mask"]:
-                return []
+            said, modes = ours, [json.loads(ours.read_text()).get("pooler")]
         else:
-            modes = [k.removeprefix("pooling_mode_").removesuffix("_token").removesuffix("_tokens")
-                     for k, v in json.loads(pooling.read_text()).items() if k.startswith("pooling_mode_") and v is True]
+            said, modes = pooling, [k.removeprefix("pooling_mode_").removesuffix("_token").removesuffix("_tokens")
+                                    for k, v in json.loads(pooling.read_text()).items()
+                                    if k.startswith("pooling_mode_") and v is True]
+        if modes == ["mask"]:
+            return []
         return [f"OssCSE's paper form reads the [MASK] of its first template, but this start ({start_dir}) was trained "
-                f"for {' + '.join(modes) or 'another'} pooling ({(ours if ours.is_file() else pooling).relative_to(start_dir)}): there it scores far "
+                f"for {' + '.join(modes) or 'another'} pooling ({said.relative_to(start_dir)}): there it scores far "
                 f"lower (MiniLM: 39.08 STS avg at the [MASK] against 78.87 mean-pooled), and 100 steps did not win "
                 f"that back (docs/compare/table.md). [train.osscse] form = \"start-pooler\" trains OssCSE under the "
                 f"start's own pooler."]
