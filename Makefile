@@ -40,7 +40,7 @@ PYTEST_ARGS ?= -q
 # Everything passed on to the CLI, only when set.
 ARGS = --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(CORPUS),--corpus $(CORPUS)) $(if $(SET),--set $(SET)) $(if $(FORCE),--force)
 
-.PHONY: install mine stage sql test eval report export train compare bench gpu-check gpu-wheels scale clean
+.PHONY: install mine stage sql test eval report export train compare bench gpu-check gpu-wheels gpu-rehearsal scale clean
 install: $(STAMP)
 $(STAMP): pyproject.toml requirements-extra.txt
 	@test "$(ACCEL)" = cpu || test "$(ACCEL)" = gpu || { echo "ACCEL must be cpu or gpu, not '$(ACCEL)'"; exit 2; }
@@ -90,12 +90,20 @@ bench: $(STAMP)
 # GPU speeds at the papers' model sizes and GPU-vs-CPU checks (bench/gpu_check.py) -> artifacts/gpu-check/results.json;
 # the CPU twin (toy sizes) where torch sees no CUDA. No install step: the lent GPU machine has no .venv (its python3
 # and preinstalled packages run it: `PYTHONPATH=. python3 -m bench.gpu_check`).
-# The wheels the GPU machine lacks (pydantic for the config and objectives, CTranslate2), for its Python 3.12: carry
-# .gpu-wheels/ with the working tree; bench/gpu_check.py installs them there with no index (44 MB)
+# The wheels the GPU machine lacks (bench/gpu_machine.py's CARRIED: pydantic for the config and the objectives,
+# rapidfuzz for the stages, CTranslate2), for its Python 3.12: carry .gpu-wheels/ with the working tree;
+# bench/gpu_check.py installs them there with no index
 gpu-wheels: $(STAMP)
-	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
-	  --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d .gpu-wheels \
-	  pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection typing-extensions ctranslate2==4.8.5
+	rm -rf .gpu-wheels
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version $$($(PY) -c 'from bench.gpu_machine import PYTHON; print(PYTHON)') \
+	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d .gpu-wheels \
+	  $$($(PY) -m bench.gpu_machine wheels)
+	@du -sh .gpu-wheels
+
+# The check's CPU twin, strict, in a throwaway venv with the GPU machine's package versions and only the carried
+# wheels (bench/gpu_rehearsal.py): run it whenever the imports of the stages, the models or the trainer change
+gpu-rehearsal:
+	$(PY) -m bench.gpu_rehearsal
 
 gpu-check:
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY)) -m bench.gpu_check

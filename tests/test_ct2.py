@@ -219,3 +219,28 @@ def test_engine_switch_recomputes_the_shards(tiny, tmp_path):
     assert tables[0].equals(tables[1])  # float32 greedy: the same bytes either way
     assert run_shard("backtranslate", runs[()], 0)["cached"] is False  # the hf shard was replaced: computed again
     assert run_shard("backtranslate", runs[()], 0)["cached"] is True
+
+
+def test_on_a_gpu_without_cuda_12_auto_takes_hf_and_ctranslate2_is_refused(tiny, monkeypatch, capsys):
+    """What the GPU check met on the lent H100 (CUDA 13 only): CTranslate2's wheels cannot load libcublas.so.12
+    there. `engine = "auto"` then plans HF generate, saying so once; an explicit "ctranslate2" is refused in one line
+    before any model loads. On a CPU nothing changes."""
+    from pipeline.models import chains
+
+    assert chains.ct2_cuda_problem("cpu") is None
+    assert "no CUDA device" in chains.ct2_cuda_problem("cuda")  # this box's CPU-only CTranslate2
+    assert chains.engine_for("en-xx", tiny["en-xx"], cfg(engine="auto")) == "ctranslate2"  # here: the CPU
+    monkeypatch.setattr(chains, "pick_device", lambda setting="auto": "cuda")
+    import ctranslate2
+
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(chains, "CT2_CUDA_LIBRARY", "libcublas.so.0-not-here")
+    assert chains.engine_for("en-xx", tiny["en-xx"], cfg(engine="auto")) == "hf"
+    assert chains.engine_for("en-xx", tiny["en-xx"], cfg(engine="auto")) == "hf"
+    said = capsys.readouterr().out
+    assert said.count("runs on HF generate, not CTranslate2: libcublas.so.0-not-here cannot be loaded") == 1
+    with pytest.raises(ValueError, match=r"engine = 'ctranslate2': model 'en-xx' cannot run on this GPU: "
+                                         r"libcublas\.so\.0-not-here cannot be loaded"):
+        chains.engine_for("en-xx", tiny["en-xx"], cfg(engine="ctranslate2"))
+    monkeypatch.setattr(chains, "CT2_CUDA_LIBRARY", "libc.so.6")  # a library that loads: CTranslate2 it is
+    assert chains.engine_for("en-xx", tiny["en-xx"], cfg(engine="auto")) == "ctranslate2"

@@ -50,11 +50,49 @@ def engine_for(name: str, path, cfg: BacktranslateCfg) -> str:
     if cfg.engine == "hf" or cfg.do_sample or is_standin(name):  # sampling stays on HF: per-row seeds (ct2.py)
         return "hf"
     if model_type(path) in CONVERTIBLE:
-        return "ctranslate2"
+        problem = ct2_cuda_problem(pick_device(cfg.device))
+        if problem is None:
+            return "ctranslate2"
+        if cfg.engine == "auto":  # e.g. a CUDA 13 machine: the GPU check found it (BENCHMARKS.md, GPU check)
+            _say_once(f"backtranslate.engine = 'auto': model {name!r} runs on HF generate, not CTranslate2: {problem}")
+            return "hf"
+        raise ValueError(f"backtranslate.engine = 'ctranslate2': model {name!r} cannot run on this GPU: {problem}; "
+                         f"set backtranslate.engine = 'auto' (HF generate there) or backtranslate.device = 'cpu'")
     if cfg.engine == "auto":
         return "hf"
     raise ValueError(f"backtranslate.engine = 'ctranslate2': model {name!r} ({model_type(path)}) cannot be converted "
                      f"by CTranslate2 (it converts {', '.join(sorted(CONVERTIBLE))}); use engine = 'auto' to run it on HF")
+
+
+CT2_CUDA_LIBRARY = "libcublas.so.12"  # what the ctranslate2 4.x wheels dlopen on a GPU (they link CUDA 12)
+_said: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    if line not in _said:
+        _said.add(line)
+        print(line, flush=True)
+
+
+def ct2_cuda_problem(device: str) -> str | None:
+    """None when CTranslate2 can translate on `device`; else one line why not. On a CPU: None. On a GPU: its wheels
+    load CUDA 12's cuBLAS when a translator starts, and a machine with only CUDA 13 (the lent H100, torch cu130)
+    fails there ("Library libcublas.so.12 is not found"): the same loader probe, before any model loads."""
+    if not device.startswith("cuda"):
+        return None
+    import ctypes
+
+    try:
+        import ctranslate2
+    except ImportError as e:
+        return f"ctranslate2 is not installed ({e})"
+    if ctranslate2.get_cuda_device_count() == 0:
+        return "ctranslate2 sees no CUDA device (a CPU-only build, or no driver)"
+    try:
+        ctypes.CDLL(CT2_CUDA_LIBRARY)
+    except OSError:
+        return f"{CT2_CUDA_LIBRARY} cannot be loaded (CTranslate2's wheels need CUDA 12's cuBLAS on the loader path)"
+    return None
 
 
 def resolve_compute_type(setting: str, device: str) -> str:
