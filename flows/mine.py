@@ -16,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from pipeline.config import Config, configure  # noqa: F401  (configure: what flow callers build a config with)
+from pipeline.engine.lock import run_lock
 from pipeline.engine.maps import local_cluster
 from pipeline.engine.runner import load_stages, run_job_json, run_stage
 
@@ -97,6 +98,7 @@ def mine_flow(profile: str = "default", run: str | None = None, corpus: str | No
     cfg = configure(profile, run, corpus, overrides)
     overrides, plan, rows = list(overrides or []), dict(plan or {}), {}
     with ExitStack() as stack:
+        stack.enter_context(run_lock(cfg.run.dir, "make mine"))  # one writer per run folder, the whole run long
         if cfg.runner.kind == "dask-local":  # one local cluster for all stages, not one per stage
             cluster = stack.enter_context(local_cluster(cfg.runner.workers))
             overrides += ["runner.kind=dask", f"runner.address={cluster.scheduler_address}"]

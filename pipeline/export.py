@@ -33,6 +33,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.config.base import ConfigError
+from pipeline.config.names import inside
 from pipeline.engine.atomic import _fsync_path, _old, atomic_dir, recover
 from pipeline.engine.tables import RunTables
 
@@ -166,13 +168,14 @@ def export_run(run_dir: Path | str, fmt: str, dst: Path | str | None = None) -> 
     """Write the export folder and swap it in whole (a reader or a kill sees the previous export or this one, never a
     mix); returns its path."""
     if fmt not in FORMATS:
-        raise ValueError(f"export format {fmt!r}: one of {', '.join(FORMATS)}")
+        raise ConfigError(f"export format {fmt!r}: one of {', '.join(FORMATS)}")
     run_dir = Path(run_dir)
     table, build, _ = FORMATS[fmt]
     src = RunTables(run_dir).read(table)
     src = src.sort_by("sid")
     out = build(src)
-    dst = Path(dst) if dst else run_dir / "export" / fmt
+    # the format names the folder: checked to stay in the run's export/, whatever FORMATS comes to hold
+    dst = Path(dst) if dst else inside(run_dir / "export", fmt, setting="export format")
     recover(dst)  # an earlier export killed between atomic_dir's two renames
     staging = dst.with_name(f".{dst.name}.new")
     with atomic_dir(staging) as tmp:  # complete and fsynced at `staging`, or absent

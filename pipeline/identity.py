@@ -18,3 +18,10 @@ _CONTROL.update({0x2028: " ", 0x2029: " ", 0xFEFF: " "})
 def normalise(text: str) -> str:
     """Control characters → space, NFC, whitespace runs → one space, stripped."""
     return " ".join(unicodedata.normalize("NFC", text.translate(_CONTROL)).split())
+
+
+def unicode_facts() -> str:
+    """What normalise's output depends on beyond its code: Python's Unicode tables (NFC, what str.split calls
+    whitespace). A stage whose bytes normalise shapes puts this in its facts (its cache key), so a Python whose
+    tables differ recomputes those shards. Read at call time: a test may patch it."""
+    return f"unicodedata={unicodedata.unidata_version}"

@@ -11,7 +11,10 @@ import pyarrow as pa
 SCHEMAS: dict[str, pa.Schema] = {
     "sentences": pa.schema([("sid", pa.int64()), ("text", pa.string()), ("n_words", pa.int32()),
                             ("line_no", pa.int64())]),
-    "rejected": pa.schema([("line_no", pa.int64()), ("text", pa.string()), ("reason", pa.string())]),
+    # text: the line as read, cut at its first 65,536 characters (pipeline/corpus.py KEEP); n_chars, n_bytes: the
+    # whole line's length as read; blake2b: hex of its raw bytes (16-byte digest), so a cut line is accounted for
+    "rejected": pa.schema([("line_no", pa.int64()), ("text", pa.string()), ("reason", pa.string()),
+                           ("n_chars", pa.int64()), ("n_bytes", pa.int64()), ("blake2b", pa.string())]),
     # emb: FLOAT[d] in DuckDB (a fixed-size list); d is set by the encoder
     "embeddings": pa.schema([("sid", pa.int64()), ("emb", pa.list_(pa.float32()))]),
     "neighbours": pa.schema([("sid", pa.int64()), ("cand_sid", pa.int64()), ("cos", pa.float32()),

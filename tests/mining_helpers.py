@@ -64,15 +64,17 @@ def _cli_error(capsys, root: Path, argv: list[str], sets: list[str] = ()) -> str
     return lines[0]
 
 
-def table_hashes(run_dir: Path) -> dict[str, list]:
+def table_hashes(run_dir: Path, columns: dict[str, list[str]] | None = None) -> dict[str, list]:
     """{table: [rows, sha256 of its Arrow IPC stream (16 hex)]} for every finished table, read from the Parquet
     parts the manifest names: a content fingerprint independent of the Parquet writer's version."""
     import pyarrow.parquet as pq
 
     out = {}
     for d in sorted(p for p in Path(run_dir).iterdir() if (p / "_manifest.json").is_file()):
-        n = json.loads((d / "_manifest.json").read_text())["shards"]
-        t = pa.concat_tables([pq.read_table(d / f"part-{i:05d}-of-{n:05d}.parquet") for i in range(n)]).combine_chunks()
+        files = RunTables(run_dir).files(d.name)
+        t = pa.concat_tables([pq.read_table(f) for f in files]).combine_chunks()
+        if d.name in (columns or {}):  # the columns the pinned hash covers (a contract adds, never renames)
+            t = t.select(columns[d.name])
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, t.schema) as w:
             w.write_table(t)

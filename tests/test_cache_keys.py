@@ -143,8 +143,8 @@ def test_library_versions_are_part_of_the_key(tmp_path):
 
     cfg = load_config("default", OFFLINE + [f"run.root={tmp_path}", "run.shards=1"])
     vecs = np.eye(4, dtype=np.float32)  # the index is resolved against the run's vectors
-    Store(cfg.run.dir).write_shard("embeddings", 0, 1, vectors_table(np.arange(4), vecs), "k")
-    Store(cfg.run.dir).write_shard("pool_embeddings", 0, 1, vectors_table(np.arange(0), vecs[:0]), "k")
+    Store(cfg.run.dir).write_table("embeddings", [vectors_table(np.arange(4), vecs)], "k")
+    Store(cfg.run.dir).write_table("pool_embeddings", [vectors_table(np.arange(0), vecs[:0])], "k")
     assert f"faiss-cpu={version('faiss-cpu')}" in extra_key(STAGES["neighbours"], cfg)
     assert f"spacy={version('spacy')}" in extra_key(STAGES["negate"], cfg)
     assert f"torch={version('torch')}" in extra_key(STAGES["embeddings"], cfg)

@@ -41,7 +41,7 @@ CONFIG_ERRORS = [
     (["run.shards=0"], "run.shards: Input should be greater than or equal to 1"),
     (["encoder.max_length=2"], "encoder.max_length: Input should be greater than or equal to 4"),
     (["runner.kind=dask"], "runner.address is required"),
-    (["run.name=../escape"], "run.name: String should match pattern"),
+    (["run.name=../escape"], "run.name '../escape': a run name is one folder inside run.root"),
     (["neighbours.pool_size"], "'neighbours.pool_size': expected key=value"),
 ]
 

@@ -212,3 +212,39 @@ def test_a_worker_killed_mid_stage_leaves_the_tables_whole(cluster, corpus30, th
     got = _all_tables(cfg)
     for table, data in threads_run.items():
         assert got[table].equals(data), table
+
+
+def test_a_rerun_killed_on_the_cluster_leaves_the_old_table_whole_then_finishes(cluster, corpus30, tmp_path):
+    """`make stage STAGE=embeddings` with pooler cls on the cluster, its flow's process killed with SIGKILL once the
+    first cls shard is on disk: readers still get the mean table whole (the manifest and its files), whatever the
+    orphaned workers go on writing; the next run on the cluster commits cls, reusing the shards already written."""
+    import json
+
+    from mining_helpers import _cli_env
+
+    sets = [*SMALL, "run.shards=6", f"run.root={tmp_path}", "runner.kind=dask", f"runner.address={cluster.address}"]
+    for stage in ("sentences", "embeddings"):
+        run_stage_flow(stage, configure("default", "r", str(corpus30), sets), profile="default", run="r",
+                       corpus=str(corpus30), overrides=sets)
+    run_dir = tmp_path / "r"
+    mean, old = RunTables(run_dir).read("embeddings"), Store(run_dir).manifest("embeddings")
+    listed = {e["file"] for e in old["files"]}
+    cmd = [sys.executable, "-m", "flows.cli", "stage", "embeddings", "--run", "r", "--corpus", str(corpus30),
+           "--set", *sets, "encoder.pooler=cls"]
+    with open(tmp_path / "killed.log", "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=_cli_env(), stdout=log, stderr=subprocess.STDOUT)
+        t0 = time.monotonic()
+        while not {p.name for p in (run_dir / "embeddings").glob("part-*.parquet")} - listed:
+            assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+            assert time.monotonic() - t0 < 300, "no cls shard appeared"
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    time.sleep(2)  # orphaned shard tasks may still finish and write: none of it is listed
+    assert json.loads((run_dir / "embeddings" / "_manifest.json").read_text()) == old
+    assert RunTables(run_dir).read("embeddings").equals(mean)
+    cfg = configure("default", "r", str(corpus30), [*sets, "encoder.pooler=cls"])
+    man = run_stage("embeddings", cfg)
+    assert man["shards_cached"] >= 1 and man["shards_computed"] + man["shards_cached"] == 6
+    cls = RunTables(run_dir).read("embeddings")
+    assert cls.num_rows == mean.num_rows and not cls.equals(mean)

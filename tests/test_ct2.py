@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline.config import BacktranslateCfg, ConfigError, load_config
-from pipeline.engine.runner import run_shard
+from pipeline.engine.runner import run_shard, run_stage
 from pipeline.engine.store import Store
 from pipeline.models import ct2
 from pipeline.models.translation import row_limit
@@ -202,9 +202,9 @@ def test_engine_settings_that_cannot_work_are_refused(tiny):
 def test_engine_switch_recomputes_the_shards(tiny, tmp_path):
     store = Store(tmp_path / "r")
     sids = list(range(30))
-    store.write_shard("sentences", 0, 1, pa.table({"sid": sids, "text": LINES[:30], "n_words": [5] * 30,
-                                                   "line_no": sids}, schema=SCHEMAS["sentences"]), "k")
-    store.write_shard("variants", 0, 1, SCHEMAS["variants"].empty_table(), "k")
+    store.write_table("sentences", [pa.table({"sid": sids, "text": LINES[:30], "n_words": [5] * 30,
+                                              "line_no": sids}, schema=SCHEMAS["sentences"])], "k")
+    store.write_table("variants", [SCHEMAS["variants"].empty_table()], "k")
     base = [f"run.root={tmp_path}", "run.name=r", "run.shards=1", *(f"backtranslate.{k}={v}" for k, v in SMALL.items()),
             f'backtranslate.chains=[["{tiny["en-xx"]}", "{tiny["xx-en"]}"]]']
     runs = {e: load_config("default", [*base, *e]) for e in
@@ -214,10 +214,10 @@ def test_engine_switch_recomputes_the_shards(tiny, tmp_path):
     assert '"ctranslate2:float32"' in facts[1] and '"ctranslate2:int8"' in facts[2] and "ctranslate2=" in facts[2]
     tables = []
     for c in runs.values():
-        assert run_shard("backtranslate", c, 0)["cached"] is False  # never the other engine's shard
+        assert run_stage("backtranslate", c)["shards_computed"] == 1  # never the other engine's shard
         tables.append(store.read("backtranslations", 1))
     assert tables[0].equals(tables[1])  # float32 greedy: the same bytes either way
-    assert run_shard("backtranslate", runs[()], 0)["cached"] is False  # the hf shard was replaced: computed again
+    assert run_stage("backtranslate", runs[()])["shards_computed"] == 1  # the hf shard was replaced: computed again
     assert run_shard("backtranslate", runs[()], 0)["cached"] is True
 
 

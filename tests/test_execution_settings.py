@@ -13,7 +13,7 @@ import pytest
 from flows.mine import configure, mine_flow, run_stage_flow
 from pipeline.config import load_config
 from pipeline.engine import resources
-from pipeline.engine.runner import load_stages, resolve_plan, run_shard, run_stage
+from pipeline.engine.runner import finish_stage, load_stages, resolve_plan, run_job, run_shard, run_stage
 from pipeline.engine.store import Store
 from pipeline.engine.tables import RunTables
 from pipeline.models.bergamot import bergamot_folder
@@ -63,12 +63,10 @@ def test_a_chain_that_becomes_loadable_mid_run_does_not_mix(tmp_path):
     used by neither; the next run decides again, and its key differs, so every shard is computed with it."""
     store = Store(tmp_path / "r")
     lines = WIKI.read_text(encoding="utf-8").splitlines()[:6]
-    for i in range(2):
-        rows = list(range(3 * i, 3 * i + 3))
-        store.write_shard("sentences", i, 2, pa.table({"sid": rows, "text": [lines[r] for r in rows],
-                                                       "n_words": [5] * 3, "line_no": rows},
-                                                      schema=SCHEMAS["sentences"]), "k")
-        store.write_shard("variants", i, 2, SCHEMAS["variants"].empty_table(), "k")
+    halves = [list(range(3 * i, 3 * i + 3)) for i in range(2)]
+    store.write_table("sentences", [pa.table({"sid": rows, "text": [lines[r] for r in rows], "n_words": [5] * 3,
+                                              "line_no": rows}, schema=SCHEMAS["sentences"]) for rows in halves], "k")
+    store.write_table("variants", [SCHEMAS["variants"].empty_table()] * 2, "k")
     late = tmp_path / "late-pt-en"
     chains = (f'backtranslate.chains=[{{models=["bergamot:en-pt", "bergamot:pt-en"], role="positives"}}, '
               f'{{models=["bergamot:en-pt", "{late}"], role="paraphrases"}}]')
@@ -76,14 +74,17 @@ def test_a_chain_that_becomes_loadable_mid_run_does_not_mix(tmp_path):
                                   "backtranslate.fallback=true"])
     plan = resolve_plan("backtranslate", cfg)
     assert plan["chains"]["used"] == ["bergamot:en-pt>bergamot:pt-en"] and str(late) in str(plan["chains"]["skipped"])
-    run_shard("backtranslate", cfg, 0, plan=plan)
+    results = run_job("backtranslate", cfg, 0, plan=plan)
     shutil.copytree(bergamot_folder("bergamot:pt-en"), late)  # the model arrives halfway through the run
-    run_shard("backtranslate", cfg, 1, plan=plan)
+    results += run_job("backtranslate", cfg, 1, plan=plan)
+    finish_stage("backtranslate", cfg, results, 0.0, plan)  # the stage's commit
     table = store.read("backtranslations", 2)
     assert set(table.column("chain").to_pylist()) == {"bergamot:en-pt>bergamot:pt-en"}  # in both shards
     again = resolve_plan("backtranslate", cfg)  # the next run
     assert len(again["chains"]["used"]) == 2
-    assert [run_shard("backtranslate", cfg, i, plan=again)["cached"] for i in range(2)] == [False, False]
+    results = [r for i in range(2) for r in run_job("backtranslate", cfg, i, plan=again)]
+    assert [r["cached"] for r in results] == [False, False]
+    finish_stage("backtranslate", cfg, results, 0.0, again)
     assert len(set(store.read("backtranslations", 2).column("chain").to_pylist())) == 2
 
 
@@ -94,9 +95,7 @@ def test_models_are_loaded_once_per_plan_and_released_with_their_stage(tmp_path,
 
     sets = SMALL + [f"run.root={tmp_path}"]
     cfg = configure("default", "one", str(corpus40), sets)
-    from pipeline.engine.runner import run_global
-
-    run_global("sentences", cfg)
+    run_stage("sentences", cfg)
     loads = []
     enc = load_stages()["embeddings"].resources[0]
     counted = resources.Resource(enc.name, enc.resolve, lambda *a: loads.append(1) or enc.load(*a), reads=enc.reads)
@@ -173,16 +172,14 @@ def test_a_process_that_cannot_honour_the_plan_stops_with_one_line(tmp_path, cor
     """The plan is the law: a shard never adapts to its worker. A plan that says cuda (or a FAISS GPU) on a process
     without one stops the shard with one line naming the process and what the plan required; nothing is written."""
     from pipeline.engine.resources import PlanError
-    from pipeline.engine.runner import run_global
-
     cfg = configure("default", "plan", str(corpus40), SMALL + [f"run.root={tmp_path}"])
-    run_global("sentences", cfg)
+    run_stage("sentences", cfg)
     plan = resolve_plan("embeddings", cfg)
     plan["encoder"] = {**plan["encoder"], "device": "cuda"}  # decided on a GPU host
     with pytest.raises(PlanError) as err:
         run_shard("embeddings", cfg, 0, plan=plan)
     assert "\n" not in str(err.value) and "(cuda)" in str(err.value) and "process" in str(err.value)
-    assert not Store(cfg.run.dir).shard_path("embeddings", 0, 3).exists()
+    assert not list((cfg.run.dir / "embeddings").glob("part-00000-of-00003*"))
     for stage in ("pool_sentences", "embeddings", "pool_embeddings"):
         run_stage(stage, cfg)
     index = resolve_plan("neighbours", cfg)

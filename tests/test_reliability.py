@@ -233,22 +233,21 @@ def _killed_mine(corpus: Path, root: Path, tmp: Path, *, pause_at: str | None = 
 
 def test_kill_9_anywhere_then_resume(reference, corpus, tmp_path):
     root, run_dir = tmp_path / "runs", tmp_path / "runs" / "faulty"
-    emb0 = run_dir / "embeddings" / "part-00000-of-00002.json"
-
     _killed_mine(corpus, root, tmp_path, pause_at="compute:embeddings:1")
     assert _manifest(run_dir, "sentences") is not None and not (run_dir / "embeddings" / "_manifest.json").exists()
-    assert emb0.is_file() and not emb0.with_name("part-00001-of-00002.parquet").exists()
+    [emb0] = (run_dir / "embeddings").glob("part-00000-of-00002.*.json")  # named by its computation's key
+    assert not list((run_dir / "embeddings").glob("part-00001-of-00002.*"))
     snap1 = _intact_shards(run_dir)
     assert emb0 in snap1
 
     _killed_mine(corpus, root, tmp_path, pause_at="tmp:neighbours:1")
     _assert_untouched(snap1, "the run after the kill during embeddings")
     assert _counts(run_dir)["embeddings"] == (1, 1) and _counts(run_dir)["sentences"] == (0, 2)
-    assert len(list((run_dir / "neighbours").glob(".part-00001-of-00002.parquet.*.tmp"))) == 1
-    assert not (run_dir / "neighbours" / "part-00001-of-00002.parquet").exists()
+    assert len(list((run_dir / "neighbours").glob(".part-00001-of-00002.*.parquet.*.tmp"))) == 1
+    assert not list((run_dir / "neighbours").glob("part-00001-of-00002.*.parquet"))
     snap2 = _intact_shards(run_dir)
 
-    _killed_mine(corpus, root, tmp_path, kill_when="negations/part-00000-of-00002.json")
+    _killed_mine(corpus, root, tmp_path, kill_when="negations/part-00000-of-00002.*.json")
     _assert_untouched(snap2, "the run after the kill during a neighbours shard write")
     assert _counts(run_dir)["neighbours"] == (1, 1)
     assert not list((run_dir / "neighbours").glob("*.tmp"))
@@ -259,8 +258,8 @@ def test_kill_9_anywhere_then_resume(reference, corpus, tmp_path):
     _killed_mine(corpus, root, tmp_path, pause_at="sidecar:candidates:0")
     _assert_untouched(snap3, "the run after a kill at a random point of negate")
     assert _counts(run_dir)["negate"] == (2 - negate_done, negate_done)
-    assert (run_dir / "candidates" / "part-00000-of-00002.parquet").is_file()
-    assert not (run_dir / "candidates" / "part-00000-of-00002.json").exists()
+    [cand0] = (run_dir / "candidates").glob("part-00000-of-00002.*.parquet")
+    assert not cand0.with_suffix(".json").exists()
     snap4 = _intact_shards(run_dir)
 
     _mine(corpus, root, "faulty")
@@ -278,7 +277,7 @@ def test_damaged_shards_are_recomputed_never_reused(reference, corpus, tmp_path)
     ref_dir, want = reference
     run_dir = tmp_path / "ref"
     shutil.copytree(ref_dir, run_dir)
-    part = lambda table, i: run_dir / table / f"part-{i:05d}-of-00002.parquet"  # noqa: E731
+    part = lambda table, i: Store(run_dir).shard_path(table, i, 2)  # noqa: E731  (the committed file)
 
     p = part("embeddings", 0)                                   # truncated Parquet shard
     p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
@@ -291,7 +290,7 @@ def test_damaged_shards_are_recomputed_never_reused(reference, corpus, tmp_path)
     data[len(data) // 2] ^= 0xFF
     p.write_bytes(bytes(data))
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
-    (run_dir / "pairs" / ".part-00000-of-00002.parquet.x1.tmp").write_bytes(b"half a shard")  # a killed writer's
+    (run_dir / "pairs" / ".part-00000-of-00002.0123456789abcdef.parquet.x1.tmp").write_bytes(b"half")  # killed writer's
     stale = run_dir / "variants" / "part-00002-of-00003.parquet"  # a shard of another layout (3 shards)
     stale.write_bytes(b"PAR1")
 
@@ -312,7 +311,7 @@ def test_corpus_changed_in_place_is_detected(reference, rows, tmp_path):
     corpus = write_corpus(tmp_path / "corpus" / "hostile.txt", rows)
     run_dir = tmp_path / "runs" / "ref"
     shutil.copytree(ref_dir, run_dir)
-    assert _manifest(run_dir, "sentences")["extra"] == "corpus:" + file_hash(corpus)  # this run dir matches it
+    assert _manifest(run_dir, "sentences")["extra"].startswith("corpus:" + file_hash(corpus) + ";")  # this run's
     st, data = corpus.stat(), corpus.read_bytes()
     old = wiki_lines(44)[10].encode()
     new = old.replace(b"e", b"a", 1)
@@ -352,9 +351,9 @@ def test_single_stage_on_a_damaged_input_then_repair(capsys, reference, tmp_path
     running that stage alone repairs it (same bytes), and the next stage then reuses its own shards."""
     root, run_dir = tmp_path / "copy", tmp_path / "copy" / "ref"
     shutil.copytree(reference[0], run_dir)
-    p = run_dir / "embeddings" / "part-00000-of-00002.parquet"
+    p = Store(run_dir).shard_path("embeddings", 0, 2)
     p.write_bytes(p.read_bytes()[:100])
-    (run_dir / "embeddings" / "part-00001-of-00002.parquet").unlink()
+    Store(run_dir).shard_path("embeddings", 1, 2).unlink()
     sets = ["--set", *SMALL, f"run.root={root}", "neighbours.lo=0.3"]  # neighbours must recompute: it reads them
     capsys.readouterr()
     code = cli_main(["stage", "neighbours", "--run", "ref", *sets])

@@ -118,7 +118,7 @@ def test_gpu_search_past_2048_stays_exact(monkeypatch):
 def test_gpu_index_one_per_process_and_one_search_at_a_time(tmp_path, monkeypatch):
     base, sids = _crowded(n_above=50)
     store = Store(tmp_path)
-    store.write_shard("embeddings", 0, 1, vectors_table(sids, base), "k")
+    store.write_table("embeddings", [vectors_table(sids, base)], "k")
     built, fakes = [], []
     real_build = fx.build_index
 
@@ -132,7 +132,7 @@ def test_gpu_index_one_per_process_and_one_search_at_a_time(tmp_path, monkeypatc
     monkeypatch.setattr(fx, "to_gpu", lambda index, n: fakes.append(FakeGpuFaiss(index)) or fakes[-1])
     cfg = load_config("default", [f"run.root={tmp_path.parent}", f"run.name={tmp_path.name}", "run.shards=1",
                                   "neighbours.pool_size=4", "backtranslate.chains=[]"])
-    store.write_shard("pool_embeddings", 0, 1, vectors_table(sids[:0], base[:0]), "k")
+    store.write_table("pool_embeddings", [vectors_table(sids[:0], base[:0])], "k")
     plan = ix.index_plan(cfg, store, 1)
     assert plan["kind"] == "flat" and plan["device"] == "gpu"
     got = []
@@ -204,8 +204,8 @@ def test_approximate_index_below_min_recall_fails_before_any_shard_and_auto_reac
     sids = np.arange(1500, dtype=np.int64)
     sets = [f"run.root={tmp_path}", "run.name=r", "run.shards=1", "neighbours.index=ivf", "neighbours.nlist=64",
             "neighbours.nprobe=1", "neighbours.pool_size=16", "neighbours.recall_sample=100"]
-    Store(tmp_path / "r").write_shard("embeddings", 0, 1, vectors_table(sids, x), "k")
-    Store(tmp_path / "r").write_shard("pool_embeddings", 0, 1, vectors_table(sids[:0], x[:0]), "k")  # no candidates
+    Store(tmp_path / "r").write_table("embeddings", [vectors_table(sids, x)], "k")
+    Store(tmp_path / "r").write_table("pool_embeddings", [vectors_table(sids[:0], x[:0])], "k")  # no candidates
     from pipeline.errors import StageError
 
     with pytest.raises(StageError, match=r"nprobe 1\) finds 0\.\d+ of the exact pool on 100 sampled queries "
@@ -232,8 +232,8 @@ def test_hnsw_ef_search_auto_rises_to_min_recall_and_its_graph_is_the_same_every
     sids = np.arange(1500, dtype=np.int64)
     sets = [f"run.root={tmp_path}", "run.name=r", "run.shards=1", "neighbours.exact_threshold=1000",
             "neighbours.hnsw_m=4", "neighbours.pool_size=16", "neighbours.recall_sample=100"]
-    Store(tmp_path / "r").write_shard("embeddings", 0, 1, vectors_table(sids, x), "k")
-    Store(tmp_path / "r").write_shard("pool_embeddings", 0, 1, vectors_table(sids[:0], x[:0]), "k")
+    Store(tmp_path / "r").write_table("embeddings", [vectors_table(sids, x)], "k")
+    Store(tmp_path / "r").write_table("pool_embeddings", [vectors_table(sids[:0], x[:0])], "k")
     from pipeline.errors import StageError
 
     with pytest.raises(StageError, match=r"hnsw index \(ef_search 16\) finds 0\.\d+ of the exact pool on 100 "
@@ -266,8 +266,8 @@ def test_auto_searches_exactly_when_its_approximate_index_cannot_reach_min_recal
     sets = [f"run.root={tmp_path}", "run.name=r", "run.shards=1", "neighbours.exact_threshold=100",
             "neighbours.hnsw_m=4", "neighbours.pool_size=16", "neighbours.recall_sample=100",
             "neighbours.min_recall=1.0"]
-    Store(tmp_path / "r").write_shard("embeddings", 0, 1, vectors_table(sids, x), "k")
-    Store(tmp_path / "r").write_shard("pool_embeddings", 0, 1, vectors_table(sids[:0], x[:0]), "k")
+    Store(tmp_path / "r").write_table("embeddings", [vectors_table(sids, x)], "k")
+    Store(tmp_path / "r").write_table("pool_embeddings", [vectors_table(sids[:0], x[:0])], "k")
     monkeypatch.setattr(NeighboursCfg, "MAX_EF_SEARCH", 64)  # one try: efSearch 64
     cfg = load_config("default", sets)
     plan = ix.index_plan(cfg, Store(tmp_path / "r"), 1)

@@ -1,9 +1,11 @@
 """Stage `sentences`: every input line ends in `sentences` or in `rejected` with a reason."""
+import hashlib
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.corpus import count_lines, shard_bounds, split_sentences
+from pipeline.corpus import check_corpus, count_lines, shard_bounds, split_sentences
 from pipeline.identity import sentence_id
 
 
@@ -31,6 +33,21 @@ def test_every_line_is_kept_or_rejected_with_a_reason(tmp_path):
     assert "\ufffd" in rej.filter(pc.equal(rej.column("reason"), "undecodable")).column("text")[0].as_py()
 
 
+def test_a_rejected_row_has_the_whole_line_its_length_and_hash(tmp_path):
+    """Short rejected lines keep their whole text; n_chars, n_bytes and blake2b describe the raw line (without its
+    line break), so a row can be checked against the file."""
+    raw = [b"", b"too short", "nai\u0308ve caf\u00e9 words".encode(), b"bad \xff\xfe bytes in this line",
+           "na\u00efve caf\u00e9 words".encode(), ("word " * 30).encode()]  # line 5: line 3 after NFC
+    _, kept, rej = _split(tmp_path, b"\r\n".join(raw) + b"\n")
+    assert kept.column("text").to_pylist() == ["na\u00efve caf\u00e9 words"]
+    rows = rej.to_pylist()
+    assert [r["reason"] for r in rows] == ["empty", "too_short", "undecodable", "duplicate", "too_long"]
+    for r in rows:
+        line = raw[r["line_no"] - 1]
+        assert r["text"] == line.decode("utf-8", errors="replace") and r["n_chars"] == len(r["text"])
+        assert r["n_bytes"] == len(line) and r["blake2b"] == hashlib.blake2b(line, digest_size=16).hexdigest()
+
+
 def test_sid_is_stable_and_table_sorted_by_sid(tmp_path):
     _, kept, _ = _split(tmp_path, b"one two three four\nfive six seven eight\nnine ten eleven twelve\n")
     sids = kept.column("sid").to_pylist()
@@ -44,6 +61,16 @@ def test_parquet_corpus_with_text_column(tmp_path):
     pq.write_table(pa.table({"text": ["alpha beta gamma delta", None, "x"]}), p)
     kept, rej = split_sentences(p, 3, 20, 200)
     assert kept.num_rows == 1 and rej.column("reason").to_pylist() == ["empty", "too_short"]
+
+
+def test_parquet_corpus_with_a_dictionary_text_column(tmp_path):
+    """pyarrow writes a dictionary column back as one (its schema is in the file): still a string column."""
+    p = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"text": pa.array(["alpha beta gamma delta", "x", "x", None]).dictionary_encode()}), p)
+    check_corpus(p)
+    kept, rej = split_sentences(p, 3, 20, 200)
+    assert kept.column("text").to_pylist() == ["alpha beta gamma delta"]
+    assert rej.column("reason").to_pylist() == ["too_short", "too_short", "empty"]
 
 
 def test_shard_bounds_cover_rows_once():

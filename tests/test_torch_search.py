@@ -153,9 +153,9 @@ def test_neighbours_stage_with_the_torch_engine_equals_faiss_and_never_imports_i
     tables = {}
     for engine in ("faiss", "torch"):
         root = tmp_path / engine
-        for i, part in enumerate((slice(0, 170), slice(170, None))):
-            Store(root / "r").write_shard("embeddings", i, 2, vectors_table(sids[part], x[part]), "k")
-            Store(root / "r").write_shard("pool_embeddings", i, 2, vectors_table(sids[:0], x[:0]), "k")
+        halves = (slice(0, 170), slice(170, None))
+        Store(root / "r").write_table("embeddings", [vectors_table(sids[h], x[h]) for h in halves], "k")
+        Store(root / "r").write_table("pool_embeddings", [vectors_table(sids[:0], x[:0])] * 2, "k")
         cfg = load_config("default", [f"run.root={root}", "run.name=r", "run.shards=2", "neighbours.pool_size=12",
                                       "neighbours.hi=1.0", f"neighbours.engine={engine}"])
         with monkeypatch.context() as m:

@@ -43,6 +43,7 @@ def write_plain_table(run: Path, name: str, rows: list[dict], parts: int = 2, si
         if sidecars:
             write_sidecar(path, len(idx))
         paths.append(path)
+    (d / "_manifest.json").write_text(json.dumps({"shards": parts}))  # a commit naming its layout's part files
     return paths
 
 

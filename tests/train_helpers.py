@@ -30,6 +30,8 @@ def write_table(run_dir: Path, name: str, rows: list[dict], parts: int = 2) -> N
     for i, idx in reversed(list(enumerate(chunks))):
         pq.write_table(pa.Table.from_pylist([rows[j] for j in idx], schema=SCHEMAS[name]),
                        d / f"part-{i:05d}-of-{parts:05d}.parquet")
+    # the commit: a manifest without a file list names its layout's part files (pipeline/engine/store.py)
+    (d / "_manifest.json").write_text(json.dumps({"shards": parts}))
 
 
 def sentences_rows(n: int, seed: int = 0) -> list[dict]:

@@ -15,6 +15,12 @@
                         global step, best dev score so far, config hash
         train_config.json
 
+state.pt holds tensors, numbers, strings, lists and dicts only (the RNG states as tensors: `rng_state`), and is read
+back with torch.load(weights_only=True): a run folder received from someone else may carry a state.pt that is a
+pickle built to run code when loaded, and the weights-only unpickler refuses any such object before it is built. A
+state that does not load or does not have the form `save_state` writes is a one-line CheckpointError naming the file
+and what to do, never a traceback.
+
 Atomicity: both folders are written by pipeline/engine/atomic.py's `atomic_dir` (a temporary folder, fsynced, then
 swapped in with two renames): a kill at any instant leaves the old folder or the new one, never half of one.
 
@@ -27,11 +33,23 @@ use pipeline.models.encoder.Encoder with the recorded pooler to get the trained 
 from __future__ import annotations
 
 import json
+import pickle
+import random
+import re
+import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from pipeline.engine.atomic import atomic_dir, atomic_write_json, recover  # noqa: F401  (recover: re-exported)
+from pipeline.engine.atomic import atomic_dir, atomic_write_bytes, atomic_write_json, recover  # noqa: F401
+from pipeline.engine.safe_paths import check_below
+from pipeline.errors import ExpectedError
+
+
+class CheckpointError(ExpectedError, RuntimeError):
+    """last/state.pt cannot be resumed from (does not load weights-only, or has not the form save_state writes)."""
+
 
 # our pooler -> (sentence-transformers pooling mode, exact?)
 ST_POOLING = {
@@ -51,8 +69,8 @@ ST_NOTES = {
 
 # ------------------------------------------------------------------------------------------- best/: a model
 def _write_json(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    # replaces the path (a symlink there is swapped out, its target never written)
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
 
 
 def write_st_modules(out: Path, encoder) -> dict:
@@ -108,7 +126,7 @@ def save_encoder(dst: Path | str, encoder, train_config: dict) -> Path:
         _write_json(tmp / "train_config.json", meta)
         note = st["st_note"] or (f"sentence-transformers modules reproduce pooler `{encoder.pooler}` exactly "
                                  f"({st['st_pooling']} pooling, L2-normalised).")
-        (tmp / "README.md").write_text(
+        atomic_write_bytes(tmp / "README.md", (
             f"# {train_config.get('objective', 'trained')} encoder\n\n"
             f"Trained by contramine (trainer/train.py); step {train_config.get('step')}, "
             f"dev {train_config.get('dev')}.\n\n"
@@ -116,11 +134,53 @@ def save_encoder(dst: Path | str, encoder, train_config: dict) -> Path:
             f"- `transformers.AutoModel.from_pretrained(<this folder>)` loads the weights;\n"
             f"  `pipeline.models.encoder.Encoder.load(<this folder>, pooler=\"{encoder.pooler}\")` embeds as in training.\n"
             f"- `sentence_transformers.SentenceTransformer(<this folder>)`: {note}\n"
-            f"- train_config.json: the full configuration of the run.\n")
+            f"- train_config.json: the full configuration of the run.\n").encode())
     return dst
 
 
 # ------------------------------------------------------------------------------------------- last/: a state
+def rng_state() -> dict:
+    """This process's RNG states in a weights-only-loadable form: tensors and plain numbers, no tuples of numpy
+    arrays (python's and numpy's Mersenne Twister states as int64 tensors)."""
+    version, mt, gauss = random.getstate()
+    name, keys, pos, has_gauss, np_gauss = np.random.get_state()
+    return {"python": {"version": int(version), "state": torch.tensor(mt, dtype=torch.int64), "gauss": gauss},
+            "numpy": {"bit_generator": str(name), "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "gauss": float(np_gauss)},
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def _rng_native(s) -> tuple:
+    """(python state, numpy state, torch state, cuda states) from `rng_state`'s form; ValueError when it is not."""
+    try:
+        py, nps, cpu, cuda = s["python"], s["numpy"], s["torch"], s["cuda"]
+        gauss = py["gauss"]
+        py_state = (int(py["version"]), tuple(int(x) for x in py["state"].tolist()),
+                    None if gauss is None else float(gauss))
+        np_state = (str(nps["bit_generator"]), nps["keys"].numpy().astype(np.uint32), int(nps["pos"]),
+                    int(nps["has_gauss"]), float(nps["gauss"]))
+        tensors = [cpu, *(cuda or [])]
+        if not isinstance(cuda, (list, type(None))) or not all(
+                torch.is_tensor(t) and t.dtype == torch.uint8 and t.dim() == 1 for t in tensors):
+            raise TypeError("torch / cuda states are not byte tensors")
+        if not (py["state"].dim() == 1 and nps["keys"].dim() == 1):
+            raise TypeError("Mersenne Twister states are not 1-d tensors")
+    except (KeyError, TypeError, AttributeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"RNG states not in the form this trainer writes ({type(e).__name__}: {e})") from None
+    return py_state, np_state, cpu, cuda
+
+
+def set_rng_state(s: dict) -> None:
+    """Restore what `rng_state` recorded."""
+    py_state, np_state, cpu, cuda = _rng_native(s)
+    random.setstate(py_state)
+    np.random.set_state(np_state)
+    torch.set_rng_state(cpu)
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+
+
 def save_state(dst: Path | str, state: dict, train_config: dict) -> Path:
     """last/: one torch file with everything a restart needs (see the module docstring)."""
     dst = Path(dst)
@@ -130,10 +190,70 @@ def save_state(dst: Path | str, state: dict, train_config: dict) -> Path:
     return dst
 
 
+# key -> the types its value may have; what train.py's save_state call writes
+STATE_FORM = {"objective": dict, "optimizer": dict, "scheduler": dict, "scaler": dict, "step": int, "epoch": int,
+              "batch_in_epoch": int, "best": (int, float), "best_step": (int, type(None)), "config_hash": str,
+              "rng": list}
+
+
+def bad_state(path: Path, problem: str) -> CheckpointError:
+    """The one-line error for a state.pt that cannot be resumed from: the file, what is wrong, what to do."""
+    return CheckpointError(
+        f"{path}: {problem}; not resuming from it. Remove {path.parent} (or train with --no-resume, which overwrites "
+        f"it, or with another --run / --objective) to start over")
+
+
+def _form_problem(state) -> str | None:
+    if not isinstance(state, dict):
+        return f"it holds a {type(state).__name__}, not a training state"
+    missing = [k for k in STATE_FORM if k not in state]
+    if missing:
+        return f"it lacks {', '.join(missing)}: not a training state this trainer wrote"
+    wrong = [k for k, t in STATE_FORM.items() if not isinstance(state[k], t)]
+    if wrong:
+        return f"{', '.join(wrong)} not of the type this trainer writes"
+    if not all(isinstance(k, str) and torch.is_tensor(v) for k, v in state["objective"].items()):
+        return "its objective weights are not all tensors"
+    if not (isinstance(state["optimizer"].get("state"), dict) and isinstance(state["optimizer"].get("param_groups"),
+                                                                             list)):
+        return "its optimizer state is not an optimizer state_dict"
+    if not state["rng"]:
+        return "it has no RNG states"
+    for s in state["rng"]:
+        try:
+            _rng_native(s)
+        except ValueError as e:
+            return str(e)
+    return None
+
+
+def _first_sentence(text: str) -> str:
+    return text.strip().split("\n")[0].split(". ")[0].rstrip(".")[:140]
+
+
 def load_state(dst: Path | str, map_location="cpu") -> dict | None:
-    """The state saved in last/, or None when there is none."""
-    path = recover(Path(dst)) / "state.pt"
-    if not path.is_file():
+    """The state saved in last/, or None when there is none. Loaded weights-only (no pickled object is ever built:
+    no code of the file runs) and checked against the form save_state writes: CheckpointError when it is not."""
+    dst = Path(dst)
+    path = check_below(dst.parent, recover(dst) / "state.pt", final=True)  # last/ and state.pt: no links
+    if not path.exists():
         return None
-    # weights_only=False: the state holds numpy/python RNG states (tuples, arrays), written by us.
-    return torch.load(path, map_location=map_location, weights_only=False)
+    if not path.is_file():
+        raise bad_state(path, "it is not a file")
+    try:
+        with warnings.catch_warnings():  # torch's notes on a foreign pickle's protocol: the file is refused anyway
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        why = re.search(r"(Trying to load unsupported GLOBAL|Unsupported) [^\n]*", str(e))  # what it tried to build
+        why = f" ({_first_sentence(why.group(0))})" if why else ""
+        raise bad_state(path, f"weights-only loading refused it{why}: a state from an older contramine, a damaged "
+                              f"file, or one built to run code") from None
+    except Exception as e:  # noqa: BLE001 -- a truncated zip, an empty file...: whatever torch says, it is unusable
+        first = _first_sentence(str(e))
+        raise bad_state(path, f"it does not load as a torch file ({type(e).__name__}{': ' * bool(first)}{first})") \
+            from None
+    problem = _form_problem(state)
+    if problem:
+        raise bad_state(path, problem)
+    return state

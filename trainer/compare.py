@@ -39,7 +39,9 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import Config, ConfigError, load_config
+from pipeline.config.names import inside
 from pipeline.engine.atomic import atomic_write_bytes, atomic_write_json
+from pipeline.engine.safe_paths import make_dirs
 from pipeline.engine.tables import RunTables, TableMissing
 from trainer.compare_report import (STS_HEAD, STS_KEYS, bootstrap_markdown, mean_std,  # noqa: F401
                                     paired_bootstrap, plots, summarise, table_markdown)  # (re-exported)
@@ -107,7 +109,7 @@ def check_inputs(base: Config, cfgs: dict[str, Config], plan: list[dict]) -> Non
 def run_overrides(cfg: Config, entry: dict | str, k: int, steps: int) -> list[str]:
     """The overrides of one compare run: the row's objective and settings, then seed, budget and folder."""
     entry = {"name": entry, "objective": entry, "sets": [], "run": None} if isinstance(entry, str) else entry
-    out = cfg.run.dir / "compare" / entry["name"] / f"seed-{k}"
+    out = inside(cfg.run.dir / "compare", entry["name"], f"seed-{k}", setting="compare row")  # names: config checks
     return [f"train.objective={entry['objective']}", *entry["sets"], f"train.seed={cfg.train.seed + k}",
             f"train.max_steps={steps}", f"train.output={out}", "train.final_eval=false"]
 
@@ -292,6 +294,7 @@ def compare(profile: str, run: str | None, user_sets: list[str], objectives: lis
                                              *run_overrides(base, e, 0, steps)]) for e in plan}
     pooling = {n: run_pooling(c) for n, c in cfgs.items()}
     check_inputs(base, cfgs, plan)
+    make_dirs(base.run.dir, out)  # compare/ is a folder of this run, not a link to somewhere else (one line if it is)
     print(f"[compare] run {base.run.name}: {', '.join(e['name'] for e in plan)} x {seeds} seed(s), {steps} steps "
           f"each (batch {base.train.batch_size}, lr {base.train.lr}, dev every {base.train.eval_every}) -> {out}")
     start_model = base.train.model or base.encoder.model

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.engine.atomic import atomic_file
 from pipeline.markdown import cell
 
 STS_KEYS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"]
@@ -127,6 +128,12 @@ def bootstrap_markdown(rows: dict, tests: dict, vs_start: dict, start_of: dict, 
     return "\n".join(lines)
 
 
+def save_png(fig, path: Path) -> None:
+    """fig as a PNG that replaces `path` (a symlink planted there goes; its target is never written)."""
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")  # the temp name ends in .tmp: say the format
+
+
 def plots(rows: dict[str, list[dict]], starts: dict, summaries: dict, out: Path, start_of: dict,
           tests: dict | None = None, baseline: str | None = None) -> list[str]:
     """dev_curves.png (one panel per start, each run from its start's dev score at step 0: a [MASK]-pooled start 40
@@ -155,7 +162,7 @@ def plots(rows: dict[str, list[dict]], starts: dict, summaries: dict, out: Path,
     axes[0][0].set_ylabel("STS-B dev Spearman ×100")
     fig.suptitle("dev score against step, one panel per start (one line per seed)")
     fig.tight_layout()
-    fig.savefig(out / "dev_curves.png", dpi=120)
+    save_png(fig, out / "dev_curves.png")
     plt.close(fig)
 
     models = [*starts.items(), *summaries.items()]
@@ -172,7 +179,7 @@ def plots(rows: dict[str, list[dict]], starts: dict, summaries: dict, out: Path,
     ax.set(ylabel="Spearman ×100", title="STS test sets: mean over seeds, error bars = std")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(out / "sts_bars.png", dpi=120)
+    save_png(fig, out / "sts_bars.png")
     plt.close(fig)
     if not tests:
         return ["dev_curves.png", "sts_bars.png"]
@@ -189,7 +196,7 @@ def plots(rows: dict[str, list[dict]], starts: dict, summaries: dict, out: Path,
     ax.set(xlabel=f"Δ STS-B test vs {baseline} (Spearman ×100): pooled over seeds,\n95% paired bootstrap interval "
                   f"on the same resampled sentence pairs", title=f"each row against {baseline}")
     fig.tight_layout()
-    fig.savefig(out / "delta_stsb.png", dpi=120)
+    save_png(fig, out / "delta_stsb.png")
     plt.close(fig)
     return ["dev_curves.png", "sts_bars.png", "delta_stsb.png"]
 

@@ -20,6 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import ROOT, DataCfg, Pooler
+from pipeline.config.names import check_name, inside
+from pipeline.engine.atomic import atomic_write_bytes
+from pipeline.engine.safe_paths import UnsafePath, check_below, make_dirs
 from pipeline.markdown import cell
 from pipeline.text_distances import mer
 from trainer.sts import (STS_TASKS, DataMissing, PairSet, check_senteval_dir, load_sick, load_sts_task, load_stsb,
@@ -294,7 +297,7 @@ def checkpoint_settings(model_path: str) -> dict:
 def derive_name(model: str) -> str:
     path = Path(model)
     name = path.name if (path.exists() or "/" not in model) else model.replace("/", "_")
-    return re.sub(r"[^A-Za-z0-9_.\-]+", "_", name) or "model"
+    return re.sub(r"[^A-Za-z0-9_.\-]+", "_", name).lstrip(".") or "model"  # a folder name (config/names.py)
 
 
 def load_results(name: str) -> dict:
@@ -334,7 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.models.encoder import DEFAULT_PROMPT, Encoder
     from pipeline.models.hub import ModelUnavailable, resolve_model
 
+    name = args.name or derive_name(args.model)
     try:
+        check_name("--name", name, "an eval name", "artifacts/eval/")
+        out_dir = inside(ARTIFACTS / "eval", name, setting="--name")
+        check_below(ARTIFACTS, out_dir, final=True)  # eval/, eval/<name>/: no links (the artifacts root may be one)
         check_senteval_dir(args.data_dir)
         path = resolve_model(args.model, "model")
         trained = checkpoint_settings(path)
@@ -343,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         encoder = Encoder.load(args.model, pooler=pooler, device=args.device, prompt=prompt,
                                precision=args.precision,
                                max_length=args.max_length or trained.get("max_length") or default_max_length(path))
-    except (DataMissing, ModelUnavailable, ValueError) as e:
+    except (DataMissing, ModelUnavailable, UnsafePath, ValueError) as e:  # ConfigError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
     if trained:
@@ -352,11 +359,9 @@ def main(argv: list[str] | None = None) -> int:
               + " (flags override)", file=sys.stderr)
     encoder.name = args.model
     res = evaluate_all(encoder, args.data_dir, probe_path=args.probe, batch_size=args.batch_size, progress=True)
-    name = args.name or derive_name(args.model)
-    out_dir = ARTIFACTS / "eval" / name
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(res, indent=2) + "\n")
-    (out_dir / "results.md").write_text(results_markdown(name, res))
+    make_dirs(ARTIFACTS, out_dir)  # checked again; each file below replaces its path (a link there is not followed)
+    atomic_write_bytes(out_dir / "results.json", (json.dumps(res, indent=2) + "\n").encode())
+    atomic_write_bytes(out_dir / "results.md", results_markdown(name, res).encode())
     print(format_results([(name, res)]))
     print(f"wrote {out_dir / 'results.json'} and results.md ({res['seconds']} s)")
     return 0

@@ -28,13 +28,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from pipeline.config import Config, ConfigError, load_config
+from pipeline.config import Config, load_config
 from pipeline.engine.atomic import atomic_write_json
+from pipeline.engine.safe_paths import check_below
+from pipeline.errors import ExpectedError
 from pipeline.models.encoder import Encoder
-from pipeline.models.hub import ModelUnavailable, model_fingerprint, pick_device, resolve_model
+from pipeline.models.hub import model_fingerprint, pick_device, resolve_model
 from trainer import checkpoint as ckpt
-from trainer import dist
-from trainer.data import MinedRows, TableMissing, batches_per_epoch, fingerprint, make_loader
+from trainer import dist, metrics_log
+from trainer.data import MinedRows, batches_per_epoch, fingerprint, make_loader
 from trainer.keys import eval_data_hash
 
 
@@ -77,17 +79,8 @@ def eval_max_length(name: str) -> int:
     return min(default_max_length(path), positions or 512)
 
 
-def rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-
-def set_rng_state(s: dict) -> None:
-    random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
-    torch.set_rng_state(s["torch"])
-    if s.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
+# The RNG states in last/state.pt: tensors and plain numbers, so the state loads weights-only (trainer/checkpoint.py).
+rng_state, set_rng_state = ckpt.rng_state, ckpt.set_rng_state
 
 
 def seed_all(seed: int) -> None:
@@ -123,16 +116,6 @@ def dev_score(dev: dict) -> float:
     """Model selection: STS-B dev, or the mean of STS-B dev and SICK trial when both are scored."""
     vals = [v for v in dev.values() if v is not None]
     return sum(vals) / len(vals) if vals else float("-inf")
-
-
-def trim_jsonl(path: Path, max_step: int) -> None:
-    """Drop log lines past `max_step`: steps a killed run logged after its last checkpoint are redone on resume."""
-    if not path.is_file():
-        return
-    keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= max_step]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(ln + "\n" for ln in keep))
-    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------------------------- training
@@ -215,6 +198,11 @@ def _train(cfg: Config, resume: bool) -> dict:
     # --- where things go; resume from last/ when it belongs to this configuration -------------------------------------
     out = Path(tc.output) if tc.output else cfg.run.dir / "train" / tc.objective
     best_dir, last_dir, log_path = out / "best", out / "last", out / "metrics.jsonl"
+    # Run folders are shared: no folder below the run (train/, <objective>/, best/, last/) may be a symlink, or our
+    # writes would land in its target. A train.output outside the run is checked from itself down.
+    run_root = cfg.run.dir if out.is_relative_to(cfg.run.dir) else out
+    for d in (best_dir, last_dir):
+        check_below(run_root, d, final=True)
     chash = config_hash(cfg, model_name, pooler, prompt, eval_len, data_key)
     meta = {"objective": tc.objective, "model": model_name, "pooler": pooler, "prompt": prompt, "config_hash": chash,
             "world_size": world, "config": cfg.model_dump(mode="json")}
@@ -226,16 +214,21 @@ def _train(cfg: Config, resume: bool) -> dict:
                   f"starting from scratch (it will be overwritten)", file=sys.stderr)
         state = None
     if state is not None:
-        objective.load_state_dict(state["objective"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
+        try:  # the state has save_state's form (checked on load); its tensors must also fit this model
+            objective.load_state_dict(state["objective"])
+            opt.load_state_dict(state["optimizer"])
+            sched.load_state_dict(state["scheduler"])
+            scaler.load_state_dict(state["scaler"])
+            rngs = state["rng"]
+            if len(rngs) == world:
+                set_rng_state(rngs[rank])
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+            first = str(e).strip().split("\n")[0][:160]
+            raise ckpt.bad_state(last_dir / "state.pt",
+                                 f"it does not fit this model ({type(e).__name__}: {first})") from None
         step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         best, best_step = state["best"], state["best_step"]
-        rngs = state["rng"]
-        if len(rngs) == world:
-            set_rng_state(rngs[rank])
-        else:  # another world size: positions and weights carry over, dropout streams cannot
+        if len(rngs) != world:  # another world size: positions and weights carry over, dropout streams cannot
             seed_all(tc.seed + 7919 * step + rank)
     else:
         seed_all(tc.seed + rank)  # dropout streams differ between ranks
@@ -243,16 +236,13 @@ def _train(cfg: Config, resume: bool) -> dict:
         notes = [*objective_cls.data_notes(rows), *objective_cls.start_notes(tc, resolve_model(model_name, "encoder"))]
         for note in notes:  # loud, once: a silently idle loss term, or a pooler the start never learnt, wastes a run
             print(f"\n[train] WARNING: {note}\n", file=sys.stderr)
-        out.mkdir(parents=True, exist_ok=True)
-        if state is None:
-            log_path.unlink(missing_ok=True)
-        else:
-            trim_jsonl(log_path, step)
+        out.mkdir(parents=True, exist_ok=True)  # every folder on the way was checked above
+        metrics_log.restart(log_path, step if state is not None else None)
         print(f"[train] {tc.objective}: model {model_name} pooler {pooler}, {len(rows)} rows of "
               f"{'+'.join(objective.tables)}, batch {tc.batch_size} ({world} rank(s)), {steps_per_epoch} steps/epoch, "
               f"{total} steps, lr {tc.lr}, {device} {precision}"
               + (f"; resumed at step {step} (epoch {epoch}, batch {batch_in_epoch})" if state else ""))
-    log = open(log_path, "a", buffering=1) if master else None
+    log = metrics_log.open_for_append(run_root, log_path) if master else None
     bar = tqdm(total=total, initial=step, disable=not master, desc=tc.objective, unit="step", dynamic_ncols=True)
 
     # --- the loop ---------------------------------------------------------------------------------------------------
@@ -386,8 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.profile, overrides)
         train(cfg, resume=args.resume)
-    except (ConfigError, TableMissing, ModelUnavailable) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except ExpectedError as e:  # a bad setting, table, model, checkpoint or link in the run: one line, no traceback
+        print("error: " + " ".join(str(e).splitlines()), file=sys.stderr)
         return 2
     return 0
 

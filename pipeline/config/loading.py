@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-from pathlib import Path
+import types
+import typing
+from pathlib import Path, PurePath
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from pipeline.config.base import CONFIG_DIR, ConfigError
 from pipeline.config.root import Config
@@ -63,6 +65,34 @@ def _parse_value(raw: str):
         except tomllib.TOMLDecodeError:
             pass
     return raw
+
+
+def _declared(dotted: str):
+    """The declared type of config key `dotted`, or None where it is no field of a section (a key inside a dict
+    setting such as train.osscse.*, or an unknown key: validation names that one)."""
+    model, annotation = Config, None
+    for part in dotted.split("."):
+        field = model.model_fields.get(part) if model else None
+        if field is None:
+            return None
+        annotation = field.annotation
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return annotation
+
+
+def _takes_text(annotation) -> bool:
+    """A str or path setting (optional or not): `run.name=2024` or `=2024-01-01` means that text, not a number or
+    a date (TOML's reading, which the setting would refuse)."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    kinds = [a for a in (typing.get_args(annotation) if union else (annotation,)) if a is not type(None)]
+    return bool(kinds) and all(isinstance(a, type) and issubclass(a, (str, PurePath)) for a in kinds)
+
+
+def _override_value(key: str, raw: str):
+    value = _parse_value(raw)
+    if not isinstance(value, (str, list, dict)) and _takes_text(_declared(key)):
+        return raw  # the text as written: "2024.10" stays "2024.10", not the float 2024.1
+    return value
 
 
 def _set_dotted(tree: dict, dotted: str, value) -> None:
@@ -141,7 +171,7 @@ def load_config(profile: str = "default", overrides: list[str] | tuple[str, ...]
         if "=" not in item:
             raise ConfigError(f"config override {item!r}: expected key=value, e.g. neighbours.pool_size=32")
         key, raw = item.split("=", 1)
-        _set_dotted(tree, key.strip(), _parse_value(raw.strip()))
+        _set_dotted(tree, key.strip(), _override_value(key.strip(), raw.strip()))
     try:
         return Config.model_validate(tree)
     except ValidationError as e:
@@ -150,4 +180,5 @@ def load_config(profile: str = "default", overrides: list[str] | tuple[str, ...]
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
-        raise ConfigError(f"config error: {key}: {msg} (profile {profile!r})") from None
+        named = msg.startswith(f"{key} ")  # a message that names its key already (run.name '..': ...)
+        raise ConfigError(f"config error: {msg if named else f'{key}: {msg}'} (profile {profile!r})") from None

@@ -7,13 +7,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import AliasChoices, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, ConfigDict, Field, field_validator, model_validator
 
 from pipeline.config.base import ROOT, SHARED_DATA, Section
+from pipeline.config.names import inside, name_problem
+
+RUNS_ROOT = "run.root (artifacts/ unless set)"  # where a run name's folder is, in its refusal
 
 
 class RunCfg(Section):
-    name: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]+$")
+    name: str = Field("default", description="the run's folder, <run.root>/<name>: letters, digits, '_', '-', '.', "
+                                             "not starting with '.'")
     root: Path = ROOT / "artifacts"
     seed: int = Field(1234, ge=0)
     shards: int = Field(4, ge=1, le=4096, description="sid-range shards every per-sentence table is split into "
@@ -23,9 +27,16 @@ class RunCfg(Section):
                                 "The count follows the corpus only, never runner.workers: a rerun with another "
                                 "worker count reuses every shard")
 
+    @field_validator("name")
+    @classmethod
+    def _one_folder(cls, value):
+        if problem := name_problem("run.name", value, "a run name", RUNS_ROOT):
+            raise ValueError(problem)
+        return value
+
     @property
     def dir(self) -> Path:
-        return Path(self.root) / self.name
+        return inside(self.root, self.name, setting="run.name")
 
 
 class RunnerCfg(Section):

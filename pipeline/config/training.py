@@ -8,7 +8,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.base import Section
-from pipeline.config.mining import Pooler
+from pipeline.config.mining import RUNS_ROOT, Pooler
+from pipeline.config.names import name_problem
 
 OBJECTIVE_NAMES = ("simcse", "debcse", "osscse", "whitenedcse", "dclr")  # trainer/objectives/<name>.py each
 Objective = Literal[OBJECTIVE_NAMES]  # the one list, as a type
@@ -116,3 +117,20 @@ class CompareCfg(Section):
     @classmethod
     def _one_run(cls, v):
         return [v] if isinstance(v, str) else v
+
+    @field_validator("variants")
+    @classmethod
+    def _variant_folders(cls, v):
+        # a variant's name is its folder, <run>/compare/<name>/seed-<k>/ (best/, last/ inside)
+        for name in v:
+            if problem := name_problem("compare.variants key", name, "a variant name", "<run>/compare/"):
+                raise ValueError(problem)
+        return v
+
+    @field_validator("mined_runs")
+    @classmethod
+    def _run_names(cls, v):
+        for run in v:
+            if problem := name_problem("compare.mined_runs", run, "a run name", RUNS_ROOT):
+                raise ValueError(problem)
+        return v

@@ -63,7 +63,7 @@ def _old(dst: Path) -> Path:
 def recover(dst: Path | str) -> Path:
     """Undo a folder swap that a kill interrupted, and drop temporary folders of interrupted writes."""
     dst = Path(dst)
-    if not dst.exists() and _old(dst).is_dir():
+    if not dst.exists() and _old(dst).is_dir() and not _old(dst).is_symlink():
         os.rename(_old(dst), dst)
     if dst.parent.is_dir():
         for tmp in dst.parent.glob(f".{dst.name}.tmp-*"):
@@ -89,7 +89,9 @@ def atomic_dir(dst: Path | str):
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     old = _old(dst)
-    if old.exists():
+    if old.is_symlink():  # planted: a link is removed, never followed
+        old.unlink()
+    elif old.exists():
         shutil.rmtree(old)
     if dst.exists():
         os.rename(dst, old)

@@ -18,20 +18,26 @@ import logging
 import time
 from typing import Callable
 
+import pyarrow
+
 from pipeline.config import Config
 from pipeline.engine import resources
 from pipeline.engine.codeversion import code_version
 from pipeline.engine.discovery import load_stages, writer  # noqa: F401  (writer: re-exported for the CLI)
+from pipeline.engine.lock import run_lock
 from pipeline.engine.maps import default_map
 from pipeline.engine.spec import Ctx, Stage
 from pipeline.engine.store import Store, combine, file_hash  # noqa: F401  (file_hash: stages' facts use it)
+
+
+PYARROW = pyarrow.__version__  # the Parquet writer shapes every shard's bytes: another version recomputes them
 
 
 def shard_key(stage: Stage, cfg: Config, store: Store, i: int, n: int, facts: str = "") -> str:
     inputs = [f"{t}[{i}]={store.shard_hash(t, i, n)}" for t in stage.reads]
     inputs += [f"{t}[*]={store.table_hash(t, n)}" for t in stage.reads_whole]
     return combine(stage.name, code_version(stage.module), cfg.section_hash(*stage.settings),
-                   f"seed={cfg.run.seed}", f"shards={n}", facts, *inputs)
+                   f"seed={cfg.run.seed}", f"shards={n}", facts, f"pyarrow={PYARROW}", *inputs)
 
 
 def resolve_plan(name: str, cfg: Config, known: dict | None = None) -> dict:
@@ -70,8 +76,8 @@ def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: b
     shards = range(n) if stage.one_job else (i,)
     cached = [store.cached_shard(t, j, n, key) for t in stage.writes for j in shards]
     if not force and all(cached):
-        return [{"stage": name, "shard": c.index, "table": c.table, "cached": True, "rows": c.rows, "seconds": 0.0}
-                for c in cached]
+        return [{"stage": name, "shard": c.index, "table": c.table, "cached": True, "rows": c.rows, "seconds": 0.0,
+                 "entry": c.entry()} for c in cached]
     resources.enter(name)
     t0 = time.perf_counter()
     tables = stage(Ctx(cfg, store, i, n, progress, stage, plan))
@@ -80,7 +86,8 @@ def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: b
     for t in stage.writes:
         for j, part in zip(shards, tables[t] if stage.one_job else [tables[t]]):
             info = store.write_shard(t, j, n, part, key, seconds / len(shards))
-            out.append({"stage": name, "shard": j, "table": t, "cached": False, "rows": info.rows, "seconds": seconds})
+            out.append({"stage": name, "shard": j, "table": t, "cached": False, "rows": info.rows, "seconds": seconds,
+                        "entry": info.entry()})
     return out
 
 
@@ -123,23 +130,37 @@ def run_stage(name: str, cfg: Config, force: bool = False, plan: dict | None = N
     manifest."""
     log = log or logging.getLogger("contramine.runner").info
     t0 = time.perf_counter()
-    plan = resolve_plan(name, cfg, plan)
-    for resource, facts in plan.items():  # what this run decided for the stage (in the key and the manifest too)
-        log(f"{name}: resource {resource} = {json.dumps(facts, sort_keys=True)}")
-    jobs = jobs_of(name, cfg, force, plan)
-    results = [r for rows in (map or default_map(cfg, run_job_json))(jobs) for r in rows]
-    manifest = finish_stage(name, cfg, results, time.perf_counter() - t0, plan)
+    with run_lock(cfg.run.dir, f"stage {name}"):  # one writer per run folder (its flow may hold it already)
+        plan = resolve_plan(name, cfg, plan)
+        for resource, facts in plan.items():  # what this run decided for the stage (in the key and the manifest too)
+            log(f"{name}: resource {resource} = {json.dumps(facts, sort_keys=True)}")
+        jobs = jobs_of(name, cfg, force, plan)
+        results = [r for rows in (map or default_map(cfg, run_job_json))(jobs) for r in rows]
+        manifest = finish_stage(name, cfg, results, time.perf_counter() - t0, plan)
     log(f"{name}: {manifest['shards_computed']} shards computed, {manifest['shards_cached']} reused; "
         f"rows {manifest['rows']}; {time.perf_counter() - t0:.1f}s")
     return manifest
 
 
+def staged_files(stage: Stage, n: int, results: list[dict]) -> dict[str, list[dict]]:
+    """{table: the shard files its jobs wrote or reused, in shard order}: what the commit will list."""
+    files: dict[str, list] = {t: [None] * n for t in stage.writes}
+    for r in results:
+        files[r["table"]][r["shard"]] = r["entry"]
+    gaps = {t: [i for i, e in enumerate(f) if e is None] for t, f in files.items()}
+    if any(gaps.values()):
+        raise RuntimeError(f"stage {stage.name}: no result for shards {gaps}: nothing committed")
+    return files
+
+
 def finish_stage(name: str, cfg: Config, results: list[dict], wall: float, plan: dict | None = None) -> dict:
-    """Release what the stage loaded in this process; write each output table's manifest: config, inputs, rows,
-    seconds, the stage's own facts and resolved resources. Returns it."""
+    """Release what the stage loaded in this process; commit each output table: its manifest (config, inputs,
+    rows, seconds, the stage's own facts and resolved resources, and the file list) replaces the last one. Returns
+    the manifest."""
     resources.release(name)
     stage, store, n = load_stages()[name], Store(cfg.run.dir), cfg.run.shards
     plan = _plan(name, cfg, plan)
+    store.staged.update(staged_files(stage, n, results))  # the stage's own manifest functions see the new shards
     manifest = {
         "stage": name, "config": {s: getattr(cfg, s).model_dump(mode="json") for s in stage.settings},
         "config_hash": cfg.section_hash(*stage.settings), "seed": cfg.run.seed, "code": code_version(stage.module),
@@ -155,5 +176,5 @@ def finish_stage(name: str, cfg: Config, results: list[dict], wall: float, plan:
     if stage.manifest:
         manifest.update(stage.manifest(cfg, store, n, plan))
     for t in stage.writes:
-        store.finish(t, n, manifest)
+        store.finish(t, n, manifest, store.staged[t])
     return manifest

@@ -1,9 +1,19 @@
-"""Parquet shards on disk: atomic writes, verified cache keys, the table layout of pipeline/schema.py.
+"""Parquet shards on disk: atomic writes, verified cache keys, and a table that is the file list its last commit names.
 
-Every shard file `part-<i>-of-<n>.parquet` has a sidecar `part-<i>-of-<n>.json` = {key, hash, rows}. A shard is
-reused only when its sidecar's key equals the key the stage computes now (inputs' content hashes + stage config +
-code version) AND the file's content hash still equals the recorded one — so a truncated, edited or deleted shard
-is recomputed, never silently reused. Writes go through atomic.py (temp file in the same folder, fsync, rename).
+A shard is named by the key of the computation that wrote it: `part-<i>-of-<n>.<key16>.parquet`, with a sidecar
+`part-<i>-of-<n>.<key16>.json` = {key, hash, rows, seconds}. A shard is reused only when a file of the key the
+stage computes now (inputs' content hashes + stage config + code version + ...) is there AND its bytes still hash to
+the recorded hash, so a truncated, edited or deleted shard is recomputed, never silently reused.
+
+A table is the file list of its `_manifest.json` (Delta Lake's and Iceberg's snapshot, in one file): `files` =
+[{file, hash, rows, seconds}] in shard order. Writers add files and never replace one a manifest lists with other
+bytes (another computation has another key, so another name); the stage's commit is the atomic swap of the manifest
+(`finish`), after which files no manifest lists are collected. So a rerun killed after any number of shards leaves
+the previous computation readable whole, and its own finished shards on disk for the next run to reuse. Readers
+(tables.py) read exactly the listed files. A manifest written before file lists existed (no `files`) names the
+files `part-<i>-of-<n>.parquet` of its layout: those are read as they are.
+
+Writes go through atomic.py (temp file in the same folder, fsync, rename). One writer per run folder (lock.py).
 This is the writer's side; readers of a finished run use tables.py (RunTables).
 """
 from __future__ import annotations
@@ -20,7 +30,56 @@ import pyarrow.parquet as pq
 from pipeline.engine.atomic import atomic_file, atomic_write_json
 from pipeline.schema import SCHEMAS
 
-_PART = re.compile(r"^part-(\d{5})-of-(\d{5})\.parquet$")
+PART = re.compile(r"^part-(\d{5})-of-(\d{5})(?:\.([0-9a-f]{16}))?\.parquet$")
+MANIFEST = "_manifest.json"
+
+
+def shard_file(i: int, n: int, key: str | None = None) -> str:
+    """Shard i of n written under `key` (16 hex digits of its hash in the name; the sidecar holds the whole key);
+    without a key, the name a manifest without a file list means."""
+    if key is None:
+        return f"part-{i:05d}-of-{n:05d}.parquet"
+    return f"part-{i:05d}-of-{n:05d}.{hashlib.blake2b(key.encode(), digest_size=8).hexdigest()}.parquet"
+
+
+def read_manifest(table_dir: Path) -> dict | None:
+    p = Path(table_dir) / MANIFEST
+    try:
+        return json.loads(p.read_text()) if p.is_file() else None
+    except json.JSONDecodeError:
+        raise TableCorrupt(f"{p}: not a manifest (invalid JSON): rerun the stage that writes "
+                           f"`{Path(table_dir).name}`") from None
+
+
+def committed_files(table_dir: Path, manifest: dict | None = None) -> list[dict] | None:
+    """The committed snapshot of a table: [{file, hash, rows, seconds}] in shard order, or None (not finished). A
+    manifest without a file list (written before there were any): its layout's `part-<i>-of-<n>.parquet` files,
+    with what their sidecars say."""
+    man = manifest if manifest is not None else read_manifest(table_dir)
+    if man is None:
+        return None
+    if "files" in man:
+        files = man["files"]
+        for e in files:  # a file list naming anything but a shard beside it is not ours: refuse, never follow
+            if not isinstance(e, dict) or not PART.match(str(e.get("file", ""))):
+                raise TableCorrupt(f"{Path(table_dir) / MANIFEST}: lists {e!r}, not a shard file name")
+        return files
+    n = int(man.get("shards", 0))
+    out = []
+    for i in range(n):
+        name = shard_file(i, n)
+        side = (Path(table_dir) / name).with_suffix(".json")
+        try:
+            meta = json.loads(side.read_text()) if side.is_file() else {}
+        except json.JSONDecodeError:
+            meta = {}
+        out.append({"file": name, "hash": meta.get("hash"), "rows": int(meta.get("rows", 0)),
+                    "seconds": float(meta.get("seconds", 0.0))})
+    return out
+
+
+class TableCorrupt(ValueError):
+    """A manifest that is not one (invalid JSON, a file list naming something else): one line naming it."""
 
 
 def file_hash(path: Path) -> str:
@@ -44,72 +103,67 @@ class ShardInfo:
     hash: str
     rows: int
     cached: bool
+    file: str = ""
+    seconds: float = 0.0
+
+    def entry(self) -> dict:
+        """The shard as a manifest lists it."""
+        return {"file": self.file, "hash": self.hash, "rows": self.rows, "seconds": round(self.seconds, 3)}
 
 
 class Store:
-    """The tables of one run: artifacts/<run>/<table>/part-*.parquet."""
+    """The tables of one run: artifacts/<run>/<table>/. `staged` holds the file lists of tables a stage has computed
+    but not committed yet (finish_stage: its manifest functions see the new shards); everything else reads the
+    committed snapshot."""
 
     def __init__(self, run_dir: Path):
         self.root = Path(run_dir)
+        self.staged: dict[str, list[dict]] = {}
 
     def dir(self, table: str) -> Path:
         return self.root / table
 
-    def shard_path(self, table: str, i: int, n: int) -> Path:
-        return self.dir(table) / f"part-{i:05d}-of-{n:05d}.parquet"
+    # ---- the snapshot a reader of this run sees
+    def files(self, table: str) -> list[dict] | None:
+        return self.staged[table] if table in self.staged else committed_files(self.dir(table))
 
-    def _sidecar(self, table: str, i: int, n: int) -> Path:
-        return self.shard_path(table, i, n).with_suffix(".json")
+    def _entry(self, table: str, i: int, n: int) -> dict:
+        files = self.files(table)
+        if files is None:
+            raise FileNotFoundError(f"{self.dir(table)}: no finished table `{table}`; run the stage that writes it")
+        if len(files) != n:
+            raise FileNotFoundError(f"{self.dir(table)}: table `{table}` has {len(files)} shards where this run has "
+                                    f"{n}: rerun the stage that writes it")
+        return files[i]
 
-    def write_shard(self, table: str, i: int, n: int, data: pa.Table, key: str, seconds: float = 0.0) -> ShardInfo:
-        check_schema(table, data)
-        path = self.shard_path(table, i, n)
-        with atomic_file(path) as tmp:
-            # Fixed writer options: the same table always gives the same bytes.
-            pq.write_table(data, tmp, compression="zstd", row_group_size=64_000, write_statistics=True)
-        info = ShardInfo(table, i, n, key, file_hash(path), data.num_rows, cached=False)
-        atomic_write_json(self._sidecar(table, i, n),
-                          {"key": key, "hash": info.hash, "rows": info.rows, "seconds": round(seconds, 3)})
-        return info
-
-    def cached_shard(self, table: str, i: int, n: int, key: str) -> ShardInfo | None:
-        """The shard's info if it exists, was written under `key`, and its bytes are intact."""
-        path, side = self.shard_path(table, i, n), self._sidecar(table, i, n)
-        if not (path.is_file() and side.is_file()):
-            return None
-        try:
-            meta = json.loads(side.read_text())
-        except (json.JSONDecodeError, OSError):
-            return None
-        if meta.get("key") != key or file_hash(path) != meta.get("hash"):
-            return None
-        return ShardInfo(table, i, n, key, meta["hash"], int(meta["rows"]), cached=True)
+    def shard_path(self, table: str, i: int, n: int, key: str | None = None) -> Path:
+        """With `key`: the file that computation writes. Without: the committed shard i's file."""
+        if key is not None:
+            return self.dir(table) / shard_file(i, n, key)
+        return self.dir(table) / self._entry(table, i, n)["file"]
 
     def shard_hash(self, table: str, i: int, n: int) -> str:
-        """Content hash of a finished input shard, as recorded (and checked) by its writer."""
-        side = self._sidecar(table, i, n)
-        if not side.is_file():
-            raise FileNotFoundError(f"{self.shard_path(table, i, n)}: shard missing; run the stage that writes `{table}`")
-        meta = json.loads(side.read_text())
-        return meta["hash"]
-
-    def _meta(self, table: str, i: int, n: int) -> dict:
-        side = self._sidecar(table, i, n)
-        return json.loads(side.read_text()) if side.is_file() else {}
+        """Content hash of a finished input shard, as its commit records it (and its writer checked)."""
+        h = self._entry(table, i, n).get("hash")
+        if not h:
+            raise FileNotFoundError(f"{self.shard_path(table, i, n)}: shard missing; run the stage that writes "
+                                    f"`{table}`")
+        return h
 
     def intact(self, table: str, i: int, n: int) -> bool:
-        """The shard and its sidecar exist and the shard's bytes still hash to the recorded hash."""
-        path = self.shard_path(table, i, n)
+        """The committed shard exists and its bytes still hash to the recorded hash."""
         try:
-            return path.is_file() and self._meta(table, i, n).get("hash") == file_hash(path)
-        except (json.JSONDecodeError, OSError):
+            e = self._entry(table, i, n)
+            path = self.dir(table) / e["file"]
+            return path.is_file() and not path.is_symlink() and e.get("hash") == file_hash(path)
+        except (FileNotFoundError, OSError, TableCorrupt):
             return False
 
     def cached_rows(self, table: str, i: int, n: int) -> int:
-        return int(self._meta(table, i, n).get("rows", 0))
+        return int(self._entry(table, i, n).get("rows", 0))
 
     def shard_seconds(self, table: str, i: int, n: int) -> float:
-        return float(self._meta(table, i, n).get("seconds", 0.0))
+        return float(self._entry(table, i, n).get("seconds", 0.0))
 
     def table_hash(self, table: str, n: int) -> str:
         return combine(*(self.shard_hash(table, i, n) for i in range(n)))
@@ -131,39 +185,74 @@ class Store:
         return pa.concat_tables(parts) if parts else schema_of(table).empty_table()
 
     def shard_count(self, table: str) -> int:
-        man = self.manifest(table)
-        if man and "shards" in man:
-            return int(man["shards"])
-        counts = {int(m.group(2)) for p in self.dir(table).glob("part-*.parquet") if (m := _PART.match(p.name))}
-        if len(counts) != 1:
+        files = self.files(table)
+        if files is None:
             raise FileNotFoundError(f"{self.dir(table)}: no finished table `{table}` (run its stage first)")
-        return counts.pop()
+        return len(files)
 
     def exists(self, table: str) -> bool:
-        return (self.dir(table) / "_manifest.json").is_file()
+        return (self.dir(table) / MANIFEST).is_file()
 
     def manifest(self, table: str) -> dict | None:
-        p = self.dir(table) / "_manifest.json"
-        return json.loads(p.read_text()) if p.is_file() else None
+        return read_manifest(self.dir(table))
 
-    def finish(self, table: str, n: int, manifest: dict) -> None:
-        """Drop shards of other layouts (a run with another shard count) and record the manifest."""
-        keep = {self.shard_path(table, i, n).name for i in range(n)}
+    # ---- the writer's side
+    def write_shard(self, table: str, i: int, n: int, data: pa.Table, key: str, seconds: float = 0.0) -> ShardInfo:
+        """Shard i under `key`: a file of its own name, never one a manifest lists with other bytes."""
+        check_schema(table, data)
+        path = self.shard_path(table, i, n, key)
+        with atomic_file(path) as tmp:
+            # Fixed writer options: the same table always gives the same bytes.
+            pq.write_table(data, tmp, compression="zstd", row_group_size=64_000, write_statistics=True)
+        info = ShardInfo(table, i, n, key, file_hash(path), data.num_rows, cached=False, file=path.name,
+                         seconds=seconds)
+        atomic_write_json(path.with_suffix(".json"),
+                          {"key": key, "hash": info.hash, "rows": info.rows, "seconds": round(seconds, 3)})
+        return info
+
+    def cached_shard(self, table: str, i: int, n: int, key: str) -> ShardInfo | None:
+        """The shard written under `key`, if it is there whole: its sidecar names the key and its bytes are intact.
+        Finished shards of a rerun that was killed before its commit are found here too."""
+        path = self.shard_path(table, i, n, key)
+        side = path.with_suffix(".json")
+        if not (path.is_file() and side.is_file()) or path.is_symlink():
+            return None
+        try:
+            meta = json.loads(side.read_text())
+        except (json.JSONDecodeError, OSError):
+            return None
+        if meta.get("key") != key or file_hash(path) != meta.get("hash"):
+            return None
+        return ShardInfo(table, i, n, key, meta["hash"], int(meta["rows"]), cached=True, file=path.name,
+                         seconds=float(meta.get("seconds", 0.0)))
+
+    def write_table(self, table: str, parts: list[pa.Table], key: str, manifest: dict | None = None) -> None:
+        """A whole table written and committed outside a stage (a table you bring, a test's input): shard i of
+        len(parts) under `key`, then the commit."""
+        n = len(parts)
+        self.finish(table, n, manifest or {}, [self.write_shard(table, i, n, t, key).entry() for i, t in
+                                               enumerate(parts)])
+
+    def finish(self, table: str, n: int, manifest: dict, files: list[dict]) -> None:
+        """Commit: the manifest naming exactly `files` replaces the last one in one rename; then every shard file
+        no longer listed (an older computation, another layout, a killed writer's temp file) is removed. Only the
+        run's one writer (lock.py) calls this, so no other writer's file is in flight."""
+        if len(files) != n or any(not PART.match(e["file"]) for e in files):
+            raise ValueError(f"table {table}: a commit needs {n} shard files, got {[e.get('file') for e in files]}")
+        atomic_write_json(self.dir(table) / MANIFEST, {**manifest, "table": table, "shards": n, "files": files})
+        self.staged.pop(table, None)
+        keep = {e["file"] for e in files} | {str(Path(e["file"]).with_suffix(".json")) for e in files}
         for p in self.dir(table).glob("part-*"):
-            if p.name not in keep and p.with_suffix(".parquet").name not in keep:
+            if p.name not in keep:
                 p.unlink(missing_ok=True)
         for p in self.dir(table).glob(".part-*.tmp"):  # temp files of a killed writer
             p.unlink(missing_ok=True)
-        atomic_write_json(self.dir(table) / "_manifest.json", {**manifest, "table": table, "shards": n})
 
 
 def schema_of(table: str) -> pa.Schema | None:
-    """The table's contract, or None if no stage declares it. A stage module may declare its own tables (e.g.
-    pool_embeddings): those are in SCHEMAS once the stages are discovered, whatever this process did before."""
-    if table not in SCHEMAS:
-        from pipeline.engine.discovery import load_stages
-
-        load_stages()
+    """The table's contract, or None if no loaded module declares it. A stage module may declare its own tables
+    (e.g. pool_embeddings): those are in SCHEMAS once that module is imported, which a writer has done (the runner
+    discovers the stages before it writes); a reader follows the committed file list and needs no contract."""
     return SCHEMAS.get(table)
 
 

@@ -5,27 +5,45 @@
     tables.read("pairs", ["anchor"])     # an Arrow table, rows in sid order
     tables.connect()                     # DuckDB with every finished table as a view
 
-A table's layout comes from its manifest (`shards`): only `part-*-of-<n>` files of that layout are read, so shards
-of an older layout that an interrupted re-shard left behind are never read twice. Imports neither torch nor Prefect.
+A table is the file list its manifest names (store.py): exactly those files are read, so shards that a rerun wrote
+and did not commit (it was killed, or is still running) are never read, and the previous computation is served
+whole until the next commit. Readers take no lock. A commit removes the files the previous manifest named: a
+read that started before it and finds a file gone reads the new manifest once more. Imports neither torch nor
+Prefect, and discovers no stage (a missing table's error names its writer: that path alone looks the stages up).
+
+Folder names become SQL view names only when they are plain identifiers (`[A-Za-z0-9_]+`), and are quoted: a run
+folder received from someone else is data, never SQL.
 """
 from __future__ import annotations
 
-import json
+import logging
 import re
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from pipeline.engine.store import schema_of
+from pipeline.engine.store import MANIFEST, TableCorrupt, committed_files, read_manifest, schema_of
 from pipeline.errors import ExpectedError
 from pipeline.schema import SCHEMAS
 
-PART = re.compile(r"^part-(\d{5})-of-(\d{5})\.parquet$")
+VIEW_NAME = re.compile(r"^[A-Za-z0-9_]+$")  # a folder name that may become a SQL view name (then quoted)
+log = logging.getLogger("contramine.tables")
+_said: set[tuple[str, str]] = set()  # (run folder, name) already named in this process: once, not per reader
+
+
+def _say_once(run_dir: Path, name: str, line: str) -> None:
+    if (str(run_dir), name) not in _said:
+        _said.add((str(run_dir), name))
+        log.warning(line)
 
 
 class TableMissing(ExpectedError, FileNotFoundError):
     """A table the caller needs is not in the run; the message is one line saying which stage writes it."""
+
+
+class TableUnreadable(ExpectedError, ValueError):
+    """A committed table whose files are not all there (or not plain files): one line naming it and the fix."""
 
 
 def writer_of(table: str) -> str:
@@ -40,44 +58,68 @@ class RunTables:
         self.dir = Path(run_dir)
 
     def manifest(self, table: str) -> dict | None:
-        p = self.dir / table / "_manifest.json"
-        return json.loads(p.read_text()) if p.is_file() else None
+        try:
+            return read_manifest(self.dir / table)
+        except TableCorrupt as e:
+            raise TableUnreadable(str(e)) from None
 
     def names(self) -> list[str]:
-        """Finished tables: the contract's in schema order, then any other (a stage added by a user)."""
+        """Finished tables: the contract's in schema order, then any other (a stage added by a user). A folder whose
+        name is not a plain identifier is left out, and named once (it cannot be a view, and no stage writes it)."""
         if not self.dir.is_dir():
             return []
-        have = {p.parent.name for p in self.dir.glob("*/_manifest.json") if not p.parent.name.startswith(".")}
+        have = set()
+        for p in self.dir.glob(f"*/{MANIFEST}"):
+            name = p.parent.name
+            if name.startswith("."):
+                continue
+            if not VIEW_NAME.match(name) or p.parent.is_symlink():
+                _say_once(self.dir, name, f"{self.dir}: folder {name!r} left out (a table's name is letters, digits "
+                                          f"and '_', and a table is a folder, not a link)")
+                continue
+            have.add(name)
         return [t for t in SCHEMAS if t in have] + sorted(have - set(SCHEMAS))
 
     def exists(self, table: str) -> bool:
-        return (self.dir / table / "_manifest.json").is_file()
+        return (self.dir / table / MANIFEST).is_file()
 
     def shards(self, table: str) -> int:
-        man = self.manifest(table)
-        if man and "shards" in man:
-            return int(man["shards"])
-        layouts = {int(m.group(2)) for p in (self.dir / table).glob("part-*.parquet") if (m := PART.match(p.name))}
-        if len(layouts) != 1:
+        files = self._committed(table)
+        if files is None:
             raise TableMissing(table)  # (files() says more)
-        return layouts.pop()
+        return len(files)
+
+    def _committed(self, table: str) -> list[dict] | None:
+        try:
+            return committed_files(self.dir / table)
+        except TableCorrupt as e:
+            raise TableUnreadable(str(e)) from None
 
     def files(self, table: str) -> list[Path]:
-        """The part files of the table's current layout, in shard (= sid) order; TableMissing (one line naming
-        the stage that writes it) when the run has not got it."""
-        files = self.files_if_any(table)
+        """The files the table's last commit lists, in shard (= sid) order; TableMissing (one line naming the stage
+        that writes it) when the run has not got it, TableUnreadable when a listed file is gone or is a link."""
+        files = self._committed(table)
         if not files:
             raise self.missing(table)
-        return files
+        paths = [self.dir / table / e["file"] for e in files]
+        bad = [p.name for p in paths if not p.is_file() or p.is_symlink()]
+        if bad:
+            run = self.dir.name
+            raise TableUnreadable(f"mined table {table!r} at {self.dir / table}/: its manifest lists {len(bad)} "
+                                  f"file(s) that are missing or not plain files (first: {bad[0]}): run `make stage "
+                                  f"STAGE={writer_of(table)} RUN={run}` to write it again")
+        return paths
 
     def files_if_any(self, table: str) -> list[Path]:
-        """Like `files`, but [] for a table the run does not have (no error, no stage lookup)."""
+        """Like `files`, but [] for a table the run does not have or cannot serve whole (no error, no stage lookup)."""
         try:
-            n = self.shards(table)
-        except TableMissing:
+            files = self._committed(table)
+        except TableUnreadable:
             return []
-        files = [self.dir / table / f"part-{i:05d}-of-{n:05d}.parquet" for i in range(n)]
-        return files if all(f.is_file() for f in files) else []
+        if not files:
+            return []
+        paths = [self.dir / table / e["file"] for e in files]
+        return paths if all(p.is_file() and not p.is_symlink() for p in paths) else []
 
     def missing(self, table: str) -> TableMissing:
         tdir, run = self.dir / table, self.dir.name
@@ -91,10 +133,10 @@ class RunTables:
         return pads.dataset([str(f) for f in self.files(table)], format="parquet")
 
     def read(self, table: str, columns: list[str] | None = None) -> pa.Table:
-        files = self.files(table)
-        if not files:
-            return schema.empty_table() if (schema := schema_of(table)) is not None else pa.table({})
-        return self.dataset(table).to_table(columns=columns)
+        try:
+            return self.dataset(table).to_table(columns=columns)
+        except FileNotFoundError:  # a commit between listing and reading removed a listed file: the new snapshot
+            return self.dataset(table).to_table(columns=columns)
 
     def sql_source(self, table: str) -> str:
         """A DuckDB expression for the table: its current layout's files; `emb` back to FLOAT[d]."""
@@ -117,11 +159,14 @@ class RunTables:
         if not self.dir.is_dir():
             raise FileNotFoundError(f"{self.dir}: no such run (make mine first)")
         con = con or duckdb.connect()
-        for table in self.names():
+        for table in self.names():  # names(): plain identifiers only, and quoted all the same
             if self.files_if_any(table):
                 con.execute(f'CREATE VIEW "{table}" AS SELECT * FROM {self.sql_source(table)}')
-            elif (schema := schema_of(table)) is not None:  # finished with zero shards: empty, not absent
-                con.register(table, schema.empty_table())
+            elif (schema := schema_of(table)) is not None and self.manifest(table).get("shards") == 0:
+                con.register(table, schema.empty_table())  # finished with zero shards: empty, not absent
+            else:
+                _say_once(self.dir, table, f"{self.dir / table}: its manifest lists files that are missing or not "
+                                           f"plain files: no view (run its stage again)")
         return con
 
 
@@ -131,10 +176,7 @@ def reuse_tables(src: Path | str, dst: Path | str) -> list[str]:
     change), else copies; each table lands whole or not at all (atomic_dir). Nothing is trusted because it was
     copied: a stage reuses a shard only when its key (settings, inputs, code, models) matches, so what another
     encoder, say, decides is computed again. Returns the tables it brought."""
-    import os
-    import shutil
-
-    from pipeline.engine.atomic import atomic_dir, recover
+    from pipeline.engine.lock import run_lock
 
     source, dst = RunTables(src), Path(dst)
     if source.dir.resolve() == dst.resolve():
@@ -143,17 +185,37 @@ def reuse_tables(src: Path | str, dst: Path | str) -> list[str]:
         raise TableMissing(f"--reuse-from: {source.dir}/ holds no finished table (no */_manifest.json): mine that run "
                            f"first, or name another")
 
-    def link_or_copy(a: str, b: str) -> None:
-        try:
-            os.link(a, b)
-        except OSError:  # another file system, or one without hard links
-            shutil.copy2(a, b)
+    with run_lock(dst, "--reuse-from"):  # it writes into dst: as any writer, alone
+        return _bring(source, dst)
+
+
+def _link_or_copy(a: Path, b: Path) -> None:
+    import os
+    import shutil
+
+    try:
+        os.link(a, b)
+    except OSError:  # another file system, or one without hard links
+        shutil.copy2(a, b)
+
+
+def _bring(source: RunTables, dst: Path) -> list[str]:
+    from pipeline.engine.atomic import atomic_dir, recover
 
     brought = []
     for table in source.names():
         if recover(dst / table).exists():
             continue  # the run's own: never replaced
-        with atomic_dir(dst / table) as tmp:
-            shutil.copytree(source.dir / table, tmp, dirs_exist_ok=True, copy_function=link_or_copy)
+        src_dir = source.dir / table
+        with atomic_dir(dst / table) as tmp:  # the commit, the files it lists and their sidecars: plain files only
+            listed = [src_dir / MANIFEST] + [p for f in source.files(table)
+                                             for p in (f, f.with_suffix(".json"))
+                                             if p.is_file() and not p.is_symlink()]
+            index = src_dir / "_index"  # the neighbours stage's built index, keyed by what it was built from
+            if index.is_dir() and not index.is_symlink():
+                (tmp / "_index").mkdir()
+                listed += [p for p in index.iterdir() if p.is_file() and not p.is_symlink()]
+            for p in listed:
+                _link_or_copy(p, tmp / p.relative_to(src_dir))
         brought.append(table)
     return brought

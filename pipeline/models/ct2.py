@@ -8,9 +8,9 @@ CTranslate2 runs the same Marian / M2M100 / NLLB weights through its own C++ dec
 tokens/s of transformers on 4 CPU threads (int8) and 9.1x on an A10G (float16), opus-mt en-de (PEERS.md). Its
 converter does not cover FSMT (facebook/wmt19-*): those stay on HF generate ("auto" says so once).
 
-Conversion happens on first use into `<HF cache>/../ctranslate2/<model>--<files>--<compute type>/`: into a
-temporary folder beside it, renamed into place when complete, so a killed conversion leaves nothing that looks
-finished and the next run converts again.
+Conversion happens on first use into `<HF cache>/../ctranslate2/<model>--<files>--<compute type>--ct2-<ctranslate2
+version>/`: into a temporary folder beside it, renamed into place when complete, so a killed conversion leaves
+nothing that looks finished and the next run converts again; a new ctranslate2 converts again.
 
 What holds (measured on the tests' tiny models, CPU; tests/test_ct2.py):
 - float32 greedy output equals HF greedy token for token, rows of any batch composition;
@@ -47,10 +47,15 @@ from pipeline.models.hub import hub_cache_dir, model_fingerprint
 from pipeline.models.translation import language_settings, model_type, row_limit
 
 def converted_dir(name: str, path: str | Path, compute_type: str) -> Path:
-    """Where the converted model lives: keyed by model id, its files (hub commit or content) and compute type."""
+    """Where the converted model lives: keyed by model id, its files (hub commit or content), compute type and the
+    ctranslate2 version (its converter and model format change between releases: a new one converts again rather
+    than load an old conversion)."""
+    import ctranslate2
+
     files = model_fingerprint(path).split("@")[-1].split(":")[-1][:16]
     safe = re.sub(r"[^A-Za-z0-9._-]+", "--", name.strip("/"))[-80:]
-    return hub_cache_dir().parent / "ctranslate2" / f"{safe}--{files}--{compute_type}"
+    version = re.sub(r"[^A-Za-z0-9._-]+", "-", ctranslate2.__version__)
+    return hub_cache_dir().parent / "ctranslate2" / f"{safe}--{files}--{compute_type}--ct2-{version}"
 
 
 def _install_m2m100_vocabulary_fix() -> None:

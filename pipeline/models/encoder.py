@@ -197,8 +197,10 @@ def encoder_plan(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
     if cfg.embeddings.source is not None:
         from pipeline.engine.store import file_hash
 
-        src = Path(cfg.embeddings.source)
-        return {"precomputed": file_hash(src) if src.is_file() else f"missing:{src}"}
+        from pipeline.identity import unicode_facts
+
+        src = Path(cfg.embeddings.source)  # its rows are matched by text, through `normalise`: Unicode's tables too
+        return {"precomputed": file_hash(src) if src.is_file() else f"missing:{src}", "unicode": unicode_facts()}
     device = pick_device(cfg.encoder.device)
     return {"model": model_fingerprint(resolve_model(cfg.encoder.model, "encoder")), "device": device.split(":")[0],
             "precision": resolve_precision(cfg.encoder.precision, device),

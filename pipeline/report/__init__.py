@@ -7,6 +7,10 @@ Pure (no Prefect, no model): it reads only the Parquet tables and `_manifest.jso
 be rerun at any time. A table that is missing is reported as "not produced in this run" rather than failing,
 because offline runs legitimately skip stages (e.g. back-translation). Large tables are sampled with a seed so
 the page costs seconds on a 1M-sentence run; every sample size is written on the page.
+
+Run folders are shared, so the page and its PNGs each replace their path (pipeline/engine/atomic.py: a symlink
+planted at report/index.md is swapped out, its target untouched) and a `report/` folder that is itself a symlink is
+refused in one line (pipeline/engine/safe_paths.py) rather than written into.
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 
+from pipeline.engine.atomic import atomic_file, atomic_write_bytes
+from pipeline.engine.safe_paths import UnsafePath, make_dirs
 from pipeline.markdown import cell, table
 from pipeline.report.queries import (TEXT_SAMPLE, Run, _sample_clause, chosen_cos, chosen_text_pairs,  # noqa: F401
                                      overlap_by_source, overlap_stats, pool_peakedness, random_pair_cosines)
@@ -44,7 +50,8 @@ def _figure(out: Path, name: str, title: str, xlabel: str, ylabel: str, draw, co
     if counts:  # an axis of counts gets whole-number ticks only
         getattr(ax, f"{counts}axis").set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     fig.tight_layout()
-    fig.savefig(out / f"{name}.png")
+    with atomic_file(out / f"{name}.png") as tmp:
+        fig.savefig(tmp, format="png")  # the temp name ends in .tmp: say the format
     plt.close(fig)
     return f"![{title}]({name}.png)"
 
@@ -318,9 +325,9 @@ def headline(run_dir: Path, seed: int = 0) -> str:
 def write_report(run_dir: Path, out_dir: Path | None = None, seed: int = 0) -> Path:
     run_dir = Path(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    make_dirs(run_dir, out)  # no folder below the run may be a link (an --out outside the run is the user's own)
     for old in out.glob("*.png"):  # a plot a rerun no longer draws must not linger next to the new page
-        old.unlink()
+        old.unlink()  # a link among them: the link goes, not its target
     run = Run(run_dir)
     absent = [t for t in SCHEMAS if not run.present[t]]
     md = [f"# Mining report: `{run_dir.name}`", "",
@@ -328,9 +335,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None, seed: int = 0) -> P
           f"{', '.join(absent) if absent else 'none'}.", ""]
     md += section_summary(run, out) + section_cosine(run, out, seed) + section_overlap(run, seed)
     md += section_mer(run, out, seed) + section_ipw(run, out) + section_examples(run, seed) + section_timings(run, out)
-    index = out / "index.md"
-    index.write_text("\n".join(md) + "\n")
-    return index
+    return atomic_write_bytes(out / "index.md", ("\n".join(md) + "\n").encode())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -341,5 +346,8 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     if not a.run_dir.is_dir():
         ap.error(f"run directory {a.run_dir} does not exist")
-    print(write_report(a.run_dir, a.out, a.seed))
+    try:
+        print(write_report(a.run_dir, a.out, a.seed))
+    except UnsafePath as e:  # a link in the run folder: one line, as `make report` says it
+        ap.exit(2, f"error: {e}\n")
 

@@ -82,8 +82,6 @@ def tune_index(cfg, store, n: int, plan: dict) -> dict:
         if all((folder / out[f]).is_file() for f in ("file", "vectors", "sids") if f in out):
             return out
     folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.iterdir():  # another base or other settings: that index is no longer this run's
-        old.unlink(missing_ok=True)
     base_sids, base = read_vectors(store, plan["base"], n)
     index, _ = fx.build_index(base, kind, c, cfg.run.seed, gpu=False)
     if kind == "hnsw":  # the graph holds the vectors: search against its copy, and let the table's go
@@ -116,6 +114,12 @@ def tune_index(cfg, store, n: int, plan: dict) -> dict:
         with atomic_file(folder / out["file"]) as tmp:
             fx.faiss.write_index(index, str(tmp))
     atomic_write_json(done, out)
+    # another base's or other settings' index is no longer this run's: removed once this one is whole (a build killed
+    # half-way leaves the last complete index in place)
+    mine = {done.name, *(out[f] for f in ("file", "vectors", "sids") if f in out)}
+    for old in folder.iterdir():
+        if old.name not in mine:
+            old.unlink(missing_ok=True)
     return out
 
 

@@ -15,14 +15,17 @@ from pipeline.engine.spec import Ctx, stage
 from pipeline.engine.store import file_hash
 from pipeline.schema import SCHEMAS
 from pipeline.corpus import CorpusError, shard_bounds, split_sentences
+from pipeline.identity import unicode_facts
+
 
 def pool_facts(cfg) -> str:
+    """The candidate file's content hash and, as for `sentences`, the Unicode tables its NFC follows."""
     src = cfg.data.candidates
     if src is None:
-        return "candidates:none"
+        return "candidates:none"  # no file, nothing normalised: the Unicode tables play no part
     if not Path(src).is_file():
         raise CorpusError(f"data.candidates {src}: no such file")
-    return "candidates:" + file_hash(Path(src))
+    return "candidates:" + file_hash(Path(src)) + ";" + unicode_facts()
 
 
 def read_pool(path: Path | None, min_words: int, max_words: int, max_chars: int) -> tuple[pa.Table, pa.Table]:

@@ -9,11 +9,13 @@ import pyarrow as pa
 from pipeline.corpus import check_corpus, shard_bounds, split_sentences
 from pipeline.engine.spec import Ctx, stage
 from pipeline.engine.store import file_hash
+from pipeline.identity import unicode_facts
 
 
 def corpus_facts(cfg) -> str:
-    """The corpus' content hash: a file edited in place (same name, size and mtime) is read again."""
-    return "corpus:" + file_hash(Path(cfg.data.corpus))
+    """The corpus' content hash (a file edited in place, same name, size and mtime, is read again) and Python's
+    Unicode tables, which NFC follows (a Python upgrade that changes them normalises the corpus again)."""
+    return "corpus:" + file_hash(Path(cfg.data.corpus)) + ";" + unicode_facts()
 
 
 def corpus_manifest(cfg, store, n: int, plan=None) -> dict:
