@@ -29,7 +29,7 @@ STAGES = ["sentences", "pool_sentences", "embeddings", "pool_embeddings", "neigh
 
 def ours(texts: list[str], model: str, work: Path) -> tuple[float, int]:
     from pipeline.config import load_config
-    from pipeline.engine.runner import load_stages, run_global, run_shard
+    from pipeline.engine.runner import load_stages, run_stage
     from pipeline.engine.tables import RunTables
 
     corpus = work / "corpus.txt"
@@ -41,10 +41,10 @@ def ours(texts: list[str], model: str, work: Path) -> tuple[float, int]:
                                   "scores.positives=[\"noise\"]", "ipw.m_neg=2", "ipw.m_pos=1"])
     # imports before the clock, as on the peer's side (sentence_transformers, torch, transformers are imported
     # before its clock starts): discovering the stages imports torch, spaCy and FAISS (~4 s here)
-    stages = load_stages()
+    load_stages()
     t0 = time.perf_counter()
     for stage in STAGES:
-        run_global(stage, cfg, force=True) if stages[stage].one_job else run_shard(stage, cfg, 0, force=True)
+        run_stage(stage, cfg, force=True, log=lambda line: None)
     seconds = time.perf_counter() - t0
     cand = RunTables(cfg.run.dir).read("candidates", ["sid", "kind", "chosen"])
     import pyarrow.compute as pc

@@ -17,12 +17,14 @@ from pipeline.engine.tables import RunTables
 
 from mining_helpers import _cli_env
 
-GIB_KIB = 1 << 20  # ru_maxrss is in KiB on Linux
+GIB_KIB = 1 << 20  # VmHWM is in KiB
 BEFORE = ["the first normal line of this corpus", "another normal line before the long one"]
 AFTER = ["the last normal line of the corpus", "and one more after it for good measure"]
-# the CLI in this process, then its own peak RSS (RUSAGE_SELF: this process only, whatever else the test started)
-PEAK = ("import resource, sys\nfrom flows.cli import main\ncode = main(sys.argv[1:])\n"
-        "print('peak_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\nsys.exit(code)")
+# the CLI in this process, then its own peak RSS: VmHWM of its own address space (ru_maxrss would not do: it is
+# inherited across fork and exec, so a child of a pytest worker that has grown to 1.5 GB starts at 1.5 GB)
+PEAK = ("import re, sys\nfrom flows.cli import main\ncode = main(sys.argv[1:])\n"
+        "hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
+        "print('peak_kib', hwm)\nsys.exit(code)")
 OFFLINE = ["encoder.model=standin:encoder-384", "backtranslate.chains=[]", "run.shards=2"]
 
 

@@ -16,7 +16,7 @@ import torch
 from pipeline.search import band, faiss_index as fx, index as ix
 from pipeline.config import BacktranslateCfg, ConfigError, NeighboursCfg, configure, load_config, shards_for
 from pipeline.engine import devices, resources
-from pipeline.engine.runner import run_shard
+from pipeline.engine.runner import finish_stage, run_job, run_shard
 from pipeline.engine.store import Store
 from pipeline.models.encoder import Encoder
 from pipeline.models.chains import load_translator
@@ -275,7 +275,7 @@ def test_auto_searches_exactly_when_its_approximate_index_cannot_reach_min_recal
     assert plan["fallback"]["recall"] < 1.0 and list(plan["fallback"]["recall_by_ef_search"]) == ["64"]
     _, base, search, _ = ix.load_index(cfg, Store(tmp_path / "r"), 1, plan)
     assert isinstance(base, np.memmap) and isinstance(search, fx.BruteForce)
-    run_shard("neighbours", cfg, 0, plan={"index": plan})
+    finish_stage("neighbours", cfg, run_job("neighbours", cfg, 0, plan={"index": plan}), 0.0, {"index": plan})
     got = Store(tmp_path / "r").read("neighbours")
     assert got.equals(band.exact_band_neighbours(x, sids, x, sids, 0.25, 0.75, 16))
     from pipeline.errors import StageError

@@ -145,7 +145,7 @@ def test_neighbours_stage_with_the_torch_engine_equals_faiss_and_never_imports_i
 
     from pipeline.search import index as ix
     from pipeline.config import load_config
-    from pipeline.engine.runner import run_shard
+    from pipeline.engine.runner import finish_stage, run_job
     from pipeline.engine.store import Store
     from pipeline.schema import vectors_table
 
@@ -163,8 +163,9 @@ def test_neighbours_stage_with_the_torch_engine_equals_faiss_and_never_imports_i
                 m.setitem(sys.modules, "faiss", None)  # `import faiss` raises ImportError
             plan = ix.index_plan(cfg, Store(root / "r"), 2)
             assert plan["engine"] == engine and plan["kind"] == "flat" and plan["device"] == "cpu"
-            for i in range(2):
-                assert run_shard("neighbours", cfg, i, plan={"index": plan})["rows"]
+            results = [r for i in range(2) for r in run_job("neighbours", cfg, i, plan={"index": plan})]
+            assert all(r["rows"] for r in results)
+            finish_stage("neighbours", cfg, results, 0.0, {"index": plan})  # the commit
         tables[engine] = Store(root / "r").read("neighbours")
     assert tables["torch"].num_rows > 0 and tables["torch"].equals(tables["faiss"])
     assert tables["torch"].equals(exact_band_neighbours(x, sids, x, sids, 0.25, 1.0, 12))
