@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from pipeline.engine.store import MANIFEST, TableCorrupt, committed_files, read_manifest, schema_of
+from pipeline.engine.store import MANIFEST, TableCorrupt, committed_files, read_manifest
 from pipeline.errors import ExpectedError
 from pipeline.schema import SCHEMAS
 
@@ -95,31 +95,30 @@ class RunTables:
         except TableCorrupt as e:
             raise TableUnreadable(str(e)) from None
 
+    def _listed(self, table: str) -> tuple[list[Path], list[str]]:
+        """(the paths the last commit lists, the names of those missing or not plain files)."""
+        paths = [self.dir / table / e["file"] for e in self._committed(table) or []]
+        return paths, [p.name for p in paths if not p.is_file() or p.is_symlink()]
+
     def files(self, table: str) -> list[Path]:
         """The files the table's last commit lists, in shard (= sid) order; TableMissing (one line naming the stage
         that writes it) when the run has not got it, TableUnreadable when a listed file is gone or is a link."""
-        files = self._committed(table)
-        if not files:
+        paths, bad = self._listed(table)
+        if not paths:
             raise self.missing(table)
-        paths = [self.dir / table / e["file"] for e in files]
-        bad = [p.name for p in paths if not p.is_file() or p.is_symlink()]
         if bad:
-            run = self.dir.name
             raise TableUnreadable(f"mined table {table!r} at {self.dir / table}/: its manifest lists {len(bad)} "
                                   f"file(s) that are missing or not plain files (first: {bad[0]}): run `make stage "
-                                  f"STAGE={writer_of(table)} RUN={run}` to write it again")
+                                  f"STAGE={writer_of(table)} RUN={self.dir.name}` to write it again")
         return paths
 
     def files_if_any(self, table: str) -> list[Path]:
         """Like `files`, but [] for a table the run does not have or cannot serve whole (no error, no stage lookup)."""
         try:
-            files = self._committed(table)
+            paths, bad = self._listed(table)
         except TableUnreadable:
             return []
-        if not files:
-            return []
-        paths = [self.dir / table / e["file"] for e in files]
-        return paths if all(p.is_file() and not p.is_symlink() for p in paths) else []
+        return [] if bad else paths
 
     def missing(self, table: str) -> TableMissing:
         tdir, run = self.dir / table, self.dir.name
@@ -162,8 +161,6 @@ class RunTables:
         for table in self.names():  # names(): plain identifiers only, and quoted all the same
             if self.files_if_any(table):
                 con.execute(f'CREATE VIEW "{table}" AS SELECT * FROM {self.sql_source(table)}')
-            elif (schema := schema_of(table)) is not None and self.manifest(table).get("shards") == 0:
-                con.register(table, schema.empty_table())  # finished with zero shards: empty, not absent
             else:
                 _say_once(self.dir, table, f"{self.dir / table}: its manifest lists files that are missing or not "
                                            f"plain files: no view (run its stage again)")
