@@ -31,6 +31,7 @@ OBJECTIVES ?=
 SEEDS   ?=
 FROM    ?=
 FORMAT  ?= triplet
+PRUNE   ?=
 N       ?= 1000000
 # `make test`: the suite in TEST_WORKERS pytest-xdist processes, whole files per process (a module's fixtures are
 # built once); TEST_WORKERS=0 runs it in this one process. PYTEST_ARGS adds to that.
@@ -40,7 +41,7 @@ PYTEST_ARGS ?= -q
 # Everything passed on to the CLI, only when set.
 ARGS = --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(CORPUS),--corpus $(CORPUS)) $(if $(SET),--set $(SET)) $(if $(FORCE),--force)
 
-.PHONY: install mine stage sql test eval report export train compare bench gpu-check gpu-wheels gpu-rehearsal scale clean
+.PHONY: install mine stage sql test eval report export cache train compare bench gpu-check gpu-wheels gpu-rehearsal scale clean
 install: $(STAMP)
 $(STAMP): pyproject.toml requirements-extra.txt
 	@test "$(ACCEL)" = cpu || test "$(ACCEL)" = gpu || { echo "ACCEL must be cpu or gpu, not '$(ACCEL)'"; exit 2; }
@@ -68,6 +69,10 @@ sql: $(STAMP)
 
 report: $(STAMP)
 	$(BIN)/python -m flows.cli report $(ARGS)
+
+# the row memo (docs/mining.md "What is reused"): its size per stage; PRUNE="--older-than 30 --unreferenced" prunes
+cache: $(STAMP)
+	$(BIN)/python -m flows.cli cache $(ARGS) $(PRUNE)
 
 # a run's mined rows as a Hugging Face dataset folder (FORMAT: triplet | n-tuple | labeled-pair | osscse-triplet)
 export: $(STAMP)

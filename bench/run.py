@@ -23,7 +23,7 @@ import traceback
 
 from pipeline.config import ROOT
 
-MODULES = ["embeddings", "mer", "neighbours", "ivf", "hardneg", "scaling", "negate", "backtranslate", "bergamot", "ct2",
+MODULES = ["embeddings", "mer", "neighbours", "ivf", "hardneg", "scaling", "growth", "negate", "backtranslate", "bergamot", "ct2",
            "marian", "train", "eval"]
 OUT = ROOT / "artifacts" / "bench"
 DOC = ROOT / "BENCHMARKS.md"

@@ -121,6 +121,7 @@ def measure(name, spec, n, run, corpus, sets, env, out, shards, settings, repeat
     for _ in range(repeat):
         for table in spec.writes:  # a stage cut off mid-way (or measured again): measure it whole
             shutil.rmtree(out / run / table, ignore_errors=True)
+        shutil.rmtree(memo_dir(out, run) / name, ignore_errors=True)  # ... its rows too: none from the memo
         load = os.getloadavg()[0]
         child_s, rss, cpu_s = run_stage(name, run, corpus, sets, env, out / f"{run}.log")
         manifest = Store(out / run).manifest(spec.writes[0])
@@ -137,6 +138,12 @@ def measure(name, spec, n, run, corpus, sets, env, out, shards, settings, repeat
             break
     best = min(rows, key=lambda r: r["seconds"])
     return {**best, "attempts": [r["seconds"] for r in rows]}
+
+
+def memo_dir(out: Path, run: str) -> Path:
+    """The size's own row memo (runner.memo stays as set, on by default): the sizes' corpora share their first
+    lines, and a stage measured again would take its rows from the memo; each measurement starts it empty."""
+    return out / f".memo-{run}"
 
 
 def results_file(out: Path, corpus: str) -> Path:
@@ -173,9 +180,10 @@ def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: boo
         for n in sizes:
             run = f"scale-{n}" if corpus == DEFAULT_CORPUS else f"scale-{corpus}-{n}"
             text = synthetic_corpus(n, out / "corpora" / f"{corpus}-{n}.txt", corpus=corpus)
-            sets = [*STANDIN_SETTINGS, f"run.root={out}", *extra]
+            sets = [*STANDIN_SETTINGS, f"run.root={out}", f"runner.memo_dir={memo_dir(out, run)}", *extra]
             if not resume:
                 shutil.rmtree(out / run, ignore_errors=True)
+                shutil.rmtree(memo_dir(out, run), ignore_errors=True)
             shards = configure("default", run, str(text), sets).run.shards
             print(f"scale n={n:,} ({corpus}): {shards} shards", flush=True)
             for name, spec in stages.items():

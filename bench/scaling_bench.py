@@ -75,7 +75,9 @@ def mine(n: int, work: Path) -> dict:
     path = corpus(n, work / f"corpus-{n}.txt")
     from bench import smoke
 
-    settings = [f"run.root={work}", *NO_TRANSLATION, *smoke.cap([], SMOKE_SETTINGS)]
+    memo = work / f".memo-{n}"  # each size computes its rows: the sizes' corpora share lines, a shared memo would not
+    shutil.rmtree(memo, ignore_errors=True)
+    settings = [f"run.root={work}", f"runner.memo_dir={memo}", *NO_TRANSLATION, *smoke.cap([], SMOKE_SETTINGS)]
     if smoke.on():  # the same stages through the runner's own driver, in one child, without Prefect's start-up
         cmd = [sys.executable, "-m", "bench.scaling_bench", "--child", run, str(path), *settings]
     else:

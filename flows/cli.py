@@ -5,6 +5,7 @@
     python -m flows.cli sql    [--run R] [--query "SELECT ..."]
     python -m flows.cli report [--run R]
     python -m flows.cli export [--run R] [--format triplet ...]
+    python -m flows.cli cache  [--prune] [--older-than DAYS] [--unreferenced] [--dry-run]
     python -m flows.cli train | eval | compare | bench | scale  [their own options: --help]
 
 `contramine` (the installed script) is the same command line.
@@ -129,7 +130,7 @@ def cmd_mine(args, cfg: Config) -> None:
 
 
 def cmd_stage(args, cfg: Config) -> None:
-    from pipeline.engine.runner import load_stages
+    from pipeline.engine.runner import load_stages, memo_line
 
     from .mine import run_stage_flow
 
@@ -143,7 +144,7 @@ def cmd_stage(args, cfg: Config) -> None:
     manifest = run_stage_flow(args.name, cfg, profile=args.profile, run=args.run, corpus=args.corpus,
                               overrides=args.set, force=args.force is not None, plan=plan)
     print(f"{args.name}: {manifest['shards_computed']} shards computed, {manifest['shards_cached']} reused, "
-          f"rows {manifest['rows']}")
+          f"rows {manifest['rows']}{memo_line(manifest)}")
 
 
 def cmd_sql(args, cfg: Config) -> None:
@@ -170,6 +171,31 @@ def cmd_export(args, cfg: Config) -> None:
 
     for fmt in args.format:
         print(f"{fmt}: wrote {export_run(cfg.run.dir, fmt)} (load it with datasets.load_dataset(<that folder>))")
+
+
+def cmd_cache(args, cfg: Config) -> None:
+    """The row memo (pipeline/engine/memo.py): its size per stage and namespace, and pruning."""
+    from pipeline.engine.memo import memo_root, namespaces, prune, referenced_namespaces
+
+    root, runs = memo_root(cfg), cfg.run.root
+    if args.prune or args.older_than is not None or args.unreferenced:
+        gone = prune(root, runs, args.older_than, args.unreferenced, args.dry_run)
+        for path, why in gone:
+            print(f"{'would remove' if args.dry_run else 'removed'} {path}: {why}")
+        print(f"{len(gone)} {'would go' if args.dry_run else 'removed'}")
+        return
+    found, refs = namespaces(root), referenced_namespaces(runs)
+    print(f"row memo: {root}" + ("" if found else " (empty)"))
+    per_stage: dict = {}
+    for ns in found:
+        used = "yes" if f"{ns.stage}/{ns.path.name}" in refs else "no"
+        print(f"  {ns.stage:<16} {ns.path.name:<28} {ns.rows:>10,} rows {ns.packs:>5} packs "
+              f"{ns.bytes / 2**20:>9.1f} MiB  last used {time.strftime('%Y-%m-%d %H:%M', time.localtime(ns.last_used))}"
+              f"  a run under {runs.name}/ uses it: {used}")
+        total = per_stage.setdefault(ns.stage, [0, 0])
+        total[0], total[1] = total[0] + ns.rows, total[1] + ns.bytes
+    for stage, (rows, size) in per_stage.items():
+        print(f"{stage}: {rows:,} rows, {size / 2**20:.1f} MiB")
 
 
 # Commands whose own module parses the rest of the line (`contramine train --help` prints that module's options).
@@ -206,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     for name, what in (("mine", "every stage, in order"), ("stage", "one stage (what it reads must exist)"),
                        ("sql", "DuckDB over a run's tables"), ("report", "the mining report of a run"),
-                       ("export", "a run's mined rows as a Hugging Face dataset folder")):
+                       ("export", "a run's mined rows as a Hugging Face dataset folder"),
+                       ("cache", "the row memo: its size per stage; --prune by age or by what no run uses")):
         s = sub.add_parser(name, help=what)
         if name == "stage":
             s.add_argument("name", help=f"one of: {', '.join(ORDER)}")
@@ -229,6 +256,13 @@ def main(argv: list[str] | None = None) -> int:
 
             s.add_argument("--format", nargs="+", default=["triplet"], choices=list(FORMATS),
                            help="the sentence-transformers dataset format(s) to write")
+        if name == "cache":
+            s.add_argument("--prune", action="store_true", help="remove temp files of killed writes (an hour old)")
+            s.add_argument("--older-than", type=float, default=None, metavar="DAYS",
+                           help="remove packs not used for this many days")
+            s.add_argument("--unreferenced", action="store_true",
+                           help="remove namespaces that no finished table under run.root names in its manifest")
+            s.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
         if name == "sql":
             s.add_argument("--query", "-q", default=None)
             s.add_argument("--max-rows", type=int, default=40)
@@ -242,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = configure(args.profile, args.run, args.corpus, args.set)
         {"mine": cmd_mine, "stage": cmd_stage, "sql": cmd_sql, "report": cmd_report,
-         "export": cmd_export}[args.cmd](args, cfg)
+         "export": cmd_export, "cache": cmd_cache}[args.cmd](args, cfg)
     except ExpectedError as e:
         # raised before Prefect started, or inside a shard task: Prefect's flow call re-raises the task's own
         # exception. One line, whatever the message holds, and the last one.

@@ -60,7 +60,9 @@ def publish_stage(stage: str, cfg: Config, manifest: dict) -> None:
     create_table_artifact(
         key=artifact_key(cfg.run.name, stage),
         table=[{"table": t, "rows": n, "shards computed": manifest["shards_computed"],
-                "shards reused": manifest["shards_cached"], "seconds": manifest["wall_seconds_last_run"]}
+                "shards reused": manifest["shards_cached"], "seconds": manifest["wall_seconds_last_run"],
+                **{f"{m}: rows {k}": e[f"rows_{k}"] for m, e in (manifest.get("memo") or {}).items()
+                   for k in ("computed", "reused")}}
                for t, n in manifest["rows"].items()],
         description=f"stage `{stage}` of run `{cfg.run.name}` ({cfg.run.dir})")
 

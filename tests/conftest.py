@@ -51,6 +51,21 @@ def prefect_harness():
         yield
 
 
+def pytest_configure(config):
+    no_flow_heartbeats()
+
+
+def no_flow_heartbeats() -> None:
+    """Flow runs without Prefect's heartbeat thread, in this process. A heartbeat tells a long-lived server that a
+    flow run has not crashed; the harness' server lives for the session only, and every flow run's exit waits for
+    the thread's one-second sleep to end (~0.5 s a flow run, 13 stage flows a `mine`: a fifth of a small mine's
+    time here). Prefect's setting cannot say "none" from the environment (it takes an int >= 30), so the engine's
+    property is replaced in the test processes (not in the CLI subprocesses or Dask workers they start)."""
+    import prefect.flow_engine
+
+    prefect.flow_engine.BaseFlowRunEngine.heartbeat_seconds = property(lambda self: None)
+
+
 @pytest.fixture(scope="session")
 def small_corpus(tmp_path_factory) -> Path:
     """120 real wiki lines plus a few that must be rejected."""

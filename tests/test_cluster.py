@@ -169,11 +169,39 @@ def _all_tables(cfg) -> dict:
 
 
 @pytest.fixture(scope="module")
-def threads_run(corpus30, tmp_path_factory):
+def threads_root(corpus30, tmp_path_factory) -> Path:
+    """The run root of a threads `make mine` on corpus30 (run "t"); its row memo is <root>/.memo."""
     root = tmp_path_factory.mktemp("threads")
-    sets = SMALL + [f"run.root={root}", "runner.workers=2"]
-    mine_flow(profile="default", run="t", corpus=str(corpus30), overrides=sets)
-    return _all_tables(configure("default", "t", str(corpus30), sets))
+    mine_flow(profile="default", run="t", corpus=str(corpus30), overrides=SMALL + [f"run.root={root}", "runner.workers=2"])
+    return root
+
+
+@pytest.fixture(scope="module")
+def threads_run(corpus30, threads_root):
+    return _all_tables(configure("default", "t", str(corpus30), SMALL + [f"run.root={threads_root}", "runner.workers=2"]))
+
+
+def test_a_grown_corpus_on_the_cluster_sends_only_its_new_line_to_the_models(cluster, corpus30, threads_root,
+                                                                              tmp_path):
+    """The threads run's row memo, shared as a team's would be (runner.memo_dir), serves the cluster's workers: the
+    corpus grown by one line embeds and negates one sentence, and the tables equal a fresh run's (memo off)."""
+    grown = tmp_path / "c31.txt"
+    grown.write_text(corpus30.read_text(encoding="utf-8") + WIKI.read_text(encoding="utf-8").splitlines()[30] + "\n",
+                     encoding="utf-8")
+    shared = SMALL + [f"runner.memo_dir={threads_root / '.memo'}"]
+    sets = shared + [f"run.root={tmp_path}", "runner.kind=dask", f"runner.address={cluster.address}"]
+    mine_flow(profile="default", run="g", corpus=str(grown), overrides=sets)
+    store = Store(tmp_path / "g")
+    for stage, table in (("embeddings", "embeddings"), ("negate", "negations")):
+        memo = next(iter(store.manifest(table)["memo"].values()))
+        assert (memo["rows_computed"], memo["state"]) == (1, "on"), (stage, memo)
+        assert memo["rows_reused"] == store.manifest("sentences")["rows"]["sentences"] - 1
+    fresh = SMALL + [f"run.root={tmp_path}", "runner.memo=off"]
+    mine_flow(profile="default", run="fresh", corpus=str(grown), overrides=fresh)
+    want = _all_tables(configure("default", "fresh", str(grown), fresh))
+    got = _all_tables(configure("default", "g", str(grown), sets))
+    for table, data in want.items():
+        assert got[table].equals(data), table
 
 
 def test_make_mine_on_the_cluster_equals_threads(cluster, corpus30, threads_run, tmp_path):

@@ -118,14 +118,14 @@ def test_models_are_loaded_once_per_plan_and_released_with_their_stage(tmp_path,
 
 @pytest.mark.usefixtures("prefect_harness")
 def test_rerun_with_other_execution_settings_recomputes_nothing(tmp_path, corpus40):
-    """The issue's check: mine, then mine again on a 3-worker local Dask cluster with other batch sizes and spaCy
+    """The issue's check: mine, then mine again on a 2-worker local Dask cluster with other batch sizes and spaCy
     processes: every shard is reused. negate then runs again (forced) with n_process = 2 inside the Dask workers,
     which dask-local starts as non-daemonic processes, and gives the same table."""
     sets = SMALL + ['backtranslate.chains=[["bergamot:en-pt", "bergamot:pt-en"]]', f"run.root={tmp_path}"]
     mine_flow(profile="default", run="r", corpus=str(corpus40), overrides=sets)
     cfg = configure("default", "r", str(corpus40), sets)
     before = {t: RunTables(cfg.run.dir).read(t) for s in load_stages().values() for t in s.writes}
-    execution = ["runner.kind=dask-local", "runner.workers=3", "encoder.batch_size=64", "negate.n_process=2"]
+    execution = ["runner.kind=dask-local", "runner.workers=2", "encoder.batch_size=64", "negate.n_process=2"]
     mine_flow(profile="default", run="r", corpus=str(corpus40), overrides=sets + execution, force=["negate"])
     store = Store(cfg.run.dir)
     for stage in load_stages().values():

@@ -43,6 +43,12 @@ class RunnerCfg(Section):
     kind: Literal["threads", "dask-local", "dask"] = "threads"
     workers: int = Field(1, ge=1, le=256)
     address: str | None = None  # tcp://host:8786 for kind = "dask"
+    memo: Literal["auto", "on", "off"] = Field("auto", description="the row memo (docs/mining.md, \"What is "
+                                              "reused\"): per-row model outputs reused across a grown corpus, shard "
+                                              "layouts and runs; auto = on, but off for a stage whose model runs on "
+                                              "a GPU (its kernels are not batch-independent)")
+    memo_dir: Path | None = Field(None, description="where the row memo lives: <run.root>/.memo unless set; a "
+                                  "folder on a shared filesystem serves a team or a cluster")
 
     @model_validator(mode="after")
     def _address(self):

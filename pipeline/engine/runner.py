@@ -26,6 +26,7 @@ from pipeline.engine.codeversion import code_version
 from pipeline.engine.discovery import load_stages, writer  # noqa: F401  (writer: re-exported for the CLI)
 from pipeline.engine.lock import run_lock
 from pipeline.engine.maps import default_map
+from pipeline.engine.memo import memo_manifest
 from pipeline.engine.spec import Ctx, Stage
 from pipeline.engine.store import Store, combine, file_hash  # noqa: F401  (file_hash: stages' facts use it)
 
@@ -80,14 +81,16 @@ def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: b
                  "entry": c.entry()} for c in cached]
     resources.enter(name)
     t0 = time.perf_counter()
-    tables = stage(Ctx(cfg, store, i, n, progress, stage, plan))
+    ctx = Ctx(cfg, store, i, n, progress, stage, plan, force=force)
+    tables = stage(ctx)
     seconds = time.perf_counter() - t0
+    memo = {m: (c.counts.computed, c.counts.reused) for m, c in ctx.memos.items()}  # on the job's first row only
     out = []
     for t in stage.writes:
         for j, part in zip(shards, tables[t] if stage.one_job else [tables[t]]):
             info = store.write_shard(t, j, n, part, key, seconds / len(shards))
             out.append({"stage": name, "shard": j, "table": t, "cached": False, "rows": info.rows, "seconds": seconds,
-                        "entry": info.entry()})
+                        "entry": info.entry(), "memo": {} if out else memo})
     return out
 
 
@@ -138,8 +141,15 @@ def run_stage(name: str, cfg: Config, force: bool = False, plan: dict | None = N
         results = [r for rows in (map or default_map(cfg, run_job_json))(jobs) for r in rows]
         manifest = finish_stage(name, cfg, results, time.perf_counter() - t0, plan)
     log(f"{name}: {manifest['shards_computed']} shards computed, {manifest['shards_cached']} reused; "
-        f"rows {manifest['rows']}; {time.perf_counter() - t0:.1f}s")
+        f"rows {manifest['rows']}{memo_line(manifest)}; {time.perf_counter() - t0:.1f}s")
     return manifest
+
+
+def memo_line(manifest: dict) -> str:
+    """"; encode: 16 rows computed, 1,984 from the memo" for each memo of the stage (its state when off)."""
+    return "".join(f"; {m}: {e['rows_computed']:,} rows computed, {e['rows_reused']:,} from the memo"
+                   + ("" if e["state"] == "on" else f" (memo {e['state']})")
+                   for m, e in (manifest.get("memo") or {}).items())
 
 
 def staged_files(stage: Stage, n: int, results: list[dict]) -> dict[str, list[dict]]:
@@ -173,6 +183,8 @@ def finish_stage(name: str, cfg: Config, results: list[dict], wall: float, plan:
         "extra": stage.facts(cfg) if stage.facts else "",
         "resources": json.loads(resources.plan_key(plan)),
     }
+    if stage.memos:
+        manifest["memo"] = memo_manifest(stage, cfg, plan, results)
     if stage.manifest:
         manifest.update(stage.manifest(cfg, store, n, plan))
     for t in stage.writes:

@@ -23,6 +23,9 @@
                 once; a check may return plain-words notes and resources it resolved (the run keeps that plan);
 - one_job:      one job writes every shard (`sentences` reads the corpus in one pass; its compute returns
                 {table: [shard 0, shard 1, ...]}).
+- memos:        the row memos its per-row model work goes through (memo.py): `Memo(name, facts)`, facts =
+                (cfg, plan) -> what shapes a row besides its own input and the stage's code version; a shard gets
+                one as `ctx.memo(name)`, and the manifest records each one's namespace and rows computed / reused.
 
 The stage's name is the function's name; its code version covers its module and every pipeline module that module
 imports (codeversion.py), so it cannot go stale by hand. A stage module imports no other stage module: what two
@@ -52,6 +55,20 @@ class Ctx:
     progress: bool = False
     stage: "Stage | None" = None
     plan: dict = field(default_factory=dict)
+    memos: dict = field(default_factory=dict)
+    force: bool = False  # --force: the row memos read nothing (every row to the model again)
+
+    def memo(self, name: str):
+        """The stage's declared row memo `name` for this run (memo.py): `.rows(keys, compute, schema)`."""
+        if name not in self.memos:
+            from pipeline.engine.memo import open_memo
+
+            declared = {m.name: m for m in (self.stage.memos if self.stage else ())}
+            if name not in declared:
+                raise KeyError(f"stage {self.stage.name if self.stage else '?'} uses memo {name!r} without "
+                               f"declaring it (@stage(memos=...))")
+            self.memos[name] = open_memo(self.stage, declared[name], self.cfg, self.plan, self.force)
+        return self.memos[name]
 
     def resource(self, name: str):
         """The loaded resource `name` of this stage, for the run's plan (loaded once per process)."""
@@ -75,6 +92,14 @@ class Ctx:
 
 
 @dataclass(frozen=True)
+class Memo:
+    """A row memo a stage declares: `facts(cfg, plan) -> dict` is what shapes a row besides the row's own input
+    and the stage's code version (the settings it reads, its resources' plan, the seed where a model samples)."""
+    name: str
+    facts: Callable[["Config", dict], dict] = field(compare=False)
+
+
+@dataclass(frozen=True)
 class Stage:
     name: str
     compute: Callable[[Ctx], dict]
@@ -89,6 +114,7 @@ class Stage:
     schemas: dict = field(default_factory=dict, compare=False)
     resources: tuple["Resource", ...] = ()
     checks: tuple[Callable, ...] = field(default=(), compare=False)
+    memos: tuple[Memo, ...] = ()
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -112,10 +138,10 @@ def package_versions(*packages: str) -> str:
 
 def stage(*, writes: tuple[str, ...], reads: tuple[str, ...] = (), reads_whole: tuple[str, ...] = (),
           settings: tuple[str, ...] = (), facts=None, manifest=None, one_job: bool = False,
-          schemas: dict | None = None, resources: tuple = (), checks: tuple = ()):
+          schemas: dict | None = None, resources: tuple = (), checks: tuple = (), memos: tuple = ()):
     """Declare the decorated function `name(ctx) -> {table: pa.Table}` as the stage `name` (see the module doc)."""
     def declare(fn) -> Stage:
         return Stage(fn.__name__, fn, fn.__module__, tuple(writes), tuple(reads), tuple(reads_whole),
                      tuple(settings), facts, manifest, one_job, dict(schemas or {}),
-                     tuple(resources), tuple(checks))
+                     tuple(resources), tuple(checks), tuple(memos))
     return declare

@@ -233,8 +233,16 @@ def backtranslate(rows: list[tuple[int, int, str]], chain_name: str, translators
     """
     if not translators:
         raise ValueError(f"chain {chain_name!r} has no models")
+    pivots, outputs = translate_rows(rows, translators, seed, progress)
+    return chain_table(rows, pivots, outputs, chain_name, " > ".join(t.name for t in translators), role)
+
+
+def translate_rows(rows: list[tuple[int, int, str]], translators: list, seed: int = 0,
+                   progress: bool = False) -> tuple[list[str], list[list[str]]]:
+    """(pivot text, the last hop's returns) of each (sid, variant, text) row: a function of the row alone (its seed
+    comes from the run seed, its sid and variant; every engine's outputs are batch-independent)."""
     row_seeds = [row_seed(seed, "backtranslate", sid, variant) for sid, variant, _ in rows]
-    current, pivots = [text for _, _, text in rows], None
+    current, pivots, out = [text for _, _, text in rows], None, []
     for hop, tr in enumerate(translators):
         last = hop == len(translators) - 1
         out = tr.translate(current, [row_seed(s, "backtranslate-hop", hop) for s in row_seeds], progress,
@@ -243,9 +251,14 @@ def backtranslate(rows: list[tuple[int, int, str]], chain_name: str, translators
             pivots = [o[0] for o in out]
         if not last:
             current = [o[0] for o in out]
-    model = " > ".join(t.name for t in translators)
+    return pivots or [], out
+
+
+def chain_table(rows: list[tuple[int, int, str]], pivots: list[str], outputs: list[list[str]], chain_name: str,
+                model: str, role: str) -> pa.Table:
+    """`backtranslations` rows of one chain: one per (row, return), in row order, returns in order."""
     cols = {k: [] for k in SCHEMAS["backtranslations"].names}
-    for (sid, variant, _), pivot, hyps in zip(rows, pivots, out):
+    for (sid, variant, _), pivot, hyps in zip(rows, pivots, outputs):
         for text in hyps:
             for key, val in zip(cols, (sid, chain_name, variant, pivot, text, model, role, None)):
                 cols[key].append(val)  # flag: set by the stage (pipeline/degenerate.py)

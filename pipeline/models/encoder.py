@@ -10,18 +10,18 @@ Poolers (SimCSE's names):
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModel, AutoTokenizer
 
+from pipeline.engine.memo import row_key
 from pipeline.engine.resources import Resource, cuda_device
-from pipeline.engine.spec import package_versions
+from pipeline.engine.spec import Memo, package_versions
 from pipeline.models.hub import model_fingerprint, pick_device, resolve_model
 from pipeline.models.standin import StandInEncoder, is_standin
-from pipeline.models.unpad import can_unpad, unpadded_forward
 from pipeline.schema import vectors_table
 
 MIN_ROWS = 8  # see Encoder.encode
@@ -83,6 +83,9 @@ class Encoder(torch.nn.Module):
         if is_standin(name):
             return StandInEncoder(name)  # same interface (encode, dim, device), no weights: `make scale`
         path = resolve_model(name, "encoder")
+        from transformers import AutoModel, AutoTokenizer  # here, not at import: a run whose shards are all reused,
+        # and every process that only discovers the stages (a CLI, a Dask worker), never pays for transformers' models
+
         tok = AutoTokenizer.from_pretrained(path)
         if _takes_pooling_layer(path):  # keep BERT's pooler (dense + tanh): the `cls` pooler reads it
             model_kwargs = {"add_pooling_layer": True, **model_kwargs}
@@ -115,6 +118,8 @@ class Encoder(torch.nn.Module):
         batch = {k: v.to(self.device) for k, v in batch.items()}
         mask_positions = batch.pop("mask_positions", None)
         hidden = self.pooler == "avg_first_last"
+        if self.unpad:
+            from pipeline.models.unpad import can_unpad, unpadded_forward
         if self.unpad and can_unpad(self.model, batch["attention_mask"]):
             out = unpadded_forward(self.model, batch, output_hidden_states=hidden, output_pooler=self.pooler == "cls")
         else:
@@ -229,10 +234,42 @@ def check_encoder(cfg) -> None:
         resolve_model(cfg.encoder.model, "encoder")
 
 
-def embed_sentences(sentences: pa.Table, encoder: Encoder, batch_size: int, progress: str | bool = False) -> pa.Table:
-    """sentences(sid, text) -> embeddings(sid, emb): L2-normalised float32 rows."""
+def encode_memo_facts(cfg, plan: dict) -> dict:
+    """What shapes a text's vector besides the text: the encoder's settings and its plan (model files, device kind,
+    precision, library versions)."""
+    return {"settings": cfg.section_hash("encoder", "embeddings"), "encoder": plan.get("encoder")}
+
+
+ENCODE_MEMO = Memo("encode", encode_memo_facts)  # declared by the stages that embed: embeddings, pool_embeddings, scores
+def memo_encode(texts: list[str], memo, load: Callable[[], "Encoder"], batch_size: int,
+                progress: str | bool = False) -> np.ndarray:
+    """Unit vectors of `texts`, float32 [n, d]: those in the row memo (keyed by the text) read from it, the rest
+    encoded by `load()` (the model is loaded only when a text is missing). Equal to encoding them all: `encode` is
+    batch-independent (its docstring), so a text's vector does not depend on which others are encoded with it. A
+    vector is stored as its 4·d raw bytes (one fixed-size binary column: no list levels to write or decode)."""
+    def compute(missing: np.ndarray) -> pa.Table:
+        vecs = np.ascontiguousarray(load().encode([texts[i] for i in missing], batch_size=batch_size, normalize=True,
+                                                  progress=progress), dtype=np.float32)
+        return pa.table({"vec": pa.FixedSizeBinaryArray.from_buffers(pa.binary(4 * vecs.shape[1]), len(missing),
+                                                                     [None, pa.py_buffer(vecs)])})
+
+    if not texts:
+        return np.zeros((0, 0), np.float32)
+    col = memo.rows([row_key(t) for t in texts], compute).column("vec").combine_chunks()
+    width = col.type.byte_width
+    data = np.frombuffer(col.buffers()[1], np.uint8)[col.offset * width:(col.offset + len(col)) * width]
+    return data.view(np.float32).reshape(len(texts), width // 4).copy()
+
+
+def embed_sentences(sentences: pa.Table, load: Callable[[], "Encoder"], batch_size: int,
+                    progress: str | bool = False, memo=None) -> pa.Table:
+    """sentences(sid, text) -> embeddings(sid, emb): L2-normalised float32 rows, by the encoder `load()` gives
+    (called only when a text needs it); through the row memo when one is given."""
     texts = sentences.column("text").to_pylist()
     if not texts:
-        return vectors_table(np.zeros(0, np.int64), np.zeros((0, encoder.dim), np.float32))
-    vecs = encoder.encode(texts, batch_size=batch_size, normalize=True, progress=progress)
+        return vectors_table(np.zeros(0, np.int64), np.zeros((0, load().dim), np.float32))
+    if memo is None:
+        vecs = load().encode(texts, batch_size=batch_size, normalize=True, progress=progress)
+    else:
+        vecs = memo_encode(texts, memo, load, batch_size, progress)
     return vectors_table(sentences.column("sid").to_numpy(), vecs)

@@ -14,14 +14,43 @@ whatever `fallback` says: a settings error.
 """
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config.backtranslation import BacktranslateCfg
+from pipeline.config.base import result_settings
 from pipeline.degenerate import degenerate_flag
-from pipeline.engine.spec import Ctx, stage
-from pipeline.models.chains import CHAINS, check_chains, backtranslate as run_chain
+from pipeline.engine.memo import NoMemo, row_key
+from pipeline.engine.spec import Ctx, Memo, stage
+from pipeline.models.chains import CHAINS, chain_table, check_chains, translate_rows
 from pipeline.schema import SCHEMAS
+
+# Settings of `backtranslate` that decide which rows run or what the stage does with an output, never the output
+# itself: out of the memo's namespace, so adding a chain or tuning the degenerate rule reuses every translation.
+# (A chain's models, languages and engines are in each row's key: `chain_key`.)
+NOT_A_TRANSLATION = frozenset({"chains", "fallback", "include_variants", "degenerate_max_ratio",
+                               "degenerate_min_ratio", "degenerate_min_words", "target_lang", "source_lang"})
+TRANSLATIONS = pa.schema([("pivot", pa.string()), ("texts", pa.list_(pa.string()))])
+
+
+def translate_memo_facts(cfg, plan: dict) -> dict:
+    """What shapes a row's translation besides its chain and the row: the generation settings, the run seed (a
+    sampling model draws from it), the device kind and dtype generation runs at, the engines' code and versions."""
+    chains = plan.get("chains") or {}
+    return {"generation": {k: v for k, v in result_settings(cfg.backtranslate).items() if k not in NOT_A_TRANSLATION},
+            "seed": cfg.run.seed, **{k: chains.get(k) for k in ("device", "dtype", "code", "versions")}}
+
+
+TRANSLATE_MEMO = Memo("translate", translate_memo_facts)
+
+
+def chain_key(chain, cfg: BacktranslateCfg, chains: dict) -> list:
+    """The chain's part of a row's key: each model's files (fingerprint), engine (with its compute type) and
+    languages."""
+    return [[m, chains["models"].get(m), chains["engines"].get(m), cfg.target_lang.get(m), cfg.source_lang.get(m)]
+            for m in chain.models]
 
 
 def flag_degenerate(table: pa.Table, sources: dict[tuple[int, int], str], cfg: BacktranslateCfg) -> pa.Table:
@@ -34,9 +63,11 @@ def flag_degenerate(table: pa.Table, sources: dict[tuple[int, int], str], cfg: B
 
 
 def backtranslate_shard(sentences: pa.Table, variants: pa.Table, cfg, chains: dict, loaded,
-                        progress: bool = False) -> pa.Table:
+                        progress: bool = False, memo=None) -> pa.Table:
     """Every clean sentence (variant 0) through every chain of the run's plan (`chains`: {used: [...]}); the noised
-    variants too through the chains that translate them (`include_variants`). `loaded()` gives the loaded chains."""
+    variants too through the chains that translate them (`include_variants`). `loaded()` gives the loaded chains
+    (called only when a row is not in the row `memo`)."""
+    memo = memo or NoMemo("backtranslate", "translate")
     clean = list(zip(sentences.column("sid").to_pylist(), [0] * sentences.num_rows,
                      sentences.column("text").to_pylist()))
     noised = list(zip(variants.column("sid").to_pylist(), variants.column("variant").to_pylist(),
@@ -46,8 +77,17 @@ def backtranslate_shard(sentences: pa.Table, variants: pa.Table, cfg, chains: di
     for chain in cfg.backtranslate.chains:
         rows = clean + [r for r in noised if chain.translates_variant(r[1])]
         if chain.name in chains["used"] and rows:
-            parts.append(run_chain(rows, chain.name, loaded()[chain.name], seed=cfg.run.seed, progress=progress,
-                                   role=chain.role))
+            prefix = json.dumps(chain_key(chain, cfg.backtranslate, chains), sort_keys=True).encode()
+
+            def compute(missing, rows=rows, chain=chain):
+                pivots, outs = translate_rows([rows[i] for i in missing], loaded()[chain.name], cfg.run.seed,
+                                              progress)
+                return pa.table({"pivot": pa.array(pivots, pa.string()), "texts": pa.array(outs, TRANSLATIONS[1].type)})
+
+            done = memo.rows([row_key(prefix, f"{sid}/{variant}", text) for sid, variant, text in rows], compute,
+                             TRANSLATIONS)
+            parts.append(chain_table(rows, done.column("pivot").to_pylist(), done.column("texts").to_pylist(),
+                                     chain.name, " > ".join(chain.models), chain.role))
     if not parts:
         return SCHEMAS["backtranslations"].empty_table()
     table = pa.concat_tables(parts).sort_by([("sid", "ascending"), ("chain", "ascending"), ("variant", "ascending")])
@@ -67,8 +107,8 @@ def chains_manifest(cfg, store, n: int, plan: dict) -> dict:
 
 
 @stage(reads=("sentences", "variants"), writes=("backtranslations",), settings=("backtranslate",),
-       resources=(CHAINS,), manifest=chains_manifest, checks=(check_chains,))
+       resources=(CHAINS,), manifest=chains_manifest, checks=(check_chains,), memos=(TRANSLATE_MEMO,))
 def backtranslate(ctx: Ctx) -> dict[str, pa.Table]:
     return {"backtranslations": backtranslate_shard(ctx.shard("sentences"), ctx.shard("variants"), ctx.cfg,
                                                     ctx.plan["chains"], lambda: ctx.resource("chains"),
-                                                    ctx.progress)}
+                                                    ctx.progress, ctx.memo("translate"))}

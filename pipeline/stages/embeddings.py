@@ -9,11 +9,14 @@ from __future__ import annotations
 import pyarrow as pa
 
 from pipeline.engine.spec import Ctx, stage
-from pipeline.models.encoder import ENCODER, check_encoder, embed_sentences
+from pipeline.models.encoder import ENCODE_MEMO, ENCODER, check_encoder, embed_sentences
 
 
 @stage(reads=("sentences",), writes=("embeddings",), settings=("encoder", "embeddings"), resources=(ENCODER,),
-       checks=(check_encoder,))
+       checks=(check_encoder,), memos=(ENCODE_MEMO,))
 def embeddings(ctx: Ctx) -> dict[str, pa.Table]:
-    return {"embeddings": embed_sentences(ctx.shard("sentences"), ctx.resource("encoder"), ctx.cfg.encoder.batch_size,
-                                          progress=ctx.label("embeddings"))}
+    """Each text's vector from the row memo where an earlier shard, layout or run encoded it (the model loads only
+    for the others); `embeddings.from` (vectors read from a file) needs no memo."""
+    memo = ctx.memo("encode") if ctx.cfg.embeddings.source is None else None
+    return {"embeddings": embed_sentences(ctx.shard("sentences"), lambda: ctx.resource("encoder"),
+                                          ctx.cfg.encoder.batch_size, progress=ctx.label("embeddings"), memo=memo)}

@@ -44,13 +44,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from pipeline.engine.spec import Ctx, stage
+from pipeline.engine.memo import NoMemo, row_key
+from pipeline.engine.spec import Ctx, Memo, stage
 from pipeline.models.parser import BE_FORMS, DEFAULT_MODEL, DO_SUPPORT, SPACY, check_spacy, load_nlp
 from pipeline.schema import SCHEMAS
 
@@ -201,16 +202,29 @@ def negate_texts(texts: Iterable[str], nlp: Language | None = None, batch_size: 
     return [negate_root_verb(doc) for doc in nlp.pipe(texts, batch_size=batch_size, n_process=n_process)]
 
 
-def negate_table(sentences: pa.Table, nlp: Language | None = None, batch_size: int = 256,
-                 n_process: int = 1) -> pa.Table:
-    """sentences(sid, text, ...) → negations(sid, text, rule, reason), same rows, same order."""
-    negations = negate_texts(sentences.column("text").to_pylist(), nlp, batch_size, n_process)
-    return pa.table({
-        "sid": sentences.column("sid").cast(pa.int64()),
-        "text": pa.array([n.text for n in negations], pa.string()),
-        "rule": pa.array([n.rule for n in negations], pa.string()),
-        "reason": pa.array([n.reason for n in negations], pa.string()),
-    }, schema=SCHEMAS["negations"])
+NEGATIONS = pa.schema([("text", pa.string()), ("rule", pa.string()), ("reason", pa.string())])
+# What shapes a text's negation besides the text: the negate settings and the spaCy pipeline's files and version
+NEGATE_MEMO = Memo("negate", lambda cfg, plan: {"settings": cfg.section_hash("negate"), "spacy": plan.get("spacy")})
+
+
+def negate_table(sentences: pa.Table, nlp: "Language | Callable[[], Language] | None" = None, batch_size: int = 256,
+                 n_process: int = 1, memo=None) -> pa.Table:
+    """sentences(sid, text, ...) → negations(sid, text, rule, reason), same rows, same order. Through the row
+    `memo` when one is given (keyed by the text: spaCy parses each text on its own); `nlp` may then be a loader,
+    called only when a text is not in it."""
+    texts = sentences.column("text").to_pylist()
+    load = nlp if callable(nlp) and not hasattr(nlp, "pipe") else (lambda: nlp)
+
+    def compute(missing) -> pa.Table:
+        negations = negate_texts([texts[i] for i in missing], load(), batch_size, n_process)
+        return pa.table({"text": pa.array([n.text for n in negations], pa.string()),
+                         "rule": pa.array([n.rule for n in negations], pa.string()),
+                         "reason": pa.array([n.reason for n in negations], pa.string())})
+
+    done = (memo or NoMemo("negate", "negate")).rows([row_key("" if t is None else t) for t in texts], compute,
+                                                    NEGATIONS)
+    return pa.table({"sid": sentences.column("sid").cast(pa.int64()), "text": done.column("text"),
+                     "rule": done.column("rule"), "reason": done.column("reason")}, schema=SCHEMAS["negations"])
 
 
 def usable_processes(n_process: int) -> int:
@@ -232,11 +246,12 @@ def usable_processes(n_process: int) -> int:
 _warned_daemon: list[bool] = []
 
 
-@stage(reads=("sentences",), writes=("negations",), settings=("negate",), resources=(SPACY,), checks=(check_spacy,))
+@stage(reads=("sentences",), writes=("negations",), settings=("negate",), resources=(SPACY,), checks=(check_spacy,),
+       memos=(NEGATE_MEMO,))
 def negate(ctx: Ctx) -> dict[str, pa.Table]:
     c = ctx.cfg.negate
-    return {"negations": negate_table(ctx.shard("sentences"), ctx.resource("spacy"), c.batch_size,
-                                      usable_processes(c.n_process))}
+    return {"negations": negate_table(ctx.shard("sentences"), lambda: ctx.resource("spacy"), c.batch_size,
+                                      usable_processes(c.n_process), ctx.memo("negate"))}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,14 +6,15 @@ import pyarrow as pa
 
 from pipeline.engine.spec import Ctx, stage
 from pipeline.schema import SCHEMAS
-from pipeline.models.encoder import ENCODER, embed_sentences
+from pipeline.models.encoder import ENCODE_MEMO, ENCODER, embed_sentences
 
 
 @stage(reads=("pool_sentences",), writes=("pool_embeddings",), settings=("encoder", "embeddings"),
-       resources=(ENCODER,))
+       resources=(ENCODER,), memos=(ENCODE_MEMO,))
 def pool_embeddings(ctx: Ctx) -> dict[str, pa.Table]:
     shard = ctx.shard("pool_sentences")
     if not shard.num_rows:
         return {"pool_embeddings": SCHEMAS["embeddings"].empty_table()}
-    return {"pool_embeddings": embed_sentences(shard, ctx.resource("encoder"), ctx.cfg.encoder.batch_size,
-                                               progress=ctx.label("pool embeddings"))}
+    memo = ctx.memo("encode") if ctx.cfg.embeddings.source is None else None
+    return {"pool_embeddings": embed_sentences(shard, lambda: ctx.resource("encoder"), ctx.cfg.encoder.batch_size,
+                                               progress=ctx.label("pool embeddings"), memo=memo)}

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from pipeline.engine.spec import Ctx, package_versions, stage
 from pipeline.schema import SCHEMAS, table_vectors
 from pipeline.models.chains import POSITIVES, check_chains
-from pipeline.models.encoder import ENCODER, check_encoder
+from pipeline.models.encoder import ENCODE_MEMO, ENCODER, check_encoder, memo_encode
 from pipeline.roles import rows_serving
 from pipeline.text_distances import edit_distance
 
@@ -101,11 +101,18 @@ def score_pools(sentences: pa.Table, embeddings: pa.Table, neighbours: pa.Table,
 @stage(reads=("sentences", "embeddings", "neighbours", "variants", "backtranslations"),
        reads_whole=("sentences", "pool_sentences"),
        writes=("scores",), settings=("scores", "encoder", "embeddings"), resources=(ENCODER, POSITIVES),
-       facts=lambda cfg: package_versions("rapidfuzz", "numpy"), checks=(check_encoder, check_chains))
+       facts=lambda cfg: package_versions("rapidfuzz", "numpy"), checks=(check_encoder, check_chains),
+       memos=(ENCODE_MEMO,))
 def scores(ctx: Ctx) -> dict[str, pa.Table]:
-    enc, cfg = ctx.resource("encoder"), ctx.cfg
-    encode = lambda texts: enc.encode(texts, batch_size=cfg.encoder.batch_size,  # noqa: E731
-                                      progress=ctx.label("positives"))
+    """The positive candidates' vectors come through the row memo (a grown corpus embeds only its new
+    back-translations); `embeddings.from` reads them from its file."""
+    cfg = ctx.cfg
+    if cfg.embeddings.source is None:
+        encode = lambda texts: memo_encode(texts, ctx.memo("encode"), lambda: ctx.resource("encoder"),  # noqa: E731
+                                           cfg.encoder.batch_size, ctx.label("positives"))
+    else:
+        encode = lambda texts: ctx.resource("encoder").encode(texts, batch_size=cfg.encoder.batch_size,  # noqa: E731
+                                                              progress=ctx.label("positives"))
     return {"scores": score_pools(ctx.shard("sentences"), ctx.shard("embeddings"), ctx.shard("neighbours"),
                                   ctx.whole("pool_sentences" if cfg.data.candidates is not None else "sentences"),
                                   ctx.shard("variants"), ctx.shard("backtranslations"),
