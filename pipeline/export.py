@@ -142,11 +142,13 @@ def with_embeddings(sentences: pa.Table, embeddings: pa.Table) -> pa.Table:
 
     sids, vecs = table_vectors(embeddings)
     d = vecs.shape[1] if vecs.ndim == 2 else 0
-    row_of = {int(s): i for i, s in enumerate(sids)}
     out = np.zeros((sentences.num_rows, d), np.float32)
-    for i, sid in enumerate(sentences.column("sid").to_pylist()):
-        if sid in row_of:
-            out[i] = vecs[row_of[sid]]
+    if len(sids):
+        order = np.argsort(sids, kind="stable")
+        want = sentences.column("sid").to_numpy()
+        at = np.searchsorted(sids[order], want).clip(max=len(sids) - 1)
+        hit = sids[order][at] == want
+        out[hit] = vecs[order[at[hit]]]
     emb = pa.FixedSizeListArray.from_arrays(pa.array(out.reshape(-1)), d)
     return sentences.append_column("emb", emb)
 

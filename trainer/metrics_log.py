@@ -52,11 +52,6 @@ def restart(path: Path, resumed_step: int | None) -> None:
         trim_jsonl(path, resumed_step)
 
 
-def open_for_append(run_root: Path, path: Path):
-    """The log opened for appending, line-buffered: a regular file below the run, never through a link."""
-    return open_append(run_root, path)
-
-
 EVENTS_GLOB = "events.out.tfevents.*"
 SKIP = {"step", "epoch", "t", "best", "best_step"}  # positions and bookkeeping, not curves
 
@@ -87,7 +82,8 @@ def tensorboard_writer(folder: Path):
 
 
 class MetricsLog:
-    """metrics.jsonl (line-buffered, never through a link) and its TensorBoard curves, written together."""
+    """metrics.jsonl (line-buffered: a regular file below the run, never through a link) and its TensorBoard
+    curves, written together."""
 
     def __init__(self, run_root: Path, path: Path, curves: bool = True):
         self.file = open_append(run_root, path)
