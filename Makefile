@@ -32,6 +32,7 @@ SEEDS   ?=
 FROM    ?=
 FORMAT  ?= triplet
 PRUNE   ?=
+PORT    ?=
 N       ?= 1000000
 # `make test`: the suite in TEST_WORKERS pytest-xdist processes, whole files per process (a module's fixtures are
 # built once); TEST_WORKERS=0 runs it in this one process. PYTEST_ARGS adds to that.
@@ -41,7 +42,7 @@ PYTEST_ARGS ?= -q
 # Everything passed on to the CLI, only when set.
 ARGS = --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(CORPUS),--corpus $(CORPUS)) $(if $(SET),--set $(SET)) $(if $(FORCE),--force)
 
-.PHONY: install mine stage sql test eval report export cache train compare bench gpu-check gpu-wheels gpu-rehearsal scale clean
+.PHONY: install mine stage sql test eval report export cache train compare tensorboard bench gpu-check gpu-wheels gpu-rehearsal scale clean
 install: $(STAMP)
 $(STAMP): pyproject.toml requirements-extra.txt
 	@test "$(ACCEL)" = cpu || test "$(ACCEL)" = gpu || { echo "ACCEL must be cpu or gpu, not '$(ACCEL)'"; exit 2; }
@@ -74,7 +75,8 @@ report: $(STAMP)
 cache: $(STAMP)
 	$(BIN)/python -m flows.cli cache $(ARGS) $(PRUNE)
 
-# a run's mined rows as a Hugging Face dataset folder (FORMAT: triplet | n-tuple | labeled-pair | osscse-triplet)
+# a run's mined rows as a Hugging Face dataset folder (FORMAT: triplet | n-tuple | labeled-pair | osscse-triplet, and for
+# contramine's sentence-transformers losses: sentences | debcse | osscse-prompt | dclr)
 export: $(STAMP)
 	$(BIN)/python -m flows.cli export $(ARGS) --format $(FORMAT)
 
@@ -87,6 +89,11 @@ train: $(STAMP)
 # every objective from the same start on RUN's tables, same budget, SEEDS seeds: table, paired bootstrap, plots
 compare: $(STAMP)
 	$(BIN)/python -m flows.cli compare --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(OBJECTIVES),--objectives $(OBJECTIVES)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(SET),--set $(SET))
+
+# TensorBoard over artifacts/<RUN>'s training curves (every train/ and compare/ run in it); RUN must name a run folder
+tensorboard: $(STAMP)
+	@test -n "$(RUN)" || { echo "usage: make tensorboard RUN=<run> [PORT=6006]"; exit 2; }
+	$(BIN)/python -m trainer.curves --profile $(PROFILE) --run $(RUN) $(if $(PORT),--port $(PORT))
 
 # every bench module (bench/run.py); `python -m bench.run --smoke` runs them at toy size (bench/smoke.py)
 bench: $(STAMP)

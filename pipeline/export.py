@@ -16,6 +16,13 @@ Formats, named as sentence-transformers names its `mine_hard_negatives` outputs 
   anchor has (`ipw.m_neg`), anchors with fewer are left out (as sentence-transformers does) and counted in the card;
 - `labeled-pair`: (sentence1, sentence2, label): label 1 for each positive, 0 for each negative of an anchor;
 - `osscse-triplet`: (anchor, paraphrase, negation) from `triplets`, rows that have both.
+The papers' own losses (trainer/st_losses/, docs/training.md) read four more:
+- `sentences`: (anchor): SimCSE, WhitenedCSE;
+- `debcse`: (anchor, positive, negative_1 … negative_m), one row per anchor: its first mined positive (the anchor
+  itself where it has none, as the lean trainer does) and first m negatives; anchors with fewer are left out;
+- `osscse-prompt`: (anchor, anchor_t2, paraphrase, negation) wrapped in OssCSE's two templates (T1, T2; the
+  paraphrase and negation in T1), rows that have both: OssCSE's paper form reads the [MASK] vector;
+- `dclr`: (anchor, label): label = the row's mined embedding (zeros where it has none), DCLR's instance weights.
 Columnar (Arrow list kernels), rows in sid order, so an export is a pure function of the run's tables.
 """
 from __future__ import annotations
@@ -96,6 +103,56 @@ def osscse_triplet_rows(triplets: pa.Table) -> pa.Table:
                      "negation": t.column("negation")})
 
 
+def sentence_rows(sentences: pa.Table) -> pa.Table:
+    return pa.table({"anchor": sentences.column("text")})
+
+
+def debcse_rows(pairs: pa.Table) -> pa.Table:
+    pos, pos_start, n_pos = _lists(pairs.column("positives"))
+    neg, neg_start, n_neg = _lists(pairs.column("negatives"))
+    m = int(n_neg.max(initial=0))
+    keep = np.flatnonzero(n_neg >= m)
+    anchor = pairs.column("anchor").take(keep)
+    first = pos.take(np.minimum(pos_start[keep], max(len(pos) - 1, 0))) if len(pos) else anchor
+    positive = pc.if_else(pa.array(n_pos[keep] > 0), first, anchor)  # no positive: a dropout view of the anchor
+    cols = {"anchor": anchor, "positive": positive}
+    for j in range(m):
+        cols[f"negative_{j + 1}"] = neg.take(neg_start[keep] + j)
+    return pa.table(cols)
+
+
+def osscse_prompt_rows(triplets: pa.Table) -> pa.Table:
+    from trainer.objectives.osscse import OssCSE  # the templates the lean objective reads
+
+    t1, t2 = OssCSE.Settings().templates
+    t = osscse_triplet_rows(triplets)
+    wrap = lambda col, tpl: pa.array([tpl.replace("{s}", x) for x in col.to_pylist()], pa.string())  # noqa: E731
+    return pa.table({"anchor": wrap(t.column("anchor"), t1), "anchor_t2": wrap(t.column("anchor"), t2),
+                     "paraphrase": wrap(t.column("paraphrase"), t1), "negation": wrap(t.column("negation"), t1)})
+
+
+def dclr_rows(sentences: pa.Table) -> pa.Table:
+    """`sentences` joined (by with_embeddings) with the mined vectors."""
+    return pa.table({"anchor": sentences.column("text"), "label": sentences.column("emb")})
+
+
+def with_embeddings(sentences: pa.Table, embeddings: pa.Table) -> pa.Table:
+    """sentences + their mined vector as `emb` (float32 lists of d; zeros for a sentence the table lacks)."""
+    from pipeline.schema import table_vectors
+
+    sids, vecs = table_vectors(embeddings)
+    d = vecs.shape[1] if vecs.ndim == 2 else 0
+    out = np.zeros((sentences.num_rows, d), np.float32)
+    if len(sids):
+        order = np.argsort(sids, kind="stable")
+        want = sentences.column("sid").to_numpy()
+        at = np.searchsorted(sids[order], want).clip(max=len(sids) - 1)
+        hit = sids[order][at] == want
+        out[hit] = vecs[order[at[hit]]]
+    emb = pa.FixedSizeListArray.from_arrays(pa.array(out.reshape(-1)), d)
+    return sentences.append_column("emb", emb)
+
+
 # format -> (table it reads, builder, what each column is)
 FORMATS = {
     "triplet": ("pairs", triplet_rows, {
@@ -111,8 +168,21 @@ FORMATS = {
     "osscse-triplet": ("triplets", osscse_triplet_rows, {
         "anchor": "a corpus sentence", "paraphrase": "a back-translated paraphrase in the MER band (OssCSE)",
         "negation": "the sentence with its root verb negated by rule on the spaCy parse (OssCSE)"}),
+    "sentences": ("sentences", sentence_rows, {"anchor": "a corpus sentence (SimCSE, WhitenedCSE: two dropout views)"}),
+    "debcse": ("pairs", debcse_rows, {
+        "anchor": "a corpus sentence", "positive": "its first IPW-drawn positive (the anchor where none was mined)",
+        "negative_1 … negative_m": "its first m IPW-sampled hard negatives"}),
+    "osscse-prompt": ("triplets", osscse_prompt_rows, {
+        "anchor": "the sentence in OssCSE's template T1", "anchor_t2": "the sentence in template T2",
+        "paraphrase": "its paraphrase in T1", "negation": "its negation in T1"}),
+    "dclr": ("sentences", dclr_rows, {
+        "anchor": "a corpus sentence", "label": "its mined embedding (DCLR's frozen model; zeros where none)"}),
 }
-SETTINGS_OF = {"pairs": ("encoder", "neighbours", "noise", "backtranslate", "scores", "ipw"),
+JOINS = {"dclr": "embeddings"}  # a second table a format reads, joined by sid
+LOSS_OF = {"sentences": "SimCSELoss(model)", "debcse": "DebCSELoss(model)", "osscse-prompt": "OssCSELoss(model)",
+           "dclr": "DCLRLoss(model)"}  # the formats only contramine's losses read (trainer/st_losses/)
+SETTINGS_OF = {"sentences": ("sentences", "encoder"),
+               "pairs": ("encoder", "neighbours", "noise", "backtranslate", "scores", "ipw"),
                "triplets": ("backtranslate", "negate", "paraphrases")}
 
 
@@ -143,6 +213,16 @@ def usage(fmt: str) -> list[str]:
     """The card's training recipe (the README's): MultipleNegativesRankingLoss with NO_DUPLICATES batches. An anchor
     has a row per positive (and, in `triplet`, per negative): two of its rows in one batch would make its own
     positive one of its in-batch negatives."""
+    if fmt in LOSS_OF:
+        return ["from datasets import load_dataset",
+                "from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, "
+                "SentenceTransformerTrainingArguments",
+                "from sentence_transformers.sentence_transformer.training_args import BatchSamplers",
+                f"from trainer.st_losses import {LOSS_OF[fmt].split('(')[0]}  # contramine's (docs/training.md)", "",
+                'train = load_dataset("<this folder or hub id>", split="train")',
+                'model = SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2")',
+                'args = SentenceTransformerTrainingArguments(output_dir="st", batch_sampler=BatchSamplers.NO_DUPLICATES)',
+                f"SentenceTransformerTrainer(model=model, args=args, train_dataset=train, loss={LOSS_OF[fmt]}).train()"]
     only_positives = ['train = train.filter(lambda r: r["label"] == 1).remove_columns("label")  '
                       "# MNRL takes the positive pairs"] if fmt == "labeled-pair" else []
     return ["from datasets import load_dataset",
@@ -172,6 +252,8 @@ def export_run(run_dir: Path | str, fmt: str, dst: Path | str | None = None) -> 
     run_dir = Path(run_dir)
     table, build, _ = FORMATS[fmt]
     src = RunTables(run_dir).read(table)
+    if fmt in JOINS:
+        src = with_embeddings(src, RunTables(run_dir).read(JOINS[fmt]))
     src = src.sort_by("sid")
     out = build(src)
     # the format names the folder: checked to stay in the run's export/, whatever FORMATS comes to hold

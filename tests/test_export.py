@@ -29,13 +29,32 @@ def mined(tmp_path_factory):
     trip = [{"sid": r["sid"], "anchor": r["text"], "paraphrase": None if i % 4 == 0 else r["text"] + " again",
              "negation": "not " + r["text"], "para_mer": 0.3, "para_chain": "de"} for i, r in enumerate(sents)]
     write_table(run, "triplets", trip)
+    write_table(run, "sentences", sents[::-1], parts=2)
+    write_table(run, "embeddings", [{"sid": r["sid"], "emb": [float(i), 1.0, 0.5]} for i, r in enumerate(sents)
+                                    if i != 3])  # the fourth sentence has no embedding: zeros in `dclr`
     (run / "pairs" / "_manifest.json").write_text('{"config": {"ipw": {"m_neg": 3}}, "shards": 3}')
     (run / "triplets" / "_manifest.json").write_text('{"config": {"negate": {"rules": "root"}}, "shards": 2}')
-    return run, pairs, trip
+    return run, pairs, trip, sents
 
 
-def direct(fmt, pairs, trip):
+def direct(fmt, pairs, trip, sents=None):
     """Each format straight from its definition, row by row."""
+    from trainer.objectives.osscse import OssCSE
+
+    t1, t2 = OssCSE.Settings().templates
+    if fmt == "sentences":
+        return [{"anchor": r["text"]} for r in sorted(sents, key=lambda r: r["sid"])]
+    if fmt == "dclr":
+        return [{"anchor": r["text"], "label": [0.0, 0.0, 0.0] if i == 3 else [float(i), 1.0, 0.5]}
+                for i, r in enumerate(sorted(sents, key=lambda r: r["sid"]))]
+    if fmt == "debcse":
+        m = max(len(p["negatives"]) for p in pairs)
+        return [{"anchor": p["anchor"], "positive": (p["positives"] or [p["anchor"]])[0],
+                 **{f"negative_{j + 1}": p["negatives"][j] for j in range(m)}} for p in pairs if len(p["negatives"]) >= m]
+    if fmt == "osscse-prompt":
+        return [{"anchor": t1.format(s=t["anchor"]), "anchor_t2": t2.format(s=t["anchor"]),
+                 "paraphrase": t1.format(s=t["paraphrase"]), "negation": t1.format(s=t["negation"])} for t in trip
+                if t["paraphrase"] is not None and t["negation"] is not None]
     if fmt == "triplet":
         return [{"anchor": p["anchor"], "positive": q, "negative": n} for p in pairs for q in p["positives"]
                 for n in p["negatives"]]
@@ -52,9 +71,9 @@ def direct(fmt, pairs, trip):
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_export_equals_the_format_and_loads_with_datasets(mined, fmt, tmp_path):
-    run, pairs, trip = mined
+    run, pairs, trip, sents = mined
     folder = export_run(run, fmt, tmp_path / fmt)
-    want = direct(fmt, pairs, trip)
+    want = direct(fmt, pairs, trip, sents)
     ds = datasets.load_dataset(str(folder), split="train")
     assert ds.to_list() == want and len(ds) > 0
     card = (folder / "README.md").read_text()
@@ -63,7 +82,8 @@ def test_export_equals_the_format_and_loads_with_datasets(mined, fmt, tmp_path):
     assert sorted(folder.glob(pattern)) == sorted((folder / "data").iterdir())  # the card names every data file
     assert "batch_sampler=BatchSamplers.NO_DUPLICATES" in card
     assert f"{len(want):,} rows" in card
-    assert ('"rules": "root"' if fmt == "osscse-triplet" else '"m_neg": 3') in card  # the settings behind it
+    if FORMATS[fmt][0] != "sentences":
+        assert ('"rules": "root"' if FORMATS[fmt][0] == "triplets" else '"m_neg": 3') in card  # the settings behind it
     assert all(f"`{c}`" in card for c in FORMATS[fmt][2])
 
 
@@ -77,7 +97,7 @@ def test_make_export_command_and_bad_format(mined, capsys):
     assert "invalid choice: 'quadruplet'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f not in export.LOSS_OF])  # the others: test_st_losses.py
 def test_sentence_transformers_trains_on_each_export(mined, fmt, bert, tmp_path):
     """The README's recipe: MNRL with NO_DUPLICATES batches. An anchor has a row per positive (and, in `triplet`, per
     negative); the batches the trainer draws never hold one anchor twice, which the default sampler's do here."""

@@ -1,9 +1,18 @@
 """metrics.jsonl, the training log (one JSON record per line: loss, lr, grad norm, dev scores; `step` in each): started
 afresh, or trimmed back to the resumed step, and appended to without ever following a symlink planted in its place
-(a shared run folder is data: the log's target outside the run is neither read nor written)."""
+(a shared run folder is data: the log's target outside the run is neither read nor written).
+
+The same records go to TensorBoard event files beside it (`make tensorboard RUN=<run>`), written by the one
+`MetricsLog.record` call that writes the line, so the curves are the log by construction: train/loss, train/lr,
+train/grad_norm, train/<objective metric>, dev/<set> (Spearman × 100) and dev/score, at the record's step (TensorBoard
+keeps scalars as float32). On open, the event files are written afresh from the (trimmed) log: a resumed run's curves
+hold every step it kept once, never the steps a killed run logged past its checkpoint. Without the tensorboard
+package, or when a write fails, training goes on with metrics.jsonl alone (one line says so).
+"""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from pipeline.engine.atomic import atomic_file
@@ -43,6 +52,74 @@ def restart(path: Path, resumed_step: int | None) -> None:
         trim_jsonl(path, resumed_step)
 
 
-def open_for_append(run_root: Path, path: Path):
-    """The log opened for appending, line-buffered: a regular file below the run, never through a link."""
-    return open_append(run_root, path)
+EVENTS_GLOB = "events.out.tfevents.*"
+SKIP = {"step", "epoch", "t", "best", "best_step"}  # positions and bookkeeping, not curves
+
+
+def scalars(record: dict) -> list[tuple[str, float]]:
+    """(tag, value) of every number in a log record: a dev record's scores under dev/, the rest under train/."""
+    out = []
+    for key, value in record.items():
+        if key in SKIP:
+            continue
+        if key == "dev" and isinstance(value, dict):
+            out += [(f"dev/{k}", float(v)) for k, v in value.items() if isinstance(v, (int, float))]
+        elif key == "dev_score":
+            out.append(("dev/score", float(value))) if isinstance(value, (int, float)) else None
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.append((f"train/{key}", float(value)))
+    return out
+
+
+def tensorboard_writer(folder: Path):
+    """A SummaryWriter over `folder`, or None (one line on stderr) where tensorboard is not installed."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as e:
+        print(f"[train] no TensorBoard curves ({e}); metrics.jsonl has every number", file=sys.stderr)
+        return None
+    return SummaryWriter(log_dir=str(folder), flush_secs=10)
+
+
+class MetricsLog:
+    """metrics.jsonl (line-buffered: a regular file below the run, never through a link) and its TensorBoard
+    curves, written together."""
+
+    def __init__(self, run_root: Path, path: Path, curves: bool = True):
+        self.file = open_append(run_root, path)
+        self.writer = None
+        if curves:
+            for old in path.parent.glob(EVENTS_GLOB):  # a link goes, not its target
+                old.unlink()
+            self.writer = tensorboard_writer(path.parent)
+            for line in path.read_text(errors="replace").splitlines():  # what the resumed run kept, once
+                if (rec := _record(line)) is not None:
+                    self._curves(rec)
+
+    def record(self, rec: dict) -> None:
+        self.file.write(json.dumps(rec) + "\n")
+        self._curves(rec)
+
+    def _curves(self, rec: dict) -> None:
+        if self.writer is None:
+            return
+        try:
+            for tag, value in scalars(rec):
+                self.writer.add_scalar(tag, value, rec.get("step", 0))
+        except Exception as e:  # a full disk or a broken writer: the curves stop, training does not
+            print(f"[train] TensorBoard curves stopped ({type(e).__name__}: {e}); metrics.jsonl goes on",
+                  file=sys.stderr)
+            self.writer = None
+
+    def close(self) -> None:
+        self.file.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _record(line: str) -> dict | None:
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None

@@ -9,7 +9,7 @@ workers -> objective.forward -> AdamW with linear decay (optional warmup) and gr
 best/ and the full training state in last/ (trainer/checkpoint.py). A restart with the same configuration (the
 settings, and by content the start weights, the mined tables and the dev files: trainer/keys.py) resumes from
 last/ and ends at the same weights as an uninterrupted run (float32, same machine). Outputs, under
-artifacts/<run>/train/<objective>/: best/, last/, metrics.jsonl.
+artifacts/<run>/train/<objective>/: best/, last/, metrics.jsonl and its TensorBoard curves (trainer/metrics_log.py).
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def config_hash(cfg: Config, model: str, pooler: str, prompt: str, eval_len: int
     (trainer/keys.py): the mined tables' hashes (`data`), the start weights' fingerprint, the dev files that pick
     best/ — a shard rewritten in place or a model saved again into the same folder is another configuration."""
     train = cfg.train.model_dump(mode="json")
-    for key in ("final_eval", "num_workers", "output"):
+    for key in ("final_eval", "num_workers", "output", "tensorboard"):
         train.pop(key, None)
     blob = {"train": train, "model": model, "weights": model_fingerprint(resolve_model(model, "encoder")),
             "pooler": pooler, "prompt": prompt, "eval_max_length": eval_len, "data": data,
@@ -242,7 +242,7 @@ def _train(cfg: Config, resume: bool) -> dict:
               f"{'+'.join(objective.tables)}, batch {tc.batch_size} ({world} rank(s)), {steps_per_epoch} steps/epoch, "
               f"{total} steps, lr {tc.lr}, {device} {precision}"
               + (f"; resumed at step {step} (epoch {epoch}, batch {batch_in_epoch})" if state else ""))
-    log = metrics_log.open_for_append(run_root, log_path) if master else None
+    log = metrics_log.MetricsLog(run_root, log_path, curves=tc.tensorboard) if master else None
     bar = tqdm(total=total, initial=step, disable=not master, desc=tc.objective, unit="step", dynamic_ncols=True)
 
     # --- the loop ---------------------------------------------------------------------------------------------------
@@ -268,9 +268,8 @@ def _train(cfg: Config, resume: bool) -> dict:
 
             if master:
                 loss_f = float(loss.item())
-                log.write(json.dumps({"step": step, "epoch": epoch, "loss": loss_f, "lr": sched.get_last_lr()[0],
-                                      "grad_norm": grad_norm, **metrics,
-                                      "t": round(time.perf_counter() - t0, 4)}) + "\n")
+                log.record({"step": step, "epoch": epoch, "loss": loss_f, "lr": sched.get_last_lr()[0],
+                            "grad_norm": grad_norm, **metrics, "t": round(time.perf_counter() - t0, 4)})
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_f:.4f}", best=f"{best:.2f}" if best_step else "-")
 
@@ -286,9 +285,8 @@ def _train(cfg: Config, resume: bool) -> dict:
                         best, best_step = score, step
                         ckpt.save_encoder(best_dir, objective.export_encoder(),
                                           {**meta, "step": step, "dev": dev, "dev_score": score})
-                    log.write(json.dumps({"step": step, "epoch": epoch, "dev": dev, "dev_score": score,
-                                          "best": best, "best_step": best_step,
-                                          "t": round(time.perf_counter() - t0, 4)}) + "\n")
+                    log.record({"step": step, "epoch": epoch, "dev": dev, "dev_score": score, "best": best,
+                                "best_step": best_step, "t": round(time.perf_counter() - t0, 4)})
                     bar.write(f"[train] step {step}: dev {dev} (best {best:.2f} at step {best_step})")
                     ckpt.save_state(last_dir, {
                         "objective": objective.state_dict(), "optimizer": opt.state_dict(),

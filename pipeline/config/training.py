@@ -54,6 +54,8 @@ class TrainCfg(Section):
     num_workers: int = Field(2, ge=0, description="DataLoader workers that run objective.collate (tokenisation)")
     unpad: bool = Field(True, description="padding-free encoder forward for BERT-family models "
                                           "(pipeline/models/unpad.py): same outputs, no arithmetic on pad tokens")
+    tensorboard: bool = Field(True, description="TensorBoard event files beside metrics.jsonl, the same numbers "
+                                                "(make tensorboard RUN=<run>); on where the package is installed")
     # Each objective's own settings, [train.<objective>] (e.g. [train.osscse] alpha = 0.05): declared with their
     # defaults and bounds by the objective's file in trainer/objectives/ and validated by it (`settings_of`) when a
     # run starts; this file stays free of torch.

@@ -6,6 +6,8 @@
 
 Adding an objective: a file here with its class (formula docstring, Settings, collate, forward), its line in
 OBJECTIVES below and its name in pipeline/config/training.py's OBJECTIVE_NAMES (and TrainCfg's [train.<name>] field).
+Keep its math in a module-level function of the encoded vectors (simcse_loss, debcse_loss, ...) that forward calls:
+its sentence-transformers loss (trainer/st_losses/) calls the same function.
 """
 from __future__ import annotations
 

@@ -59,55 +59,60 @@ class DCLR(SimCSE):
         out["emb"], out["emb_valid"] = emb, valid
         return out
 
-    def noise_negatives(self, H: torch.Tensor, HP: torch.Tensor) -> torch.Tensor:
-        """k·B noise vectors moved by normalised gradient ascent on the non-uniformity loss (h, h⁺ detached)."""
-        cfg = self.settings
-        n = int(cfg.noise_per_row) * len(H)
-        noise = dist.broadcast(torch.randn(n, H.shape[1]).to(device=H.device, dtype=H.dtype))
-        if n == 0:
-            return noise
-        H, HP = H.detach(), HP.detach()
-        pos = cos_rows(H, HP) / cfg.tau_u
-        for _ in range(int(cfg.noise_steps)):
-            with torch.enable_grad():
-                x = noise.detach().requires_grad_(True)
-                l_u = (torch.logsumexp(cos_matrix(H, x) / cfg.tau_u, dim=1) - pos).mean()
-                (g,) = torch.autograd.grad(l_u, x)
-            noise = noise + cfg.noise_step_size * g / g.norm(dim=-1, keepdim=True).clamp(min=1e-12)
-        return noise.detach()
-
     def forward(self, batch: dict):
-        cfg = self.cfg
-        b = sub_batch(batch, "sent")
-        h1, h2 = self.head(self.encoder(two_views(b))).chunk(2)
-        (H1, H2), (sizes, _) = dist.gather_many([h1, h2])
-        sl = dist.local_slice(sizes)
-        targets = torch.arange(sl.start, sl.stop, device=h1.device)
+        h1, h2 = self.head(self.encoder(two_views(sub_batch(batch, "sent")))).chunk(2)
+        return dclr_loss(h1, h2, batch["emb"], batch["emb_valid"], self.settings, self.cfg.temperature)
 
-        # (b) instance weights from the mined embeddings (no gradient)
-        emb = batch["emb"].to(h1.device, torch.float32)
-        valid = batch["emb_valid"].to(h1.device)
-        d_e = dist.all_max(emb.shape[1], h1.device)
-        if emb.shape[1] < d_e:  # this rank had no embeddings at all
-            emb = torch.zeros((len(emb), d_e), device=h1.device)
-        E = dist.gather_nograd(emb)
-        V = dist.gather_nograd(valid)
-        if d_e > 0:
-            sim = cos_matrix(emb, E)
-            removed = (sim >= self.settings.phi) & valid[:, None] & V[None, :]
-        else:
-            removed = torch.zeros((len(h1), len(E)), dtype=torch.bool, device=h1.device)
-        removed[torch.arange(len(h1), device=h1.device), targets] = False
-        keep = ~removed
 
-        # (a) noise negatives
-        noise = self.noise_negatives(H1, H2)
-        extra = cos_matrix(h1, noise) / cfg.temperature if len(noise) else None
+def noise_negatives(H: torch.Tensor, HP: torch.Tensor, settings) -> torch.Tensor:
+    """k·B noise vectors moved by normalised gradient ascent on the non-uniformity loss (h, h⁺ detached)."""
+    n = int(settings.noise_per_row) * len(H)
+    noise = dist.broadcast(torch.randn(n, H.shape[1]).to(device=H.device, dtype=H.dtype))
+    if n == 0:
+        return noise
+    H, HP = H.detach(), HP.detach()
+    pos = cos_rows(H, HP) / settings.tau_u
+    for _ in range(int(settings.noise_steps)):
+        with torch.enable_grad():
+            x = noise.detach().requires_grad_(True)
+            l_u = (torch.logsumexp(cos_matrix(H, x) / settings.tau_u, dim=1) - pos).mean()
+            (g,) = torch.autograd.grad(l_u, x)
+        noise = noise + settings.noise_step_size * g / g.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+    return noise.detach()
 
-        per = info_nce_terms(h1, H2, targets, cfg.temperature, keep=keep, extra_logits=extra)
-        loss = dist.global_mean(per)
-        with torch.no_grad():
-            acc = (cos_matrix(h1, H2).argmax(1) == targets).float().mean().item()
-            n_neg = max(1, removed.numel() - len(h1))
-            frac = removed.sum().item() / n_neg
-        return loss, {"acc": acc, "removed": frac}
+
+def dclr_loss(h1: torch.Tensor, h2: torch.Tensor, emb: torch.Tensor, valid: torch.Tensor, settings, tau: float):
+    """ℓ of the module docstring on the two views h1, h2 [B, d] (after the head, if any), the rows' mined vectors
+    emb [B, d_e] and which of them exist, valid [B]. Draws the noise from torch's global generator. Shared by the lean
+    objective and the sentence-transformers loss (trainer/st_losses/dclr.py). (loss, {"acc", "removed"})."""
+    (H1, H2), (sizes, _) = dist.gather_many([h1, h2])
+    sl = dist.local_slice(sizes)
+    targets = torch.arange(sl.start, sl.stop, device=h1.device)
+
+    # (b) instance weights from the mined embeddings (no gradient)
+    emb = emb.to(h1.device, torch.float32)
+    valid = valid.to(h1.device)
+    d_e = dist.all_max(emb.shape[1], h1.device)
+    if emb.shape[1] < d_e:  # this rank had no embeddings at all
+        emb = torch.zeros((len(emb), d_e), device=h1.device)
+    E = dist.gather_nograd(emb)
+    V = dist.gather_nograd(valid)
+    if d_e > 0:
+        sim = cos_matrix(emb, E)
+        removed = (sim >= settings.phi) & valid[:, None] & V[None, :]
+    else:
+        removed = torch.zeros((len(h1), len(E)), dtype=torch.bool, device=h1.device)
+    removed[torch.arange(len(h1), device=h1.device), targets] = False
+    keep = ~removed
+
+    # (a) noise negatives
+    noise = noise_negatives(H1, H2, settings)
+    extra = cos_matrix(h1, noise) / tau if len(noise) else None
+
+    per = info_nce_terms(h1, H2, targets, tau, keep=keep, extra_logits=extra)
+    loss = dist.global_mean(per)
+    with torch.no_grad():
+        acc = (cos_matrix(h1, H2).argmax(1) == targets).float().mean().item()
+        n_neg = max(1, removed.numel() - len(h1))
+        frac = removed.sum().item() / n_neg
+    return loss, {"acc": acc, "removed": frac}

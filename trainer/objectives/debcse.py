@@ -83,28 +83,34 @@ class DebCSE(Objective):
         return out
 
     def forward(self, batch: dict):
-        tau = self.cfg.temperature
         h = self.encoder(sub_batch(batch, "anc"))
         hp = self.encoder(sub_batch(batch, "pos"))
         neg = sub_batch(batch, "neg")
         hn = self.encoder(neg) if neg else h.new_zeros((0, h.shape[1]))
-        (H, HP, HN), (sizes, _, nsizes) = dist.gather_many([h, hp, hn])  # one collective (trainer/dist.py)
-        sl = dist.local_slice(sizes)
-        z, zp = batch_norm(H)[sl], batch_norm(HP)[sl]
-        targets = torch.arange(sl.start, sl.stop, device=h.device)
+        return debcse_loss(h, hp, hn, batch["neg_index"], self.cfg.temperature)
 
-        neg_index = batch["neg_index"].to(h.device)
-        extra1 = extra2 = keep = None
-        if len(hn) and neg_index.shape[1] > 0:
-            # BatchNorm statistics over every rank's negatives; this rank's anchors see only their own negatives
-            zn = batch_norm(HN)[dist.local_slice(nsizes)]
-            keep = neg_index >= 0
-            idx = neg_index.clamp(min=0)
-            extra1 = cos_matrix(z, zn).gather(1, idx) / tau
-            extra2 = cos_matrix(zp, zn).gather(1, idx) / tau
-        l1 = info_nce_terms(z, HP, targets, tau, extra_logits=extra1, extra_keep=keep)
-        l2 = info_nce_terms(zp, H, targets, tau, extra_logits=extra2, extra_keep=keep)
-        loss = dist.global_mean(l1 + l2)
-        with torch.no_grad():
-            acc = (cos_matrix(z, HP).argmax(1) == targets).float().mean().item()
-        return loss, {"acc": acc}
+
+def debcse_loss(h: torch.Tensor, hp: torch.Tensor, hn: torch.Tensor, neg_index: torch.Tensor, tau: float):
+    """Eq. 8 (the module docstring) on encoded vectors: h anchors [B, d], hp positives [B, d], hn the flat negatives
+    [n, d] and neg_index [B, m] (row into hn, −1 = missing). The lean objective and the sentence-transformers loss
+    (trainer/st_losses/debcse.py) both call this: one implementation. Returns (loss, {"acc"})."""
+    (H, HP, HN), (sizes, _, nsizes) = dist.gather_many([h, hp, hn])  # one collective (trainer/dist.py)
+    sl = dist.local_slice(sizes)
+    z, zp = batch_norm(H)[sl], batch_norm(HP)[sl]
+    targets = torch.arange(sl.start, sl.stop, device=h.device)
+
+    neg_index = neg_index.to(h.device)
+    extra1 = extra2 = keep = None
+    if len(hn) and neg_index.shape[1] > 0:
+        # BatchNorm statistics over every rank's negatives; this rank's anchors see only their own negatives
+        zn = batch_norm(HN)[dist.local_slice(nsizes)]
+        keep = neg_index >= 0
+        idx = neg_index.clamp(min=0)
+        extra1 = cos_matrix(z, zn).gather(1, idx) / tau
+        extra2 = cos_matrix(zp, zn).gather(1, idx) / tau
+    l1 = info_nce_terms(z, HP, targets, tau, extra_logits=extra1, extra_keep=keep)
+    l2 = info_nce_terms(zp, H, targets, tau, extra_logits=extra2, extra_keep=keep)
+    loss = dist.global_mean(l1 + l2)
+    with torch.no_grad():
+        acc = (cos_matrix(z, HP).argmax(1) == targets).float().mean().item()
+    return loss, {"acc": acc}

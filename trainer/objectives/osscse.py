@@ -152,40 +152,54 @@ class OssCSE(Objective):
 
     def recall(self) -> torch.Tensor:
         """γ/2 · Σ (θ − θ*)²."""
-        total = None
-        for n, p in self.encoder.named_parameters():
-            ref = self.theta_star.get(n)
-            if ref is None:
-                continue
-            if ref.device != p.device or ref.dtype != p.dtype:
-                ref = self.theta_star[n] = ref.to(device=p.device, dtype=p.dtype)
-            s = (p - ref).pow(2).sum()
-            total = s if total is None else total + s
-        if total is None:
-            return torch.zeros((), device=self.encoder.device)
-        return 0.5 * self.settings.recall_weight * total
+        return recall_term(self.encoder.named_parameters(), self.theta_star, self.settings.recall_weight,
+                           self.encoder.device)
 
     def forward(self, batch: dict):
-        cfg = self.cfg
         if self.paper:
             h = self.encoder(sub_batch(batch, "t1"))
             h2 = self.encoder(sub_batch(batch, "t2"))
         else:  # two dropout views of the same sentences, one forward
             h, h2 = self.encoder(two_views(sub_batch(batch, "sent"))).chunk(2)
-        (G2,), (sizes,) = dist.gather_many([h2])
-        sl = dist.local_slice(sizes)
-        targets = torch.arange(sl.start, sl.stop, device=h.device)
-        l_c = dist.global_mean(info_nce_terms(h, G2, targets, cfg.temperature))
-
         trip = batch["trip_index"].to(h.device)
         if len(trip):
-            hp = self.encoder(sub_batch(batch, "par"))
-            hn = self.encoder(sub_batch(batch, "negn"))
-            sp, sn = cos_rows(h[trip], hp), cos_rows(h[trip], hn)  # float32 whatever the autocast
-            margins = torch.relu(sn - sp + self.settings.alpha) + torch.relu(sp - sn - self.settings.beta)
+            hp, hn = self.encoder(sub_batch(batch, "par")), self.encoder(sub_batch(batch, "negn"))
         else:
-            margins = h.new_zeros((0,))
-        l_m = dist.global_mean(margins, h.device)
-        l_r = self.recall()
-        loss = l_c + l_r + self.settings.margin_weight * l_m
-        return loss, {"l_c": float(l_c.detach()), "l_m": float(l_m.detach()), "l_r": float(l_r.detach())}
+            hp = hn = h.new_zeros((0, h.shape[1]))
+        return osscse_loss(h, h2, hp, hn, trip, self.recall(), self.settings, self.cfg.temperature)
+
+
+def recall_term(named_parameters, theta_star: dict[str, torch.Tensor], gamma: float, device) -> torch.Tensor:
+    """l_r = γ/2 · Σ (θ − θ*)² over the parameters named in θ* (a copy moves to its parameter's device and dtype
+    on first use, in θ* itself)."""
+    total = None
+    for n, p in named_parameters:
+        ref = theta_star.get(n)
+        if ref is None:
+            continue
+        if ref.device != p.device or ref.dtype != p.dtype:
+            ref = theta_star[n] = ref.to(device=p.device, dtype=p.dtype)
+        s = (p - ref).pow(2).sum()
+        total = s if total is None else total + s
+    if total is None:
+        return torch.zeros((), device=device)
+    return 0.5 * gamma * total
+
+
+def osscse_loss(h: torch.Tensor, h2: torch.Tensor, hp: torch.Tensor, hn: torch.Tensor, trip: torch.Tensor,
+                l_r: torch.Tensor, settings, tau: float):
+    """L = l_c + l_r + λ·l_m (the module docstring) on encoded vectors: h, h2 the two views of the anchors [B, d];
+    hp, hn the paraphrases and negations [n, d] of the anchor rows `trip` [n]; l_r already computed (recall_term).
+    The lean objective and the sentence-transformers loss (trainer/st_losses/osscse.py) both call this."""
+    (G2,), (sizes,) = dist.gather_many([h2])
+    sl = dist.local_slice(sizes)
+    targets = torch.arange(sl.start, sl.stop, device=h.device)
+    l_c = dist.global_mean(info_nce_terms(h, G2, targets, tau))
+    if len(trip):
+        sp, sn = cos_rows(h[trip], hp), cos_rows(h[trip], hn)  # float32 whatever the autocast
+        margins = torch.relu(sn - sp + settings.alpha) + torch.relu(sp - sn - settings.beta)
+    else:
+        margins = h.new_zeros((0,))
+    l_m = dist.global_mean(margins, h.device)
+    loss = l_c + l_r + settings.margin_weight * l_m
+    return loss, {"l_c": float(l_c.detach()), "l_m": float(l_m.detach()), "l_r": float(l_r.detach())}

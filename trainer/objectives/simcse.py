@@ -52,16 +52,20 @@ class SimCSE(Objective):
         return self.mlp(h) if self.mlp is not None else h
 
     def forward(self, batch: dict):
-        b = sub_batch(batch, "sent")
-        h1, h2 = self.head(self.encoder(two_views(b))).chunk(2)
-        (g2,), (sizes,) = dist.gather_many([h2])
-        sl = dist.local_slice(sizes)
-        targets = torch.arange(sl.start, sl.stop, device=h1.device)
-        per = info_nce_terms(h1, g2, targets, self.cfg.temperature)
-        loss = dist.global_mean(per)
-        with torch.no_grad():
-            acc = (cos_matrix(h1, g2).argmax(1) == targets).float().mean().item()
-        return loss, {"acc": acc}
+        h1, h2 = self.head(self.encoder(two_views(sub_batch(batch, "sent")))).chunk(2)
+        return simcse_loss(h1, h2, self.cfg.temperature)
 
     def export_encoder(self):
         return self.encoder
+
+
+def simcse_loss(h1: torch.Tensor, h2: torch.Tensor, tau: float):
+    """In-batch InfoNCE of the module docstring on two views h1, h2 [B, d] (after the head, if any); shared by the
+    lean objective, DCLR's base and the sentence-transformers loss (trainer/st_losses/simcse.py). (loss, {"acc"})."""
+    (g2,), (sizes,) = dist.gather_many([h2])
+    sl = dist.local_slice(sizes)
+    targets = torch.arange(sl.start, sl.stop, device=h1.device)
+    loss = dist.global_mean(info_nce_terms(h1, g2, targets, tau))
+    with torch.no_grad():
+        acc = (cos_matrix(h1, g2).argmax(1) == targets).float().mean().item()
+    return loss, {"acc": acc}

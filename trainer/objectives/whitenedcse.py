@@ -85,33 +85,40 @@ class WhitenedCSE(Objective):
     def collate(self, rows: list[dict]) -> dict:
         return prefixed("sent", self.encoder.tokenize([r["text"] for r in rows], max_length=self.cfg.max_length))
 
-    def permutations(self, n: int, device) -> torch.Tensor:
-        """n channel permutations from torch's global generator, the same on every rank (rank 0's)."""
-        perms = torch.stack([torch.randperm(self.sgw.dim) for _ in range(n)])
-        return dist.broadcast(perms.to(device))
-
     def view(self, H: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
         return self.act(self.proj(self.sgw(H, perm)))
 
     def forward(self, batch: dict):
-        b = sub_batch(batch, "sent")
-        h1, h2 = self.encoder(two_views(b)).chunk(2)
-        (H1, H2), (sizes, _) = dist.gather_many([h1, h2])
-        sl = dist.local_slice(sizes)
-        targets = torch.arange(sl.start, sl.stop, device=h1.device)
-        P = int(self.settings.positives)
-        perms = self.permutations(P + 1, h1.device)
-        anchors = self.view(H1, perms[0])[sl]
-        per = anchors.new_zeros(len(anchors))
-        first = None
-        for p in range(1, P + 1):
-            cand = self.view(H2, perms[p])
-            per = per + info_nce_terms(anchors, cand, targets, self.cfg.temperature)
-            first = cand if first is None else first
-        loss = self.settings.loss_weight * dist.global_mean(per)
-        with torch.no_grad():
-            acc = (cos_matrix(anchors, first).argmax(1) == targets).float().mean().item()
-        return loss, {"acc": acc}
+        h1, h2 = self.encoder(two_views(sub_batch(batch, "sent"))).chunk(2)
+        return whitenedcse_loss(h1, h2, self.view, self.sgw.dim, self.settings, self.cfg.temperature)
 
     def export_encoder(self):
         return self.encoder
+
+
+def permutations(n: int, dim: int, device) -> torch.Tensor:
+    """n channel permutations from torch's global generator, the same on every rank (rank 0's)."""
+    perms = torch.stack([torch.randperm(dim) for _ in range(n)])
+    return dist.broadcast(perms.to(device))
+
+
+def whitenedcse_loss(h1: torch.Tensor, h2: torch.Tensor, view, dim: int, settings, tau: float):
+    """The multi-positive loss of the module docstring on the two dropout views h1, h2 [B, d]; `view(H, perm)` is
+    φ_π (SGW, projection, Tanh). Draws P + 1 permutations from torch's global generator. Shared by the lean objective
+    and the sentence-transformers loss (trainer/st_losses/whitenedcse.py). Returns (loss, {"acc"})."""
+    (H1, H2), (sizes, _) = dist.gather_many([h1, h2])
+    sl = dist.local_slice(sizes)
+    targets = torch.arange(sl.start, sl.stop, device=h1.device)
+    P = int(settings.positives)
+    perms = permutations(P + 1, dim, h1.device)
+    anchors = view(H1, perms[0])[sl]
+    per = anchors.new_zeros(len(anchors))
+    first = None
+    for p in range(1, P + 1):
+        cand = view(H2, perms[p])
+        per = per + info_nce_terms(anchors, cand, targets, tau)
+        first = cand if first is None else first
+    loss = settings.loss_weight * dist.global_mean(per)
+    with torch.no_grad():
+        acc = (cos_matrix(anchors, first).argmax(1) == targets).float().mean().item()
+    return loss, {"acc": acc}
