@@ -100,7 +100,7 @@ def child(side: str, run: Path, steps: int, batch_size: int, max_length: int) ->
 def run(steps: int = 5, batch_size: int = 64, max_length: int = 32, rounds: int = 2) -> list[dict]:
     from bench import smoke
 
-    steps, batch_size, max_length = smoke.cap(steps, 2), smoke.cap(batch_size, 8), smoke.cap(max_length, 16)
+    steps, batch_size, max_length = smoke.cap(steps, 1), smoke.cap(batch_size, 8), smoke.cap(max_length, 16)
     rounds = smoke.cap(rounds, 1)
     with tempfile.TemporaryDirectory(prefix="st_debcse_bench_") as tmp:
         data = Path(tmp) / "bench"

@@ -60,7 +60,7 @@ def make(*args: str, env: dict, timeout: int = 600) -> subprocess.CompletedProce
 @pytest.mark.slow
 def test_paper_profiles_mine_train_eval_through_the_makefile(hub, tmp_path):
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("".join(WIKI.read_text(encoding="utf-8").splitlines(keepends=True)[:60]), encoding="utf-8")
+    corpus.write_text("".join(WIKI.read_text(encoding="utf-8").splitlines(keepends=True)[:80]), encoding="utf-8")  # >= 64 pairs: the profile's batch
     env, runs = user_env(hub.url, tmp_path / "hf-home"), tmp_path / "runs"
 
     r = make("mine", "PROFILE=debcse-paper", f"CORPUS={corpus}", f"SET=run.root={runs}", env=env)
