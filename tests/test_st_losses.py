@@ -93,9 +93,9 @@ def share_heads(loss, objective) -> None:
             getattr(loss, name).load_state_dict(getattr(objective, name).state_dict())
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_the_loss_equals_the_lean_objective_on_a_batch(run, case):
-    run_dir, bert = run
+def both_sides(case: str, bert):
+    """The lean objective, the SentenceTransformer and its loss (sharing the objective's heads), and the mined rows
+    as the lean trainer reads them."""
     obj = lean(case, bert)
     model = st_model(bert)
     loss = CASES[case][2](model)
@@ -103,6 +103,13 @@ def test_the_loss_equals_the_lean_objective_on_a_batch(run, case):
     rs = rows()
     for r in rs:
         r["emb"] = None if r["emb"] is None else torch.tensor(r["emb"]).numpy()
+    return obj, model, loss, rs
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_loss_equals_the_lean_objective_on_a_batch(run, case):
+    run_dir, bert = run
+    obj, model, loss, rs = both_sides(case, bert)
     torch.manual_seed(3)  # WhitenedCSE's permutations and DCLR's noise: the same draws on both sides
     want, _ = obj(obj.collate(rs))
     ds = datasets.load_dataset(str(export_run(run_dir, CASES[case][1], run_dir.parent / case)), split="train")
@@ -140,16 +147,10 @@ def test_sentence_transformers_trainer_moves_the_weights_as_the_lean_trainer(run
     from trainer.train import linear_schedule
 
     run_dir, bert = run
-    obj = lean(case, bert)
+    obj, model, loss, rs = both_sides(case, bert)
     start = {k: v.clone() for k, v in obj.encoder.model.state_dict().items()}
-    model = st_model(bert)
-    loss = CASES[case][2](model)
-    share_heads(loss, obj)
 
     # lean: the loop of trainer/train.py, step by step
-    rs = rows()
-    for r in rs:
-        r["emb"] = None if r["emb"] is None else torch.tensor(r["emb"]).numpy()
     batch = obj.collate(rs)
     params = [p for p in obj.parameters() if p.requires_grad]
     opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.0},

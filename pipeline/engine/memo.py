@@ -350,12 +350,12 @@ def referenced_namespaces(runs_root: Path) -> set[str]:
     refs = set()
     for man in Path(runs_root).glob("*/*/_manifest.json"):
         try:
-            memo = json.loads(man.read_text()).get("memo") or {}
+            manifest = json.loads(man.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        for entry in memo.values():
+        for entry in (manifest.get("memo") or {}).values():
             if isinstance(entry, dict) and entry.get("namespace"):
-                refs.add(f"{json.loads(man.read_text()).get('stage')}/{entry['namespace']}")
+                refs.add(f"{manifest.get('stage')}/{entry['namespace']}")
     return refs
 
 
