@@ -131,7 +131,7 @@ def install_pause(at: str) -> None:
 
         def patched_write_table(data, where, *a, **kw):
             write_table(data, where, *a, **kw)
-            p = Path(str(where))
+            p = Path(os.path.realpath(str(where)))  # atomic_file's temp path goes through /proc/self/fd/<folder>
             if p.parent.name == what and p.name.startswith(prefix) and p.name.endswith(".tmp"):
                 _pause(at)
 
@@ -140,11 +140,11 @@ def install_pause(at: str) -> None:
         write_json = store.atomic_write_json
         name = f"part-{shard:05d}-of-"
 
-        def patched_write_json(path, obj):
+        def patched_write_json(path, obj, *a, **kw):
             p = Path(path)
             if p.parent.name == what and p.name.startswith(name) and p.suffix == ".json":
                 _pause(at)
-            return write_json(path, obj)
+            return write_json(path, obj, *a, **kw)
 
         store.atomic_write_json = patched_write_json
     else:
