@@ -97,6 +97,55 @@ def plain_rows(lines: list[str]) -> list[tuple[bytes, bytes, str | None]]:
     return [(line.encode(), b"\n", None) for line in lines]
 
 
+# ---- links planted in a run folder ----
+
+KEY32 = "0123456789abcdef" * 2
+VICTIM_FILES = {  # names the project writes somewhere, so a write, rename or delete through a link would hit them
+    "notes.txt": b"precious\n",
+    "_manifest.json": b'{"not": "yours"}\n',
+    ".lock": b"their lock\n",
+    "part-00000-of-00001.parquet": b"not a shard\n",
+    "part-00000-of-00001.0123456789abcdef.json": b"{}\n",
+    f"hnsw-{KEY32}.json": b"{}\n",
+    f"sids-{KEY32}.npy": b"ids\n",
+    "index.md": b"# theirs\n",
+    "stage_seconds.png": b"not a png\n",
+    "metrics.jsonl": b'{"step": 1}\n',
+    "events.out.tfevents.1.victim": b"events\n",
+    "sentences/README.md": b"their card\n",
+    "sentences/data/train-x-00000-of-00001.parquet": b"their rows\n",
+    "last/state.pt": b"their state\n",
+}
+
+
+def victim_folder(where: Path) -> Path:
+    """A folder outside every run holding files under the names contramine writes (VICTIM_FILES)."""
+    for name, data in VICTIM_FILES.items():
+        (where / name).parent.mkdir(parents=True, exist_ok=True)
+        (where / name).write_bytes(data)
+    return where
+
+
+def tree(folder: Path) -> dict[str, bytes | str]:
+    """Everything below `folder` by relative name: a file's bytes, a link's target, a folder's mode; links are not
+    followed. Equal before and after = not a byte or a name changed."""
+    out: dict[str, bytes | str] = {}
+    for dirpath, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(folder))
+            out[rel] = f"-> {os.readlink(p)}" if p.is_symlink() else (f"dir {p.stat().st_mode:o}" if p.is_dir()
+                                                                      else p.read_bytes())
+    return out
+
+
+def plant(link: Path, target: Path) -> Path:
+    """`link` -> `target`, creating the folders above the link."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target, target_is_directory=target.is_dir())
+    return link
+
+
 # ---- the fault-injecting CLI ----
 
 def _pause(point: str) -> None:
