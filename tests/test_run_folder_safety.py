@@ -183,8 +183,10 @@ def test_metrics_log_never_writes_through_a_symlink(tiny_run, tmp_path, monkeypa
     out.mkdir(parents=True)
     log = out / "metrics.jsonl"
     log.symlink_to(victim)  # a fresh start: the log is removed, then appended to
+    events = out / "events.out.tfevents.0.planted"
+    events.symlink_to(victim)  # an old event file: removed as a link, its target untouched
     _train_killed_after_first_checkpoint(profile, monkeypatch)
-    assert victim.read_text() == "precious\n"
+    assert victim.read_text() == "precious\n" and not events.is_symlink()
     assert log.is_file() and not log.is_symlink()
     assert [m["step"] for m in read_metrics(log) if "loss" in m] == [1, 2]
 

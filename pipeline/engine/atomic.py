@@ -98,11 +98,12 @@ def _temps(name: str) -> re.Pattern:
 
 
 def _recover(parent: Folder, name: str) -> None:
-    old = f".{name}.old"
+    old, own = f".{name}.old", _temps(name)
     st_old = parent.lstat(old)
     if parent.lstat(name) is None and st_old is not None and stat.S_ISDIR(st_old.st_mode):
         os.rename(old, name, src_dir_fd=parent.fd, dst_dir_fd=parent.fd)
-    own = _temps(name)
+    elif st_old is not None:  # a swap killed before its cleanup (dst is the newer one), or a link planted there
+        parent.rmtree(old, own)
     for e in parent.entries():
         if e.name.startswith(f".{name}.tmp-"):
             parent.rmtree(e.name, own)
