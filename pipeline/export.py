@@ -41,6 +41,7 @@ from pipeline.config.base import ConfigError
 from pipeline.config.names import inside
 from pipeline.engine.atomic import atomic_dir
 from pipeline.engine.lock import run_lock
+from pipeline.engine.safe_paths import check_below
 from pipeline.engine.tables import RunTables
 
 ROWS_PER_FILE = 500_000
@@ -253,15 +254,15 @@ def export_run(run_dir: Path | str, fmt: str, dst: Path | str | None = None) -> 
     # the format names the folder: checked to stay in the run's export/, whatever FORMATS comes to hold
     dst = Path(dst) if dst else inside(run_dir / "export", fmt, setting="export format")
     root = run_dir if os.path.abspath(dst).startswith(os.path.abspath(run_dir) + os.sep) else dst.parent
-    # one export of a format at a time (export/.<format>.lock; other formats export beside it), taken first: a
-    # linked export/ is one line before anything is read
+    check_below(root, dst, final=True)  # a linked export/ is one line before anything is read
+    src = RunTables(run_dir).read(table)
+    if fmt in JOINS:
+        src = with_embeddings(src, RunTables(run_dir).read(JOINS[fmt]))
+    src = src.sort_by("sid")
+    out = build(src)
+    # one export of a format at a time (export/.<format>.lock; other formats export beside it)
     with run_lock(dst.parent, f"make export FORMAT={fmt}", root=root, name=f".{dst.name}.lock",
                   hint="export again when it is done"):
-        src = RunTables(run_dir).read(table)
-        if fmt in JOINS:
-            src = with_embeddings(src, RunTables(run_dir).read(JOINS[fmt]))
-        src = src.sort_by("sid")
-        out = build(src)
         with atomic_dir(dst, root=root) as tmp:  # complete and fsynced, then swapped in whole, or absent
             files, digest = write_data(out, tmp)
             (tmp / "README.md").write_text(dataset_card(run_dir, fmt, out, src.num_rows, files, digest),

@@ -137,9 +137,11 @@ def train(cfg: Config, resume: bool = True) -> dict:
 
     out, root = output_dir(cfg)
     # one training per output folder (rank 0 holds it for all ranks): a second `make train` of this objective and
-    # run stops here in one line; another objective of the run trains beside it
-    lock = run_lock(out, f"make train {cfg.train.objective}", root=root, hint="train into another --run or "
-                    "train.output") if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
+    # run stops here in one line; another objective of the run trains beside it. No run folder: nothing to train
+    # on, which _train says in one line, and no folder is made for it.
+    solo = int(os.environ.get("RANK", "0")) == 0 and cfg.run.dir.is_dir()
+    lock = run_lock(out, f"make train {cfg.train.objective}", root=root,
+                    hint="train into another --run or train.output") if solo else nullcontext()
     with lock, restored_float32_settings():
         return _train(cfg, resume)
 

@@ -13,7 +13,8 @@ link): nothing at or above `root` is looked at. A path outside `root` (an output
 root.
 
     with open_folder(run_dir, run_dir / "report") as d:       # UnsafePath if report/ is a link or a file
-        d.unlink("stage_seconds.png", OWN_PNG)                 # only a name the project writes, never a folder
+        d.unlink("stage_seconds.png", PLOTS)                   # only a name the project writes, never a folder
+        savefig(d.at("x.png"))                                 # /proc/self/fd/<fd>/x.png: in the folder as opened
     check_below(run_dir, run_dir / "report" / "index.md")      # the same check, creating nothing
     log = open_append(run_dir, run_dir / "train" / "simcse" / "metrics.jsonl")
 
@@ -79,7 +80,11 @@ class Folder:
             os.close(self.fd)
             self.fd = -1
 
-    __del__ = close  # a folder its holder forgot (an exception on the way) is closed when it goes
+    def __del__(self) -> None:  # a folder its holder forgot (an exception on the way) is closed when it goes
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 -- at interpreter exit
+            pass
 
     def at(self, name: str = "") -> Path:
         """A path for libraries that take one: through /proc/self/fd, it names this open folder (and `name` in it)
