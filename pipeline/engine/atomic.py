@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import json
 import os
 import re
@@ -174,12 +175,19 @@ def atomic_dir(dst: Path | str, root: Path | str | None = None):
 _RENAME_EXCHANGE = 2
 
 
+@functools.cache
+def _renameat2():
+    try:
+        return ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError, TypeError):  # glibc < 2.28, musl, macOS, Windows
+        return None
+
+
 def _exchange(folder: Folder, a: str, b: str) -> bool:
     """Swap two existing names of `folder` atomically (Linux renameat2 RENAME_EXCHANGE); False where the C library or
     the file system has no such call."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError, TypeError):  # glibc < 2.28, musl, macOS, Windows
+    renameat2 = _renameat2()
+    if renameat2 is None:
         return False
     if renameat2(folder.fd, os.fsencode(a), folder.fd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True

@@ -65,7 +65,9 @@ def tune_index(cfg, store, n: int, plan: dict) -> dict:
     them), mapped read-only by whoever searches, and measure its recall of the exact pool on a seeded sample of
     queries before any shard is searched. nprobe / ef_search = "auto": raised until the sample's recall reaches
     min_recall (`measure_recall`); a fixed value below min_recall stops the run here, in one line. Reused while
-    the base, the settings and the seed are the same (a rerun neither trains k-means nor builds the graph again)."""
+    the base, the settings and the seed are the same (a rerun neither trains k-means nor builds the graph again), and
+    only when its recorded plan checks out (`recorded_plan`): a plan is data in a run folder that may come from
+    someone else."""
     from pipeline.engine.atomic import atomic_file, atomic_write_json
     from pipeline.engine.store import combine
     from pipeline.errors import StageError
@@ -215,7 +217,8 @@ def measure_recall(index, kind: str, base, base_sids, q, q_sids, c, seed: int) -
 def load_index(cfg, store, n: int, plan: dict):
     """(base sids, base vectors, search index, CPU index) for the run's plan, once per process: a flat index is
     built from the table (exact; cheap); an approximate one is mapped read-only from the file the plan built, with
-    its vectors, so shard threads and the workers of a machine share one copy in the page cache."""
+    its vectors, so shard threads and the workers of a machine share one copy in the page cache. A file the plan
+    names must be one of _index/'s own names, opened without following a link (UnsafePath otherwise)."""
     if plan.get("engine") == "torch":  # exact, in torch matmuls on this process' device; no FAISS
         from pipeline.engine.resources import cuda_device
         from pipeline.search.torch_exact import TorchExact
