@@ -146,6 +146,31 @@ def plant(link: Path, target: Path) -> Path:
     return link
 
 
+def one_line(err: str) -> str:
+    """The last line of a command's stderr, which has no traceback."""
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert "Traceback" not in err, err
+    return lines[-1]
+
+
+def run_with_a_table(run: Path) -> Path:
+    """One table and its manifest: the report draws the stage-seconds plot, the `sentences` export has rows."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.schema import SCHEMAS
+
+    d = run / "sentences"
+    d.mkdir(parents=True)
+    rows = [{"sid": i, "text": f"sentence number {i}", "n_words": 3, "line_no": i} for i in range(5)]
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMAS["sentences"]), d / "part-00000-of-00001.parquet")
+    (d / "_manifest.json").write_text(json.dumps({"stage": "sentences", "seconds": 1.5, "rows": {"sentences": 5},
+                                                  "config": {}, "table": "sentences", "shards": 1}))
+    return run
+
+
 # ---- the fault-injecting CLI ----
 
 def _pause(point: str) -> None:

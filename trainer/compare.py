@@ -253,7 +253,8 @@ def train_and_evaluate(profile: str, overrides: list[str], user_sets: list[str],
     """One compare run: reused when its run.json has the same key, else trained (resuming last/) and evaluated."""
     from trainer.data import MinedRows
     from trainer.objectives import get_objective
-    from trainer.train import output_dir, train
+    from trainer.checkpoint import output_dir
+    from trainer.train import train
 
     cfg = load_config(profile, [*user_sets, f"run.name={run}", *overrides])
     out = Path(cfg.train.output)

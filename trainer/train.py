@@ -120,29 +120,16 @@ def dev_score(dev: dict) -> float:
 
 
 # ------------------------------------------------------------------------------------------------- training
-def output_dir(cfg: Config) -> tuple[Path, Path]:
-    """(the folder a training writes, the root below which no folder may be a link): train/<objective>/ of the run,
-    or train.output; a train.output in another run folder (compare's rows on compare.mined_runs) is checked from that
-    run folder, one elsewhere from itself."""
-    out = Path(cfg.train.output) if cfg.train.output else cfg.run.dir / "train" / cfg.train.objective
-    for root in (cfg.run.dir, cfg.run.root):
-        if out.is_relative_to(root) and out != root:
-            return out, root if root == cfg.run.dir else root / out.relative_to(root).parts[0]
-    return out, out
-
-
 def train(cfg: Config, resume: bool = True) -> dict:
     """Train (see the module docstring); the caller's float32 matmul settings are back on return, TF32 included."""
     from trainer.evaluate import restored_float32_settings
 
-    out, root = output_dir(cfg)
-    # one training per output folder (rank 0 holds it for all ranks): a second `make train` of this objective and
-    # run stops here in one line; another objective of the run trains beside it. No run folder: nothing to train
-    # on, which _train says in one line, and no folder is made for it.
+    # one training per output folder (rank 0 for all ranks): a second `make train` of this objective and run stops
+    # here in one line, another objective trains beside it; no run folder (nothing to train on): no lock, no folder
+    out, root = ckpt.output_dir(cfg)
     solo = int(os.environ.get("RANK", "0")) == 0 and cfg.run.dir.is_dir()
-    lock = run_lock(out, f"make train {cfg.train.objective}", root=root,
-                    hint="train into another --run or train.output") if solo else nullcontext()
-    with lock, restored_float32_settings():
+    with run_lock(out, f"make train {cfg.train.objective}", root=root, hint="train into another --run") if solo \
+            else nullcontext(), restored_float32_settings():
         return _train(cfg, resume)
 
 
@@ -215,7 +202,7 @@ def _train(cfg: Config, resume: bool) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_schedule(tc.warmup_steps, total))
 
     # --- where things go; resume from last/ when it belongs to this configuration -------------------------------------
-    out, run_root = output_dir(cfg)
+    out, run_root = ckpt.output_dir(cfg)
     best_dir, last_dir, log_path = out / "best", out / "last", out / "metrics.jsonl"
     # Run folders are shared: no folder below the run (train/, <objective>/, best/, last/) may be a symlink, or our
     # writes would land in its target. A train.output outside the runs is checked from itself down.
