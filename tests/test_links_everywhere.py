@@ -198,7 +198,7 @@ def _hold(folder: Path, root: Path, what: str):
     return p
 
 
-def test_two_trainings_of_one_objective_and_run_the_second_stops_inone_line(tiny_run):
+def test_two_trainings_of_one_objective_and_run_the_second_stops_in_one_line(tiny_run):
     from pipeline.engine.lock import RunBusy, run_lock
 
     profile, run, out = tiny_run

@@ -60,7 +60,7 @@ def test_the_poison_is_real(tmp_path):
 
 
 @pytest.mark.parametrize("as_torch_file", [True, False], ids=["torch-zip", "raw-pickle"])
-def test_poisoned_state_runs_no_code_and_isone_line(tiny_run, tmp_path, as_torch_file):
+def test_poisoned_state_runs_no_code_and_is_one_line(tiny_run, tmp_path, as_torch_file):
     profile, _, out = tiny_run
     marker = tmp_path / "pwned"
     state = out / "last" / "state.pt"
@@ -138,7 +138,7 @@ def test_state_round_trips_weights_only_and_restores_the_generators(tmp_path):
     assert got[:2] == want[:2] and torch.equal(got[2], want[2])
 
 
-def test_state_that_does_not_fit_the_model_isone_line(tiny_run):
+def test_state_that_does_not_fit_the_model_is_one_line(tiny_run):
     profile, _, out = tiny_run
     train(load_config(str(profile)))
     last = out / "last"
