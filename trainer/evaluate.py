@@ -360,8 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     encoder.name = args.model
     res = evaluate_all(encoder, args.data_dir, probe_path=args.probe, batch_size=args.batch_size, progress=True)
     make_dirs(ARTIFACTS, out_dir)  # checked again; each file below replaces its path (a link there is not followed)
-    atomic_write_bytes(out_dir / "results.json", (json.dumps(res, indent=2) + "\n").encode())
-    atomic_write_bytes(out_dir / "results.md", results_markdown(name, res).encode())
+    atomic_write_bytes(out_dir / "results.json", (json.dumps(res, indent=2) + "\n").encode(), root=ARTIFACTS)
+    atomic_write_bytes(out_dir / "results.md", results_markdown(name, res).encode(), root=ARTIFACTS)
     print(format_results([(name, res)]))
     print(f"wrote {out_dir / 'results.json'} and results.md ({res['seconds']} s)")
     return 0

@@ -12,11 +12,12 @@ package, or when a write fails, training goes on with metrics.jsonl alone (one l
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 from pipeline.engine.atomic import atomic_file
-from pipeline.engine.safe_paths import open_append
+from pipeline.engine.safe_paths import open_append, open_folder
 
 
 def _step_of(line: str) -> int | None:
@@ -53,6 +54,7 @@ def restart(path: Path, resumed_step: int | None) -> None:
 
 
 EVENTS_GLOB = "events.out.tfevents.*"
+EVENTS = re.compile(r"events\.out\.tfevents\.[^/]+")  # what a SummaryWriter names its files
 SKIP = {"step", "epoch", "t", "best", "best_step"}  # positions and bookkeeping, not curves
 
 
@@ -87,11 +89,14 @@ class MetricsLog:
 
     def __init__(self, run_root: Path, path: Path, curves: bool = True):
         self.file = open_append(run_root, path)
-        self.writer = None
+        self.writer, self.folder = None, None
         if curves:
-            for old in path.parent.glob(EVENTS_GLOB):  # a link goes, not its target
-                old.unlink()
-            self.writer = tensorboard_writer(path.parent)
+            # the folder as opened from the run without a link: the event files are removed and written in it (the
+            # writer is given its /proc/self/fd path), whatever happens to its path meanwhile
+            self.folder = open_folder(run_root, path.parent)
+            for e in self.folder.entries():
+                self.folder.unlink(e.name, EVENTS)  # only event files; a link among them goes, not its target
+            self.writer = tensorboard_writer(self.folder.at())
             for line in path.read_text(errors="replace").splitlines():  # what the resumed run kept, once
                 if (rec := _record(line)) is not None:
                     self._curves(rec)
@@ -115,6 +120,8 @@ class MetricsLog:
         self.file.close()
         if self.writer is not None:
             self.writer.close()
+        if self.folder is not None:
+            self.folder.close()
 
 
 def _record(line: str) -> dict | None:

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from pipeline.config import Config, load_config
 from pipeline.engine.atomic import atomic_write_json
+from pipeline.engine.lock import run_lock
 from pipeline.engine.safe_paths import check_below
 from pipeline.errors import ExpectedError
 from pipeline.models.encoder import Encoder
@@ -123,7 +124,12 @@ def train(cfg: Config, resume: bool = True) -> dict:
     """Train (see the module docstring); the caller's float32 matmul settings are back on return, TF32 included."""
     from trainer.evaluate import restored_float32_settings
 
-    with restored_float32_settings():
+    # one training per output folder (rank 0 for all ranks): a second `make train` of this objective and run stops
+    # here in one line, another objective trains beside it; no run folder (nothing to train on): no lock, no folder
+    out, root = ckpt.output_dir(cfg)
+    solo = int(os.environ.get("RANK", "0")) == 0 and cfg.run.dir.is_dir()
+    with run_lock(out, f"make train {cfg.train.objective}", root=root, hint="train into another --run") if solo \
+            else nullcontext(), restored_float32_settings():
         return _train(cfg, resume)
 
 
@@ -196,11 +202,10 @@ def _train(cfg: Config, resume: bool) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_schedule(tc.warmup_steps, total))
 
     # --- where things go; resume from last/ when it belongs to this configuration -------------------------------------
-    out = Path(tc.output) if tc.output else cfg.run.dir / "train" / tc.objective
+    out, run_root = ckpt.output_dir(cfg)
     best_dir, last_dir, log_path = out / "best", out / "last", out / "metrics.jsonl"
     # Run folders are shared: no folder below the run (train/, <objective>/, best/, last/) may be a symlink, or our
-    # writes would land in its target. A train.output outside the run is checked from itself down.
-    run_root = cfg.run.dir if out.is_relative_to(cfg.run.dir) else out
+    # writes would land in its target. A train.output outside the runs is checked from itself down.
     for d in (best_dir, last_dir):
         check_below(run_root, d, final=True)
     chash = config_hash(cfg, model_name, pooler, prompt, eval_len, data_key)

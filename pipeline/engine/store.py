@@ -28,10 +28,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.engine.atomic import atomic_file, atomic_write_json
+from pipeline.engine.safe_paths import open_folder
 from pipeline.schema import SCHEMAS
 
 PART = re.compile(r"^part-(\d{5})-of-(\d{5})(?:\.([0-9a-f]{16}))?\.parquet$")
 MANIFEST = "_manifest.json"
+# what a writer of a table folder makes there besides the manifest: shards, their sidecars and their temp files
+_SHARD = r"part-\d{5}-of-\d{5}(?:\.[0-9a-f]{16})?\.(?:parquet|json)"
+OWN = re.compile(rf"{_SHARD}|\.{_SHARD}\.[a-z0-9_]+\.tmp")
 
 
 def shard_file(i: int, n: int, key: str | None = None) -> str:
@@ -201,13 +205,14 @@ class Store:
         """Shard i under `key`: a file of its own name, never one a manifest lists with other bytes."""
         check_schema(table, data)
         path = self.shard_path(table, i, n, key)
-        with atomic_file(path) as tmp:
+        with atomic_file(path, root=self.root) as tmp:  # no folder below the run is a link (safe_paths.py)
             # Fixed writer options: the same table always gives the same bytes.
             pq.write_table(data, tmp, compression="zstd", row_group_size=64_000, write_statistics=True)
         info = ShardInfo(table, i, n, key, file_hash(path), data.num_rows, cached=False, file=path.name,
                          seconds=seconds)
         atomic_write_json(path.with_suffix(".json"),
-                          {"key": key, "hash": info.hash, "rows": info.rows, "seconds": round(seconds, 3)})
+                          {"key": key, "hash": info.hash, "rows": info.rows, "seconds": round(seconds, 3)},
+                          root=self.root)
         return info
 
     def cached_shard(self, table: str, i: int, n: int, key: str) -> ShardInfo | None:
@@ -235,18 +240,19 @@ class Store:
 
     def finish(self, table: str, n: int, manifest: dict, files: list[dict]) -> None:
         """Commit: the manifest naming exactly `files` replaces the last one in one rename; then every shard file
-        no longer listed (an older computation, another layout, a killed writer's temp file) is removed. Only the
-        run's one writer (lock.py) calls this, so no other writer's file is in flight."""
+        no longer listed (an older computation, another layout, a killed writer's temp file) is removed: only names
+        a writer of this module makes (OWN), never another file, a folder or a link's target. Only the run's one
+        writer (lock.py) calls this, so no other writer's file is in flight."""
         if len(files) != n or any(not PART.match(e["file"]) for e in files):
             raise ValueError(f"table {table}: a commit needs {n} shard files, got {[e.get('file') for e in files]}")
-        atomic_write_json(self.dir(table) / MANIFEST, {**manifest, "table": table, "shards": n, "files": files})
+        atomic_write_json(self.dir(table) / MANIFEST, {**manifest, "table": table, "shards": n, "files": files},
+                          root=self.root)
         self.staged.pop(table, None)
         keep = {e["file"] for e in files} | {str(Path(e["file"]).with_suffix(".json")) for e in files}
-        for p in self.dir(table).glob("part-*"):
-            if p.name not in keep:
-                p.unlink(missing_ok=True)
-        for p in self.dir(table).glob(".part-*.tmp"):  # temp files of a killed writer
-            p.unlink(missing_ok=True)
+        with open_folder(self.root, self.dir(table)) as d:
+            for e in d.entries():
+                if e.name not in keep:
+                    d.unlink(e.name, OWN)
 
 
 def schema_of(table: str) -> pa.Schema | None:

@@ -201,10 +201,10 @@ def _bring(source: RunTables, dst: Path) -> list[str]:
 
     brought = []
     for table in source.names():
-        if recover(dst / table).exists():
+        if recover(dst / table, root=dst).exists():
             continue  # the run's own: never replaced
         src_dir = source.dir / table
-        with atomic_dir(dst / table) as tmp:  # the commit, the files it lists and their sidecars: plain files only
+        with atomic_dir(dst / table, root=dst) as tmp:  # the commit, its listed files and sidecars: plain files only
             listed = [src_dir / MANIFEST] + [p for f in source.files(table)
                                              for p in (f, f.with_suffix(".json"))
                                              if p.is_file() and not p.is_symlink()]
