@@ -3,13 +3,13 @@ models (ELECTRA, DistilBERT) where it does not — decided from the constructor,
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from transformers import BertTokenizerFast, DistilBertConfig, DistilBertModel, ElectraConfig, ElectraModel
 
+from pipeline.config import SHARED_DATA
 from pipeline.models.encoder import Encoder, _takes_pooling_layer
 from tiny_bert import build_tiny_bert, write_vocab
 
@@ -83,8 +83,7 @@ def test_autocast_precision_is_a_setting():
 
 
 # ---- Encoder.encode's feeding (pipeline/models/encode_batches.py): tokenised ahead, batched per device kind
-WIKI = [t for t in (line.strip() for line in (Path(__file__).resolve().parents[2] / "shared" / "data" /
-                                              "wiki1m_head.txt").open(encoding="utf-8")) if t][:300]
+WIKI = [t for t in (line.strip() for line in (SHARED_DATA / "wiki1m_head.txt").open(encoding="utf-8")) if t][:300]
 ODD = ["", "x", "word " * 200, "é ü 中文 ﬁ tokens", "[MASK] and [SEP] inside", "   spaces   "]
 
 
