@@ -190,12 +190,11 @@ def machine(device: str) -> dict:
     facts = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
              "device": device, "cpus": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
              "load_avg": [round(x, 2) for x in os.getloadavg()]}
-    try:
-        import transformers
-
-        facts["transformers"] = transformers.__version__
-    except ImportError:
-        pass
+    for name in ("transformers", "sentence_transformers"):
+        try:
+            facts[name] = __import__(name).__version__
+        except ImportError:
+            pass
     if device.startswith("cuda"):
         p = torch.cuda.get_device_properties(device)
         facts |= {"gpu": p.name, "gpu_memory_gib": round(p.total_memory / 2**30, 1),

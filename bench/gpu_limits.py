@@ -104,13 +104,16 @@ def mm_rate(m: int, k: int, n: int, precision: str, device: str, seconds: float 
     return 2 * m * k * n * iters / s / 1e12
 
 
+INPUTS = {"bf16": "bf16 inputs", "tf32": "float32 inputs, TF32 passes", "fp32": "float32, TF32 off"}
+
+
 def section_gemm(models: Models, device: str, sizes: dict) -> list[dict]:
     rows = []
     for job, (m, k, n) in gemm_shapes(models, sizes).items():
         for precision in PRECISIONS:
             rate = mm_rate(m, k, n, precision, device, *((0.25, 3) if device.startswith("cuda") else (0.0, 1)))
             rows.append(row(f"gemm_{job}_{precision}", device, sig(rate), "TFLOP/s", None,
-                            f"torch.mm [{m}, {k}] x [{k}, {n}], {precision} ({'bf16 inputs' if precision == 'bf16' else 'float32 inputs, TF32 passes' if precision == 'tf32' else 'float32, TF32 off'})"))
+                            f"torch.mm [{m}, {k}] x [{k}, {n}], {precision} ({INPUTS[precision]})"))
     return rows
 
 
@@ -134,7 +137,8 @@ def _profiled(fn, device: str, trace, label: str) -> tuple[float, str, float]:
     attr = "self_device_time_total" if cuda else "self_cpu_time_total"
     busy = sum(getattr(e, attr, getattr(e, "self_cuda_time_total", 0)) or 0 for e in events) / 1e6
     table = events.table(sort_by=key, row_limit=15)
-    return wall, f"== {label}: {wall:.3f} s wall, {'device' if cuda else 'op'} busy {busy:.3f} s\n{table}\n", busy / wall
+    head = f"== {label}: {wall:.3f} s wall, {'device' if cuda else 'op'} busy {busy:.3f} s"
+    return wall, f"{head}\n{table}\n", busy / wall
 
 
 def section_profile(models: Models, device: str, sizes: dict) -> list[dict]:
@@ -165,8 +169,8 @@ def section_profile(models: Models, device: str, sizes: dict) -> list[dict]:
     (out / "profile.txt").write_text(table_e + table_g)
     what = "device" if device.startswith("cuda") else "ops (CPU twin)"
     return [row("profile_encode_busy", device, round(busy_e, 3), "of wall", None,
-                f"{what} busy {busy_e:.0%} of {wall_e:.2f} s: {len(texts)} sentences; {out / 'profile_encode.json.gz'}, "
-                f"{out / 'profile.txt'}"),
+                f"{what} busy {busy_e:.0%} of {wall_e:.2f} s: {len(texts)} sentences; "
+                f"{out / 'profile_encode.json.gz'}, {out / 'profile.txt'}"),
             row("profile_generate_busy", device, round(busy_g, 3), "of wall", None,
                 f"{what} busy {busy_g:.0%} of {wall_g:.2f} s: {len(src)} rows; {out / 'profile_generate.json.gz'}")]
 

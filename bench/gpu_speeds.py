@@ -25,7 +25,7 @@ PRECISION = {"float32": "fp32", "bf16": "bf16", "fp16": "bf16"}  # a row's preci
 def section_encode(models: Models, device: str, sizes: dict) -> list[dict]:
     """`Encoder.encode` per ENCODE_ROWS, then the peer: sentence-transformers `encode` on the same model folder and
     sentences (a plain HF folder loads with mean pooling), same batch size, float32 and bf16 weights."""
-    from pipeline.models.encoder import Encoder
+    from pipeline.models.encoder import Encoder, resolve_precision
 
     enc = Encoder.load(str(models.bert()), pooler="mean", max_length=sizes["max_length"], device=device)
     texts = texts_for(sizes["encode_n"])
@@ -46,14 +46,15 @@ def section_encode(models: Models, device: str, sizes: dict) -> list[dict]:
         s = time.perf_counter() - t0
         rows.append(row(name, device, round(len(texts) / s, 1), "sentences/s", None,
                         f"{what}, {settings} {call}, {s:.2f} s, peak {peak_mib(device)} {mem_unit(device)}",
-                        job="encode", flop=flop, seconds=s, precision=PRECISION.get(enc.precision, "fp32")))
+                        job="encode", flop=flop, seconds=s,
+                        precision=PRECISION.get(resolve_precision(enc.precision, device), "fp32")))
         for k, v in before.items():
             setattr(enc, k, v)
     del enc
+    import sentence_transformers
     import torch
-    from sentence_transformers import SentenceTransformer
 
-    st = SentenceTransformer(str(models.bert()), device=device)
+    st = sentence_transformers.SentenceTransformer(str(models.bert()), device=device)
     st.max_seq_length = sizes["max_length"]
     for precision, dtype in (("float32", torch.float32), ("bf16", torch.bfloat16)):
         st.to(dtype)
@@ -69,7 +70,7 @@ def section_encode(models: Models, device: str, sizes: dict) -> list[dict]:
         same = f"encode_{precision}"
         diff = float(abs(vecs.astype("float32") - ours[same]).max()) if same in ours else float("nan")
         rows.append(row(f"encode_st_{precision}", device, round(len(texts) / s, 1), "sentences/s", None,
-                        f"sentence-transformers {__import__('sentence_transformers').__version__} encode, same model "
+                        f"sentence-transformers {sentence_transformers.__version__} encode, same model "
                         f"and sentences, batch {sizes['encode_batch']}, {precision} weights, {s:.2f} s; max |vector "
                         f"diff| vs {same}: {diff:.2g}", job="encode", flop=flop, seconds=s,
                         precision=PRECISION[precision], peer_of=same))
@@ -110,7 +111,8 @@ def section_search(models: Models, device: str, sizes: dict) -> list[dict]:
         peak = peak_mib(device)
         del index
         note = (f"{q} queries x {n} base x {d}, band {b['lo']}-{b['hi']}, pool {b['pool_size']}, {settings}: "
-                f"{table.num_rows} pool rows ({table.num_rows / q:.1f}/query); vectors made in {made:.1f} s (not timed)")
+                f"{table.num_rows} pool rows ({table.num_rows / q:.1f}/query); vectors made in {made:.1f} s "
+                f"(not timed)")
         rows += [row(f"{name}_seconds", device, round(s, 2), "s", None, note, job="search", flop=2.0 * q * n * d,
                      seconds=s, precision="fp32", queries=q, base=n),
                  row(f"{name}_queries_per_s", device, round(q / s, 1), "queries/s", None, note),
@@ -179,10 +181,11 @@ def section_train(models: Models, device: str, sizes: dict) -> list[dict]:
                     loss, _ = obj(batch)
                 scaler.scale(loss).backward()
                 scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-                scaler.step(opt)
-                scaler.update()
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tc.grad_clip))  # read each step, as
+                scaler.step(opt)                                                          # trainer/train.py does,
+                scaler.update()                                                           # and the loss below
                 opt.zero_grad(set_to_none=True)
+                float(loss.item())
             sync(device)
             s = time.perf_counter() - t0
             hook.remove()
@@ -190,7 +193,8 @@ def section_train(models: Models, device: str, sizes: dict) -> list[dict]:
                     f"{'bf16' if amp is torch.bfloat16 else 'fp16' if amp else 'float32'}"
                     f"{' + TF32' if cuda else ''}, {settings}, {sizes['train_steps']} steps after "
                     f"{sizes['train_warmup']}, {tokens[0] / sizes['train_steps']:.0f} tokens a step through the "
-                    f"encoder; loss {loss.item():.3f}")
+                    f"encoder; loss {loss.item():.3f}, grad norm {grad_norm:.3g}; the loss and the grad norm read "
+                    f"every step as trainer/train.py reads them")
             rows.append(row(f"{row_name}_steps_per_s", device, round(sizes["train_steps"] / s, 3), "steps/s", None,
                             note, job="encode", flop=bert_flop(bert, tokens[0], passes=3), seconds=s,
                             precision="bf16" if amp is not None else "fp32"))  # job "encode": its matmuls' shapes

@@ -150,9 +150,9 @@ def export_base(commit: str, folder: Path) -> Path:
     """`git archive` of `commit` (this repository's) unpacked into folder/base: today's code, no git metadata."""
     r = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit], capture_output=True)
     if r.returncode != 0:
-        raise SystemExit(f"host bench: cannot export commit {commit!r} of {ROOT} "
-                         f"({r.stderr.decode(errors='replace').strip().splitlines()[-1] if r.stderr else 'git failed'});"
-                         f" pass --base PATH or --base-commit REV")
+        why = (r.stderr.decode(errors="replace").strip().splitlines() or ["git failed"])[-1]
+        raise SystemExit(f"host bench: cannot export commit {commit!r} of {ROOT} ({why}); pass --base PATH or "
+                         f"--base-commit REV")
     out = folder / "base"
     with tarfile.open(fileobj=io.BytesIO(r.stdout)) as tar:
         tar.extractall(out, filter="data")

@@ -194,11 +194,18 @@ def count_ops(fn, units: int, sizes: dict) -> dict:
     the first round; a dispatch mode is slow)."""
     if not sizes.get("count"):
         return {}
-    import torch
-
-    with op_counter() as count, torch.inference_mode(torch.is_inference_mode_enabled()):
+    with op_counter() as count:
         fn()
     return {"ops": count.ops / units, "syncs": count.syncs / units}
+
+
+def from_config(cfg, fn) -> dict:
+    """The keywords of `fn` (those with a default) that the config section `cfg` has a field of the same name for,
+    at the section's defaults: what a stage passes from its settings (batch_size, slack, ...), a new one included."""
+    import inspect
+
+    return {name: getattr(cfg, name) for name, p in inspect.signature(fn).parameters.items()
+            if p.default is not inspect.Parameter.empty and name in type(cfg).model_fields}
 
 
 def best_of(fn, repeats: int) -> float:
@@ -212,7 +219,8 @@ def best_of(fn, repeats: int) -> float:
 
 def apply_settings(obj, fn, settings: dict) -> dict:
     """Settings of a job: a keyword of `fn` goes to the call (returned), any other key must be an attribute of
-    `obj`, set there (a misspelt key stops the bench)."""
+    `obj`, set there (a misspelt key stops the bench). The rule of bench/gpu_sections.py's apply_settings, written
+    again: this worker imports nothing from bench/, which under the base's PYTHONPATH is the base's."""
     import inspect
 
     params = set(inspect.signature(fn).parameters)
@@ -240,7 +248,7 @@ def job_encode(data: Path, sizes: dict, settings: dict) -> dict:
     model = hollow_bert(len(tok)).eval()
     enc = Encoder(model, tok, pooler="mean", max_length=128, precision="bf16")
     texts = lines(data, sizes["encode_n"])
-    call = {"batch_size": EncoderCfg().batch_size, **apply_settings(enc, enc.encode, settings)}
+    call = {**from_config(EncoderCfg(), enc.encode), **apply_settings(enc, enc.encode, settings)}
     enc.encode(texts[: max(64, len(texts) // 20)], **call)  # warm-up
     model.calls = 0
     seconds = best_of(lambda: enc.encode(texts, **call), sizes["repeats"])
@@ -290,12 +298,14 @@ def job_search(data: Path, sizes: dict, settings: dict) -> dict:
     sids = np.arange(len(base), dtype=np.int64)
     c = NeighboursCfg()
     params = inspect.signature(band_neighbours).parameters
-    kw = {k: getattr(c, k) for k in ("slack", "max_block_elems") if k in params and hasattr(c, k)}
+    kw = from_config(c, band_neighbours)  # slack, max_block_elems, skip_top, ... as the stage passes them
     unknown = set(settings) - set(params)
     if unknown:
         raise SystemExit(f"host bench: unknown setting(s) {sorted(unknown)} for band_neighbours")
     kw |= settings
-    run = lambda q: band_neighbours(base[:q], sids[:q], base, sids, index, index, c.lo, c.hi, c.pool_size, **kw)  # noqa: E731
+    def run(q: int):
+        return band_neighbours(base[:q], sids[:q], base, sids, index, index, c.lo, c.hi, c.pool_size, **kw)
+
     run(max(1, len(base) // 20))  # warm-up
     table = None
 
