@@ -8,9 +8,9 @@ code from a git export, or this one) while the hollow models below are this file
 uses only the calls both sides share: `Encoder(model, tokenizer, ...)` + `encode`, `Translator(name, tokenizer,
 model, cfg, device)` + `translate`, `band_neighbours(...)` with any object that has `search(x, k)`, an objective's
 `collate` + `forward` in trainer/train.py's step. It prints one line `HOSTBENCH {json}` with, per job, the host
-seconds per unit (best of `repeats` passes after a warm-up) and, from one more pass under a counting dispatch mode,
-the torch ops (~ kernel launches on a GPU) and the ops that make a GPU wait for its host to read a value (`.item()`,
-`bool(t)`, `nonzero`, `torch.equal`, ...) per unit. On a CPU a host read costs nothing, so the time cannot show
+seconds per unit (wall and CPU, best of `repeats` passes after a warm-up) and, from one more pass under a counting
+dispatch mode, the torch ops (~ kernel launches on a GPU) and the ops that make a GPU wait for its host to read a
+value (`.item()`, `bool(t)`, `nonzero`, `torch.equal`, ...) per unit. On a CPU a host read costs nothing, so the time cannot show
 what a sync costs a GPU: the count does. Copies back to the host (`.cpu()`, `.numpy()`, `.tolist()`) are no ops
 on a CPU tensor and are not counted.
 
@@ -208,13 +208,15 @@ def from_config(cfg, fn) -> dict:
             if p.default is not inspect.Parameter.empty and name in type(cfg).model_fields}
 
 
-def best_of(fn, repeats: int) -> float:
-    best = float("inf")
+def best_of(fn, repeats: int) -> dict:
+    """{"seconds": the fastest wall time of `repeats` passes of fn, "cpu_s": the least CPU time this process spent
+    in one (every thread; beside other work on a shared box it moves less than the wall time)}."""
+    wall = cpu = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        wall, cpu = min(wall, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
+    return {"seconds": wall, "cpu_s": cpu}
 
 
 def apply_settings(obj, fn, settings: dict) -> dict:
@@ -251,12 +253,12 @@ def job_encode(data: Path, sizes: dict, settings: dict) -> dict:
     call = {**from_config(EncoderCfg(), enc.encode), **apply_settings(enc, enc.encode, settings)}
     enc.encode(texts[: max(64, len(texts) // 20)], **call)  # warm-up
     model.calls = 0
-    seconds = best_of(lambda: enc.encode(texts, **call), sizes["repeats"])
+    timing = best_of(lambda: enc.encode(texts, **call), sizes["repeats"])
     calls = model.calls // sizes["repeats"]
-    tokenise = best_of(lambda: tok(list(texts), truncation=True, max_length=128), sizes["repeats"])
+    tokenise = best_of(lambda: tok(list(texts), truncation=True, max_length=128), sizes["repeats"])["cpu_s"]
     sample = texts[: max(64, len(texts) // 10)]
     counts = count_ops(lambda: enc.encode(sample, **call), len(sample), sizes)
-    return {"units": len(texts), "seconds": seconds, "tokenise_s": tokenise, "model_calls": calls, "call": repr(call),
+    return {"units": len(texts), **timing, "tokenise_s": tokenise, "model_calls": calls, "call": repr(call),
             **counts}
 
 
@@ -275,12 +277,12 @@ def job_generate(data: Path, sizes: dict, settings: dict) -> dict:
     target = sum(len(ids) for ids in tok(texts, truncation=True, max_length=cfg.max_length)["input_ids"])
     tr.translate(texts[: max(2, len(texts) // 8)])  # warm-up
     model.steps = 0
-    seconds = best_of(lambda: tr.translate(texts), sizes["repeats"])
+    timing = best_of(lambda: tr.translate(texts), sizes["repeats"])
     steps = model.steps // sizes["repeats"]
     sample = texts[: max(8, len(texts) // 8)]
     sample_target = sum(len(ids) for ids in tok(sample, truncation=True, max_length=cfg.max_length)["input_ids"])
     counts = count_ops(lambda: tr.translate(sample), sample_target, sizes)
-    return {"units": target, "seconds": seconds, "steps": steps, "rows": len(texts), "batch_size": cfg.batch_size,
+    return {"units": target, **timing, "steps": steps, "rows": len(texts), "batch_size": cfg.batch_size,
             **counts}
 
 
@@ -313,9 +315,9 @@ def job_search(data: Path, sizes: dict, settings: dict) -> dict:
         nonlocal table
         table = run(len(base))
 
-    seconds = best_of(timed, sizes["repeats"])
+    timing = best_of(timed, sizes["repeats"])
     sample = max(1, len(base) // 10)
-    return {"units": len(base), "seconds": seconds, "pool_rows": table.num_rows, "base": len(base),
+    return {"units": len(base), **timing, "pool_rows": table.num_rows, "base": len(base),
             "k_table": int(z["D"].shape[1]), **count_ops(lambda: run(sample), sample, sizes)}
 
 
@@ -364,8 +366,8 @@ def job_train(data: Path, sizes: dict, settings: dict) -> dict:
     for b in batches[:sizes["train_warmup"]]:
         step(b)
     timed = batches[sizes["train_warmup"]:]
-    seconds = best_of(lambda: [step(b) for b in timed], sizes["repeats"])
-    return {"units": len(timed), "seconds": seconds, "collate_s": collate, "params": len(params),
+    timing = best_of(lambda: [step(b) for b in timed], sizes["repeats"])
+    return {"units": len(timed), **timing, "collate_s": collate, "params": len(params),
             "objective": tc.objective, **count_ops(lambda: step(timed[0]), 1, sizes)}
 
 
