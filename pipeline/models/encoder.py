@@ -114,14 +114,23 @@ class Encoder(torch.nn.Module):
 
     def forward(self, batch: dict) -> torch.Tensor:
         """Pooled vectors of a tokenized batch, with grad. With `self.unpad` (the trainer's `train.unpad`), BERT-family
-        models skip the pad tokens (pipeline/unpad.py): same outputs, ~25% less arithmetic on short sentences."""
+        models skip the pad tokens (pipeline/unpad.py): same outputs, ~25% less arithmetic on short sentences. A
+        training batch brings its packed layout from collate (`unpad_index`, `unpad_positions`: made on the host, so
+        the forward reads nothing back from the device); for one without, the layout is found here."""
         batch = {k: v.to(self.device) for k, v in batch.items()}
         mask_positions = batch.pop("mask_positions", None)
+        layout = {k: batch.pop(k) for k in ("unpad_index", "unpad_positions") if k in batch} or None  # LAYOUT_KEYS
         hidden = self.pooler == "avg_first_last"
         if self.unpad:
-            from pipeline.models.unpad import can_unpad, unpadded_forward
-        if self.unpad and can_unpad(self.model, batch["attention_mask"]):
-            out = unpadded_forward(self.model, batch, output_hidden_states=hidden, output_pooler=self.pooler == "cls")
+            from pipeline.models.unpad import unpad_layout, unpadded_forward
+
+            if layout is None:  # host reads of the mask; a batch without pads has nothing to skip
+                layout = unpad_layout(self.model, batch["attention_mask"])
+                if layout is not None and len(layout["unpad_index"]) == batch["attention_mask"].numel():
+                    layout = None
+        if self.unpad and layout is not None:
+            out = unpadded_forward(self.model, batch, output_hidden_states=hidden, output_pooler=self.pooler == "cls",
+                                   layout=layout)
         else:
             out = self.model(**batch, output_hidden_states=hidden, return_dict=True)
         return pool(out, batch["attention_mask"], self.pooler, mask_positions)
