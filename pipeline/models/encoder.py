@@ -119,7 +119,8 @@ class Encoder(torch.nn.Module):
         the forward reads nothing back from the device); for one without, the layout is found here."""
         batch = {k: v.to(self.device) for k, v in batch.items()}
         mask_positions = batch.pop("mask_positions", None)
-        layout = {k: batch.pop(k) for k in ("unpad_index", "unpad_positions") if k in batch} or None  # LAYOUT_KEYS
+        # unpad.LAYOUT_KEYS, spelt out: importing unpad registers its attention with transformers, only where used
+        layout = {k: batch.pop(k) for k in ("unpad_index", "unpad_positions") if k in batch} or None
         hidden = self.pooler == "avg_first_last"
         if self.unpad:
             from pipeline.models.unpad import unpad_layout, unpadded_forward

@@ -165,19 +165,22 @@ class OssCSE(Objective):
 
 def recall_term(named_parameters, theta_star: dict[str, torch.Tensor], gamma: float, device) -> torch.Tensor:
     """l_r = γ/2 · Σ (θ − θ*)² over the parameters named in θ* (a copy moves to its parameter's device and dtype
-    on first use, in θ* itself)."""
-    total = None
+    on first use, in θ* itself). A handful of kernels whatever the parameter count: one foreach subtraction, the
+    differences flattened into one vector, its squared sum (a per-parameter sum was ~4 launches per parameter, a
+    third of OssCSE's step on a GPU). Memory as before: the one vector backward keeps."""
+    params, refs = [], []
     for n, p in named_parameters:
         ref = theta_star.get(n)
         if ref is None:
             continue
         if ref.device != p.device or ref.dtype != p.dtype:
             ref = theta_star[n] = ref.to(device=p.device, dtype=p.dtype)
-        s = (p - ref).pow(2).sum()
-        total = s if total is None else total + s
-    if total is None:
+        params.append(p)
+        refs.append(ref)
+    if not params:
         return torch.zeros((), device=device)
-    return 0.5 * gamma * total
+    diffs = torch._foreach_sub(params, refs)
+    return 0.5 * gamma * torch.cat([d.reshape(-1) for d in diffs]).pow(2).sum()
 
 
 def osscse_loss(h: torch.Tensor, h2: torch.Tensor, hp: torch.Tensor, hn: torch.Tensor, trip: torch.Tensor,
