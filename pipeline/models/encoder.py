@@ -137,18 +137,28 @@ class Encoder(torch.nn.Module):
 
     def forward(self, batch: dict) -> torch.Tensor:
         """Pooled vectors of a tokenized batch, with grad. With `self.unpad` (the trainer's `train.unpad`), BERT-family
-        models skip the pad tokens (pipeline/unpad.py): same outputs, ~25% less arithmetic on short sentences."""
+        models skip the pad tokens (pipeline/unpad.py): same outputs, ~25% less arithmetic on short sentences. A
+        training batch brings its packed layout from collate (`unpad_index`, `unpad_positions`: made on the host, so
+        the forward reads nothing back from the device); for one without, the layout is found here."""
         return self._pooled(self.model, {k: v.to(self.device) for k, v in batch.items()})
 
     def _pooled(self, model, batch: dict) -> torch.Tensor:
         """`forward` through `model`: this encoder's own, or its weights held in bf16 / fp16 (`_held`)."""
         batch = dict(batch)
         mask_positions = batch.pop("mask_positions", None)
+        # unpad.LAYOUT_KEYS, spelt out: importing unpad registers its attention with transformers, only where used
+        layout = {k: batch.pop(k) for k in ("unpad_index", "unpad_positions") if k in batch} or None
         hidden = self.pooler == "avg_first_last"
         if self.unpad:
-            from pipeline.models.unpad import can_unpad, unpadded_forward
-        if self.unpad and can_unpad(model, batch["attention_mask"]):
-            out = unpadded_forward(model, batch, output_hidden_states=hidden, output_pooler=self.pooler == "cls")
+            from pipeline.models.unpad import unpad_layout, unpadded_forward
+
+            if layout is None:  # host reads of the mask; a batch without pads has nothing to skip
+                layout = unpad_layout(model, batch["attention_mask"])
+                if layout is not None and len(layout["unpad_index"]) == batch["attention_mask"].numel():
+                    layout = None
+        if self.unpad and layout is not None:
+            out = unpadded_forward(model, batch, output_hidden_states=hidden, output_pooler=self.pooler == "cls",
+                                   layout=layout)
         else:
             out = model(**batch, output_hidden_states=hidden, return_dict=True)
         return pool(out, batch["attention_mask"], self.pooler, mask_positions)
