@@ -18,7 +18,6 @@ import argparse
 import re
 import sys
 from importlib.metadata import PackageNotFoundError, requires, version
-from pathlib import Path
 
 from pipeline.hints import via_make
 
@@ -34,16 +33,20 @@ def installed(dist: str) -> str | None:
 
 
 def pins() -> dict[str, str]:
-    """{distribution: its requirement as the project pins it}, from the installed project's metadata (a checkout
-    not installed: its pyproject.toml)."""
-    try:
-        reqs = requires("contramine") or []
-    except PackageNotFoundError:
+    """{distribution: its requirement as the project pins it}: a checkout's pyproject.toml (what `make install`
+    installs), else the installed package's metadata."""
+    from pipeline.config.base import CHECKOUT, ROOT
+
+    if CHECKOUT:
         import tomllib
 
-        project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
-        reqs = project["dependencies"] + [f"{r}; extra == \"{x}\"" for x, rs in
-                                          project["optional-dependencies"].items() for r in rs]
+        project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+        reqs = project["dependencies"] + [r for rs in project["optional-dependencies"].values() for r in rs]
+    else:
+        try:
+            reqs = requires("contramine") or []
+        except PackageNotFoundError:
+            reqs = []
     out = {}
     for req in reqs:
         spec = req.split(";")[0].strip()
