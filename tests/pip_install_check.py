@@ -143,7 +143,7 @@ def test_every_corpus_form_mines_the_text_files_sentences(user):
     pq.write_table(pa.table({"text": lines}), dataset / "data" / "train-00000-of-00001.parquet")
 
     r = contramine("doctor")  # hub datasets need `datasets`: the one command doctor names, as the user runs it
-    (command,) = [line.split("`")[1] for line in r.stdout.splitlines() if line.startswith("note: a hub dataset")]
+    (command,) = [line.split("`")[-2] for line in r.stdout.splitlines() if line.startswith("note: a hub dataset")]
     assert command.startswith("pip install ")
     assert subprocess.run(command, shell=True, cwd=home, env=env, capture_output=True, timeout=1200).returncode == 0
 

@@ -57,7 +57,9 @@ def test_input_errors_name_the_path_or_model(capsys, tmp_path):
     root = tmp_path / "runs"
     missing = tmp_path / "no-such-dir" / "corpus.txt"
     assert str(missing) in _cli_error(capsys, root, ["mine", "--corpus", str(missing)])
-    assert str(tmp_path) in _cli_error(capsys, root, ["mine", "--corpus", str(tmp_path)])  # a directory
+    (tmp_path / "empty-dir").mkdir()  # a folder is a corpus of its files: one with none is refused, named
+    assert f"{tmp_path / 'empty-dir'}: no corpus files" in _cli_error(capsys, root, ["mine", "--corpus",
+                                                                                    str(tmp_path / "empty-dir")])
     assert "profile 'no-such-profile' not found" in _cli_error(capsys, root, ["mine", "--profile", "no-such-profile"])
     no_text, int_text, fake = tmp_path / "no-text.parquet", tmp_path / "int-text.parquet", tmp_path / "fake.parquet"
     pq.write_table(pa.table({"sentence": ["one two three"]}), no_text)

@@ -123,7 +123,8 @@ def test_missing_table_names_it_and_its_stage(tmp_path, bert, senteval, capsys):
     profile = write_profile(tmp_path / "p.toml", tmp_path, "empty", bert, senteval)
     assert main(["--profile", str(profile)]) == 2
     err = capsys.readouterr().err
-    assert "'sentences'" in err and "contramine mine --run empty" in err and str(tmp_path / "empty" / "sentences") in err
+    assert "'sentences'" in err and "contramine mine --run empty" in err
+    assert str(tmp_path / "empty" / "sentences") in err
 
 
 # ------------------------------------------------------------------------------------------------ the loop

@@ -58,7 +58,8 @@ def shard_hash(part: Path, table: str) -> str:
     if recorded is not None and recorded != actual:
         side, run = part.with_suffix(".json").name, part.parent.parent.name
         raise TableDamaged(f"mined table {table!r}: {part} does not match the hash its sidecar {side} records "
-                           f"(changed after its stage wrote it): run `{command('stage', stage=writer_of(table), run=run)}` "
+                           f"(changed after its stage wrote it): run "
+                           f"`{command('stage', stage=writer_of(table), run=run)}` "
                            f"to write it again (a damaged shard is recomputed, never reused)")
     return actual
 

@@ -126,7 +126,8 @@ class RunTables:
         what = "no such folder" if not tdir.is_dir() else "no finished shards in it"
         writer = writer_of(table)
         return TableMissing(f"mined table {table!r} not found at {tdir}/ ({what}): it is written by the `{writer}` "
-                            f"stage — run `{command('mine', run=run)}` (every stage) or `{command('stage', stage=writer, run=run)}` "
+                            f"stage — run `{command('mine', run=run)}` (every stage) or "
+                            f"`{command('stage', stage=writer, run=run)}` "
                             f"(that stage and what it reads must exist)")
 
     def dataset(self, table: str) -> pads.Dataset:

