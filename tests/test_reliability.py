@@ -34,7 +34,8 @@ E = exit code 2 and one line on stderr naming the key / path / stage, nothing wr
 |                                                                  |    no neighbour at all                        |
 | empty file (0 bytes)                                             | S: every table empty, corpus_lines = 0        |
 | only blank lines                                                 | S: 5 `empty`; the same empty `sentences`      |
-| missing corpus file (and folder); corpus path is a folder        | E: names the path                             |
+| missing corpus file (and folder); a corpus folder with no corpus | E: names the path                             |
+|    file in it                                                    |                                               |
 | .parquet corpus: no `text`; `text` int64; not Parquet at all     | E: names the path and what is wrong           |
 | UTF-16 text file (with its byte order mark)                      | E: names the path, says convert to UTF-8      |
 | unknown key or section, wrong type, lo > hi, m_neg > pool_size,  | E: names the key                              |
@@ -83,6 +84,7 @@ import numpy as np
 import pytest
 
 from flows.cli import main as cli_main
+from pipeline.config import SentencesCfg
 from pipeline.schema import table_vectors
 from pipeline.engine.store import Store, file_hash
 from pipeline.engine.tables import RunTables
@@ -175,13 +177,17 @@ def test_hostile_lines_each_end_where_expected(reference, rows, corpus):
         "next line and line and paragraph separators"
     assert kept_by_content["Cafe\u0301 is open today".encode()] == "Café is open today"
     rej_text = dict(zip(rejected.column("line_no").to_pylist(), rejected.column("text").to_pylist()))
+    rej_chars = dict(zip(rejected.column("line_no").to_pylist(), rejected.column("n_chars").to_pylist()))
+    keep = SentencesCfg().rejected_chars  # 2,000: the 50,000-character lines are cut, their lengths kept whole
+    assert keep == 2000
     for no, reason in want.items():
         raw = rows[no - 1][0]
         if reason == "undecodable":
-            assert rej_text[no] == raw.decode("utf-8", errors="replace") and "\ufffd" in rej_text[no]
+            assert rej_text[no] == raw.decode("utf-8", errors="replace")[:keep] and "\ufffd" in rej_text[no]
         else:
-            assert rej_text[no] == raw.decode("utf-8")  # lossless, the 50,000 characters included
-    assert max(len(s) for s in rej_text.values()) == 50_000
+            assert rej_text[no] == raw.decode("utf-8")[:keep]  # whole up to rejected_chars, then its first ones
+        assert rej_chars[no] == len(raw.decode("utf-8", errors="replace"))  # the whole line's length, always
+    assert max(len(s) for s in rej_text.values()) == keep and max(rej_chars.values()) == 50_000
     # RTL text, emoji and the 1,999-character line went all the way through
     marks = ["القطة", "החתול", "😀 🎉 🚀", "👨\u200d👩\u200d👧", "w" * 17 + "99"]
     exotic = {sid for sid, s in zip(sentences.column("sid").to_pylist(), sentences.column("text").to_pylist())

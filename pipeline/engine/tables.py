@@ -25,6 +25,7 @@ import pyarrow.dataset as pads
 
 from pipeline.engine.store import MANIFEST, TableCorrupt, committed_files, read_manifest
 from pipeline.errors import ExpectedError
+from pipeline.hints import command
 from pipeline.schema import SCHEMAS
 
 VIEW_NAME = re.compile(r"^[A-Za-z0-9_]+$")  # a folder name that may become a SQL view name (then quoted)
@@ -108,8 +109,8 @@ class RunTables:
             raise self.missing(table)
         if bad:
             raise TableUnreadable(f"mined table {table!r} at {self.dir / table}/: its manifest lists {len(bad)} "
-                                  f"file(s) that are missing or not plain files (first: {bad[0]}): run `make stage "
-                                  f"STAGE={writer_of(table)} RUN={self.dir.name}` to write it again")
+                                  f"file(s) that are missing or not plain files (first: {bad[0]}): run "
+                                  f"`{command('stage', stage=writer_of(table), run=self.dir.name)}` to write it again")
         return paths
 
     def files_if_any(self, table: str) -> list[Path]:
@@ -125,7 +126,8 @@ class RunTables:
         what = "no such folder" if not tdir.is_dir() else "no finished shards in it"
         writer = writer_of(table)
         return TableMissing(f"mined table {table!r} not found at {tdir}/ ({what}): it is written by the `{writer}` "
-                            f"stage — run `make mine RUN={run}` (every stage) or `make stage STAGE={writer} RUN={run}` "
+                            f"stage — run `{command('mine', run=run)}` (every stage) or "
+                            f"`{command('stage', stage=writer, run=run)}` "
                             f"(that stage and what it reads must exist)")
 
     def dataset(self, table: str) -> pads.Dataset:
@@ -156,7 +158,7 @@ class RunTables:
         import duckdb
 
         if not self.dir.is_dir():
-            raise FileNotFoundError(f"{self.dir}: no such run (make mine first)")
+            raise FileNotFoundError(f"{self.dir}: no such run (`{command('mine', run=self.dir.name)}` first)")
         con = con or duckdb.connect()
         for table in self.names():  # names(): plain identifiers only, and quoted all the same
             if self.files_if_any(table):
