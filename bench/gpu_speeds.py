@@ -126,6 +126,7 @@ def section_train(models: Models, device: str, sizes: dict) -> list[dict]:
 
     from pipeline.config import TrainCfg
     from pipeline.models.encoder import Encoder
+    from trainer.metrics_log import MetricWindow
     from trainer.objectives import OBJECTIVES
     from trainer.precision import restored_float32_settings
 
@@ -171,30 +172,34 @@ def section_train(models: Models, device: str, sizes: dict) -> list[dict]:
                     tokens[0] += ids.numel()
 
             hook = enc.model.register_forward_pre_hook(count, with_kwargs=True)
-            t0 = None
+            t0, window, last = None, MetricWindow(), {}
             for step, batch in enumerate(batches):
                 if step == sizes["train_warmup"]:
                     sync(device)
                     t0 = time.perf_counter()
                 batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
                 with torch.autocast(device.split(":")[0], dtype=amp, enabled=amp is not None):
-                    loss, _ = obj(batch)
+                    loss, metrics = obj(batch)
                 scaler.scale(loss).backward()
                 scaler.unscale_(opt)
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tc.grad_clip))  # read each step, as
-                scaler.step(opt)                                                          # trainer/train.py does,
-                scaler.update()                                                           # and the loss below
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
+                scaler.step(opt)
+                scaler.update()
                 opt.zero_grad(set_to_none=True)
-                float(loss.item())
+                window.add({"loss": loss.detach(), "grad_norm": grad_norm, **metrics})  # on the device, as
+                if (step + 1) % tc.log_every == 0:                                     # trainer/train.py keeps
+                    last = window.read()[0]                                            # them: one read a row
             sync(device)
+            last = window.read()[0] if window.steps else last
             s = time.perf_counter() - t0
             hook.remove()
             note = (f"{sizes['bert']} BERT, batch {bs} x <= {sizes['train_max_length']} tokens, "
                     f"{'bf16' if amp is torch.bfloat16 else 'fp16' if amp else 'float32'}"
                     f"{' + TF32' if cuda else ''}, {settings}, {sizes['train_steps']} steps after "
                     f"{sizes['train_warmup']}, {tokens[0] / sizes['train_steps']:.0f} tokens a step through the "
-                    f"encoder; loss {loss.item():.3f}, grad norm {grad_norm:.3g}; the loss and the grad norm read "
-                    f"every step as trainer/train.py reads them")
+                    f"encoder; loss {last.get('loss', float('nan')):.3f}, grad norm {last.get('grad_norm', float('nan')):.3g} "
+                    f"(the last row's means); the step's numbers read once every {tc.log_every} steps, as "
+                    f"trainer/train.py reads them")
             rows.append(row(f"{row_name}_steps_per_s", device, round(sizes["train_steps"] / s, 3), "steps/s", None,
                             note, job="encode", flop=bert_flop(bert, tokens[0], passes=3), seconds=s,
                             precision="bf16" if amp is not None else "fp32"))  # job "encode": its matmuls' shapes

@@ -251,15 +251,33 @@ def job_encode(data: Path, sizes: dict, settings: dict) -> dict:
     enc = Encoder(model, tok, pooler="mean", max_length=128, precision="bf16")
     texts = lines(data, sizes["encode_n"])
     call = {**from_config(EncoderCfg(), enc.encode), **apply_settings(enc, enc.encode, settings)}
-    enc.encode(texts[: max(64, len(texts) // 20)], **call)  # warm-up
+    rules = gpu_rules(enc, call)
+    encode = rules or enc.encode
+    encode(texts[: max(64, len(texts) // 20)], **call)  # warm-up
     model.calls = 0
-    timing = best_of(lambda: enc.encode(texts, **call), sizes["repeats"])
+    timing = best_of(lambda: encode(texts, **call), sizes["repeats"])
     calls = model.calls // sizes["repeats"]
     tokenise = best_of(lambda: tok(list(texts), truncation=True, max_length=128), sizes["repeats"])["cpu_s"]
     sample = texts[: max(64, len(texts) // 10)]
-    counts = count_ops(lambda: enc.encode(sample, **call), len(sample), sizes)
+    counts = count_ops(lambda: encode(sample, **call), len(sample), sizes)
     return {"units": len(texts), **timing, "tokenise_s": tokenise, "model_calls": calls, "call": repr(call),
-            **counts}
+            "rules": "gpu" if rules else "device", **counts}
+
+
+def gpu_rules(enc, call: dict):
+    """`encode` under a GPU's batching and precision rules where the checkout can run them on CPU tensors
+    (`Encoder._encode(..., kind="cuda")`: token-budget batches, weights held in bf16), else None (the code before
+    issue 46 had one set of rules for every device). On a GPU these are the rules that run; on this CPU `encode`
+    keeps the CPU's batch-independent ones, so timing `encode` here would time the wrong host path."""
+    import inspect
+
+    if "kind" not in inspect.signature(getattr(enc, "_encode", lambda: None)).parameters:
+        return None
+
+    def encode(texts, batch_size=128, normalize=True, progress=False, template=None, batch_tokens=None):
+        return enc._encode(texts, batch_size, normalize, progress, template, batch_tokens, "cuda")
+
+    return encode
 
 
 def job_generate(data: Path, sizes: dict, settings: dict) -> dict:
@@ -323,7 +341,8 @@ def job_search(data: Path, sizes: dict, settings: dict) -> dict:
 
 def job_train(data: Path, sizes: dict, settings: dict) -> dict:
     """One DebCSE step as trainer/train.py's loop runs it on a GPU (bf16 autocast, fused AdamW, clipping, the
-    scheduler, the loss read every step), the batch collated beforehand as the DataLoader's workers do."""
+    scheduler, the metrics read as the checkout's loop reads them), the batch collated beforehand as the DataLoader's
+    workers do."""
     import torch
     from transformers import AutoTokenizer
 
@@ -352,16 +371,29 @@ def job_train(data: Path, sizes: dict, settings: dict) -> dict:
     batches = [obj.collate(rows[i * bs:(i + 1) * bs]) for i in range(n)]
     collate = (time.perf_counter() - t0) / n
 
+    try:  # the loop since issue 46: the step's numbers stay on the device, read once per `log_every` steps
+        from trainer.metrics_log import MetricWindow
+        window, log_every = MetricWindow(), tc.log_every
+    except ImportError:  # the loop before: the loss and the grad norm read every step
+        window, log_every = None, 1
+    done = [0]
+
     def step(batch):  # trainer/train.py's loop body on a GPU (bf16: no loss scaling)
         batch = {k: v.to("cpu", non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss, metrics = obj(batch)
         loss.backward()
-        float(torch.nn.utils.clip_grad_norm_(params, tc.grad_clip))
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         sched.step()
-        float(loss.item())
+        done[0] += 1
+        if window is None:
+            float(grad_norm), float(loss.item())
+            return
+        window.add({"loss": loss.detach(), "grad_norm": grad_norm, **metrics})
+        if done[0] % log_every == 0:
+            window.read()
 
     for b in batches[:sizes["train_warmup"]]:
         step(b)
