@@ -353,6 +353,17 @@ def test_a_device_that_breaks_the_bound_is_refused(monkeypatch):
         TorchExact(x, precision="fp16")
 
 
+def test_tf32_scores_set_torchs_flag_only_for_their_matmul():
+    import torch
+
+    from pipeline.search.torch_exact import _tf32_matmuls
+
+    before = torch.backends.cuda.matmul.allow_tf32
+    with _tf32_matmuls():
+        assert torch.backends.cuda.matmul.allow_tf32
+    assert torch.backends.cuda.matmul.allow_tf32 == before
+
+
 def test_tree_dot_is_the_float64_dot_whatever_the_batch_and_the_device_path_with_it_is_exact(monkeypatch):
     """tree_dot (the GPU's float64 cosines): within 1e-15 of the float64 matmul, the same bits for a pair alone, in
     any batch and at any d (padded to a power of two); and band() with it in place of numpy's exact_cosines (the

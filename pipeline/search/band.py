@@ -152,7 +152,8 @@ def resolve(scores, ids, q_sids, base_sids, lo: float, hi: float, pool_size: int
     s = scores.to(torch.float64)
     sure = other & (s >= lo + eps) & (s <= hi - eps)
     near_band = other & (s >= lo - eps) & (s <= hi + eps)
-    t = _kth_marked(s, sure, pool_size + skip_top) if k > pool_size + skip_top else torch.full_like(s[:, 0], -inf)
+    t = _kth_marked(s, sure, pool_size + skip_top) if k > pool_size + skip_top else \
+        torch.full_like(s[:, 0], float("-inf"))
     need = near_band & (s >= t[:, None] - 2 * eps)
     t_r = torch.full((n_q,), inf, dtype=torch.float64, device=ids.device)
     if skip_top:

@@ -74,12 +74,15 @@ def _tf32_matmuls():
     import torch
 
     matmul = torch.backends.cuda.matmul
-    old = matmul.allow_tf32
-    matmul.allow_tf32 = True
+    try:
+        name, value, old = "allow_tf32", True, matmul.allow_tf32
+    except RuntimeError:  # set through torch >= 2.9's fp32_precision API: the legacy getter refuses; use that API
+        name, value, old = "fp32_precision", "tf32", matmul.fp32_precision
+    setattr(matmul, name, value)
     try:
         yield
     finally:
-        matmul.allow_tf32 = old
+        setattr(matmul, name, old)
 
 
 def rounded(x, precision: str):
@@ -225,7 +228,11 @@ class TorchExact:
                     return q @ self.base.T
             if self.base_scored is None:
                 self.base_scored = self.base.to(torch.bfloat16)
-            return torch.mm(q.to(torch.bfloat16), self.base_scored.T, out_dtype=torch.float32)
+            try:
+                return torch.mm(q.to(torch.bfloat16), self.base_scored.T, out_dtype=torch.float32)
+            except TypeError as e:  # float32 sums and output are what the bound assumes: nothing less will do
+                raise RuntimeError(f"TorchExact: bf16 scores need torch.mm's out_dtype (torch >= 2.8; this is "
+                                   f"{torch.__version__}): {e}") from e
         _check_float32()  # the simulation's matmul must itself be float32
         if self.base_scored is None:
             self.base_scored = rounded(self.base, self.precision)
@@ -261,7 +268,8 @@ class TorchExact:
         if self.rows_asked:
             return self.rows_asked
         if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
+            free, _ = torch.cuda.mem_get_info(self.device)  # + what torch's allocator holds unused (a past block's)
+            free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
             elems = min(BAND_MAX_ELEMS, int(free * BAND_MEMORY_SHARE) // (3 * 4))
         else:
             return max(BAND_MIN_ROWS_CPU, BAND_ELEMS_CPU // max(self.n, 1))
