@@ -126,7 +126,7 @@ def run(sizes: tuple[int, ...] = (12_000, 50_000), host: int = 50_000) -> list[d
     from bench import smoke
 
     sizes = smoke.cap(sizes, (2_000,))
-    return [one(n) for n in sizes] + [one(sizes[0], engine="torch"), host_row(smoke.cap(host, 2_000))]
+    return [one(n) for n in sizes] + [one(smoke.cap(sizes[0], 1_000), engine="torch"), host_row(smoke.cap(host, 1_000))]
 
 
 if __name__ == "__main__":
