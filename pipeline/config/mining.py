@@ -155,7 +155,12 @@ class NeighboursCfg(Section):
                                                       "when faiss has no GPU support (or faiss is not installed), "
                                                       "else faiss; torch = exact flat search in blocked torch "
                                                       "matmuls (pipeline/search/torch_exact.py), index flat only")
-    max_block_elems: int = Field(1 << 24, ge=1 << 10, description="query block size x k bound: caps search memory")
+    max_block_elems: int = Field(1 << 24, ge=1 << 10, description="query block size x k bound: caps search memory "
+                                 "(the FAISS path; engine = torch sizes its blocks from the device's free memory)")
+    score_precision: Literal["float32", "tf32", "bf16"] = Field(
+        "float32", description="engine = torch on a CUDA GPU: the scores' matmul in float32, TF32 or bf16 (faster; "
+        "the band search's error bound widens to match, ~2e-3 / ~8e-3, and every pair it cannot decide gets its "
+        "float64 cosine, so the pools are the same; checked on a sample before the search). Elsewhere float32")
     slack: int = Field(8, ge=0, description="extra neighbours fetched beyond pool_size to resolve float near-ties")
     recall_sample: int = Field(500, ge=1, description="queries whose pools an approximate index is checked on "
                                "against exact search, before any shard is searched")
@@ -166,7 +171,7 @@ class NeighboursCfg(Section):
 
     MAX_EF_SEARCH: ClassVar[int] = 4096  # the largest efSearch auto tries (32x its first): past it, exact search
     # how fast, not what: the band search is exact per query (flat) or per query whatever the block (IVF / HNSW)
-    EXECUTION: ClassVar[frozenset[str]] = frozenset({"max_block_elems"})
+    EXECUTION: ClassVar[frozenset[str]] = frozenset({"max_block_elems", "score_precision"})
     # the index plan records where it searches (pipeline/search/index.py: index_plan)
     RESOLVED: ClassVar[frozenset[str]] = frozenset({"gpu", "engine"})
 

@@ -225,7 +225,8 @@ def load_index(cfg, store, n: int, plan: dict):
 
         base_sids, base = read_vectors(store, plan["base"], n)
         device = cuda_device("cpu" if plan["device"] == "cpu" else "cuda", "the neighbours torch search")
-        exact = TorchExact(base, device) if len(base_sids) else None
+        precision = cfg.neighbours.score_precision if device.startswith("cuda") else "float32"
+        exact = TorchExact(base, device, precision=precision) if len(base_sids) else None
         return base_sids, base, exact, exact
     with ExitStack() as opened:
         def path(f: str) -> str:  # the plan's file, checked to be one of _index/'s own names, opened without a link
