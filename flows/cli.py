@@ -147,17 +147,32 @@ def cmd_stage(args, cfg: Config) -> None:
           f"rows {manifest['rows']}{memo_line(manifest)}")
 
 
+class QueryFailed(ExpectedError, RuntimeError):
+    """`make sql Q=...` whose query DuckDB refuses: its message in one line (or the refusal of the table it names)."""
+
+
 def cmd_sql(args, cfg: Config) -> None:
-    from .sql import connect, repl
+    import duckdb
+
+    from .sql import open_run, query_error, repl
 
     try:
-        con = connect(cfg.run.dir)
+        con, refused = open_run(cfg.run.dir)
     except FileNotFoundError as e:
         raise InputMissing(str(e)) from None
     if args.query:
-        con.sql(args.query).show(max_rows=args.max_rows, max_width=200)
+        try:
+            rel = con.sql(args.query)
+            if rel is not None:
+                rel.show(max_rows=args.max_rows, max_width=200)
+        except duckdb.Error as e:
+            raise QueryFailed(query_error(e, refused)) from None
+        for line in refused.values():  # the query did not need them: each said once, after its answer
+            print(f"warning: {line}", file=sys.stderr)
     else:
-        repl(con, cfg.run.dir)
+        for line in refused.values():
+            print(f"warning: {line}", file=sys.stderr)
+        repl(con, cfg.run.dir, refused)
 
 
 def cmd_report(args, cfg: Config) -> None:
