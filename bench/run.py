@@ -23,7 +23,8 @@ import traceback
 
 from pipeline.config import ROOT
 
-MODULES = ["embeddings", "mer", "neighbours", "ivf", "hardneg", "scaling", "growth", "negate", "backtranslate", "bergamot",
+MODULES = ["embeddings", "mer", "neighbours", "ivf", "hardneg", "scaling", "growth", "memo_index", "negate", "backtranslate",
+           "bergamot",
            "ct2", "marian", "train", "st_debcse", "eval"]
 OUT = ROOT / "artifacts" / "bench"
 DOC = ROOT / "BENCHMARKS.md"
