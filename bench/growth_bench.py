@@ -12,10 +12,10 @@ Printed: each stage's seconds in each step (its manifest's wall_seconds_last_run
 model / took from the memo. The peer is the first run: the issue's bound is backtranslate + embeddings after 1%
 growth at most 15% of their first-run time (before the memo: 101% and 110%, a shard recomputed whole).
 
-    python -m bench.growth_bench --audit [--n 11914] [--set backtranslate.chains=[]] [--repeat 2]
+    python -m bench.growth_bench --audit [--n 11914] [--set backtranslate.chains=[]] [--repeat 2] [--shares 0.001]
 
 What the memo's audit (`runner.memo_verify`, memo.py) costs: a first run through `negate` on n lines (the memo
-filled), then, `repeat` times, another run name with the memo warm, with the audit off and at its default (in
+filled), then, `repeat` times, another run name with the memo warm, with the audit off and at each share (in
 alternating order). Per memo stage: its first-run seconds, the warm runs' seconds off / on, and the audit's seconds
 (on - off) against the first run (the bound: 5%) and against the warm run.
 """
@@ -87,8 +87,10 @@ def run(n: int = 2000, work: Path | None = None) -> list[dict]:
 AUDIT_STAGES = ("embeddings", "backtranslate", "negate")
 
 
-def audit_cost(n: int = 2000, sets: tuple[str, ...] = (), repeat: int = 2, work: Path | None = None) -> dict:
-    """{stage: {first, off: [s], on: [s], audited}} (see the module doc); runs stop after `negate`."""
+def audit_cost(n: int = 2000, sets: tuple[str, ...] = (), repeat: int = 2, shares: tuple[float, ...] = (0.01,),
+               work: Path | None = None) -> dict:
+    """{share: {stage: {first, off: [s], on: [s], audited, cost_of_first, cost_of_warm}}} (see the module doc); the
+    runs stop after `negate`. The warm runs with the audit off and at each share alternate, `repeat` rounds."""
     from pipeline.config import configure
     from pipeline.engine.runner import load_stages, run_stage
 
@@ -97,8 +99,8 @@ def audit_cost(n: int = 2000, sets: tuple[str, ...] = (), repeat: int = 2, work:
     corpus, root = tmp / f"c{n}.txt", tmp / "runs"
     corpus.write_text("\n".join(lines[:n]) + "\n", encoding="utf-8")
 
-    def mine(run: str, *extra: str) -> dict:
-        cfg = configure("default", run, str(corpus), [f"run.root={root}", *sets, *extra])
+    def mine(run: str, share: float) -> dict:
+        cfg = configure("default", run, str(corpus), [f"run.root={root}", *sets, f"runner.memo_verify={share}"])
         out = {}
         for name in load_stages():
             m = run_stage(name, cfg, log=lambda line: None)
@@ -108,25 +110,29 @@ def audit_cost(n: int = 2000, sets: tuple[str, ...] = (), repeat: int = 2, work:
                 return out
         return out
 
+    modes = (0.0, *shares)
     try:
-        first = mine("first")
-        runs: dict[str, list] = {"off": [], "on": []}
+        first = mine("first", 0.0)
+        runs: dict[float, list] = {m: [] for m in modes}
         for i in range(repeat):
-            for mode in (("off", "on") if i % 2 == 0 else ("on", "off")):
-                runs[mode].append(mine(f"{mode}{i}", *(["runner.memo_verify=0"] if mode == "off" else [])))
+            for mode in (modes if i % 2 == 0 else modes[::-1]):
+                runs[mode].append(mine(f"warm{i}-{mode}", mode))
     finally:
         if work is None:
             shutil.rmtree(tmp, ignore_errors=True)
-    out = {}
-    for stage in AUDIT_STAGES:
-        off, on = [r[stage][0] for r in runs["off"]], [r[stage][0] for r in runs["on"]]
-        cost = sum(on) / len(on) - sum(off) / len(off)
-        out[stage] = {"first": first[stage][0], "off": off, "on": on, "audited": runs["on"][0][stage][1],
-                      "cost_of_first": cost / max(first[stage][0], 1e-9),
-                      "cost_of_warm": cost / max(sum(off) / len(off), 1e-9)}
-        print(f"{stage:<14} first {first[stage][0]:8.1f} s | warm, audit off {off} s, on {on} s "
-              f"({out[stage]['audited']} rows audited) | audit: {cost:+.2f} s = {out[stage]['cost_of_first']:.1%} "
-              f"of the first run's stage, {out[stage]['cost_of_warm']:.0%} of the warm stage")
+    out: dict = {}
+    for share in shares:
+        out[share] = {}
+        for stage in AUDIT_STAGES:
+            off, on = [r[stage][0] for r in runs[0.0]], [r[stage][0] for r in runs[share]]
+            cost = sum(on) / len(on) - sum(off) / len(off)
+            e = out[share][stage] = {"first": first[stage][0], "off": off, "on": on,
+                                     "audited": runs[share][0][stage][1],
+                                     "cost_of_first": cost / max(first[stage][0], 1e-9),
+                                     "cost_of_warm": cost / max(sum(off) / len(off), 1e-9)}
+            print(f"memo_verify={share:g} {stage:<14} first {e['first']:7.1f} s | warm, audit off {off} s, on {on} s "
+                  f"({e['audited']} rows audited) | audit: {cost:+.2f} s = {e['cost_of_first']:.1%} of the first "
+                  f"run's stage, {e['cost_of_warm']:.0%} of the warm stage")
     return out
 
 
@@ -136,9 +142,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--audit", action="store_true", help="what the memo's audit costs (see above)")
     ap.add_argument("--set", nargs="*", default=[], help="config overrides for the --audit runs")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--shares", type=float, nargs="+", default=[0.01], help="runner.memo_verify values (--audit)")
     a = ap.parse_args(argv)
     if a.audit:
-        audit_cost(a.n, tuple(a.set), a.repeat)
+        audit_cost(a.n, tuple(a.set), a.repeat, tuple(a.shares))
         return
     for r in run(a.n):
         print(f"{r['name']}: {r['ours']} s against {r['peer']} s on the first run: {r['ratio']:.3f} (goal <= {GOAL})")

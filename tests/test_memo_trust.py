@@ -29,7 +29,7 @@ def _vectors(texts, width=4) -> pa.Table:
 
 
 def _memo(root: Path, verify=0.0) -> RowMemo:
-    return RowMemo(root, "embeddings", "encode", {"code": "v1"}, verify=verify)
+    return RowMemo(root, "embeddings", "encode", {"format": FORMAT, "code": "v1"}, verify=verify)
 
 
 def _rows(memo: RowMemo, texts, calls: list, schema=None) -> pa.Table:
@@ -272,6 +272,10 @@ def test_cache_verify_checks_every_pack_and_quarantines_what_fails(tmp_path, cap
     root = runs / ".memo"
     for part in range(3):
         _rows(_memo(root), TEXTS[part::3], [])
+    older = RowMemo(root, "embeddings", "encode", {"code": "v0"})  # a namespace of the format before
+    _rows(older, TEXTS[:3], [])
+    old_pack = next(older.dir.glob("*.parquet"))
+    pq.write_table(pq.read_table(old_pack).replace_schema_metadata(None), old_pack)
     assert cli_main(["cache", "--verify", "--set", f"run.root={runs}"]) == 0
     assert "3 packs verified, none failed" in capsys.readouterr().out
     packs = sorted(_memo(root).dir.glob("*.parquet"))
@@ -286,6 +290,7 @@ def test_cache_verify_checks_every_pack_and_quarantines_what_fails(tmp_path, cap
     capsys.readouterr()
     assert not packs[0].exists() and not packs[1].exists() and packs[2].exists()
     assert len(list((root / ".quarantine").rglob("*.parquet"))) == 2
+    assert old_pack.exists()  # never read by this version: not verified, not moved (pruned once unreferenced)
 
 
 # ---- the lookup index -------------------------------------------------------------------------------------------

@@ -404,13 +404,14 @@ class RowMemo:
         with _INDEXES_LOCK:
             return _INDEXES.setdefault(self.dir, _Index(self.stage))
 
-    def _refresh(self, index: _Index, expected: str | None) -> None:
-        """Index the packs written since this process last looked (their footers and key columns only)."""
+    def _refresh(self, index: _Index, expected: str | None) -> list[tuple]:
+        """Index the packs written since this process last looked (their footers and key columns only); returns
+        (path, why, record, signature) of each that is refused (the caller names and quarantines them)."""
         try:
             names = sorted(e.name for e in os.scandir(self.dir) if PACK.fullmatch(e.name) and e.name not in
                            index.number)
         except (FileNotFoundError, NotADirectoryError):
-            return
+            return []
         prefixes, locs, bad = [], [], []
         for name in names:
             path = self.dir / name
@@ -460,7 +461,7 @@ class RowMemo:
                                                    f"their schema (not written by this memo): not read")
             return none
         with index.lock:
-            bad = self._refresh(index, expected) or []
+            bad = self._refresh(index, expected)
             prefix, loc, packs = index.prefix, index.loc, list(index.packs)
         self._packs = packs  # the pack numbers this lookup returns name these (rows() may refuse one of them)
         for path, problem, record, sig in bad:
@@ -853,6 +854,14 @@ def verify(root: Path, dry_run: bool = False) -> tuple[int, list[tuple[Path, str
     rows' inputs, which a pack does not hold: a run does that (`runner.memo_verify = 1` on a new run name)."""
     checked, bad = 0, []
     for ns in namespaces(root):
+        try:
+            facts = json.loads((ns.path / NAMESPACE).read_text()).get("facts") or {}
+        except (OSError, ValueError, AttributeError):
+            facts = {}
+        if facts.get("format") != FORMAT:  # an older version's namespace: never read now, pruned once unreferenced
+            log.info(f"memo: {ns.path} is of an older memo format: not read by this version, not verified "
+                     f"(`contramine cache --unreferenced` removes it once no run names it)")
+            continue
         memo = RowMemo(root, ns.stage, ns.path.name.rsplit("-", 1)[0], {})
         memo.dir = ns.path
         expected = memo._expected(None)
