@@ -284,7 +284,7 @@ def test_a_grown_corpus_another_layout_and_another_run_send_only_new_rows_to_the
     assert first["encode"] and first["translate"] and first["negate"]
     assert first_counts["embeddings"] == (first_counts["embeddings"][0], 0, 0)
 
-    again, counts = mine(grown, "a")  # the audit (runner.memo_verify, default 1%) is in what reaches the models
+    again, counts = mine(grown, "a")  # the audit (runner.memo_verify, default 0.1%) is in what reaches the models
     assert again["encode"] == sum(counts[s][0] + counts[s][2] for s in ("embeddings", "scores"))
     assert again["negate"] == counts["negate"][0] + counts["negate"][2] and counts["negate"][0] == 1
     assert counts["embeddings"][0] == 1  # the one new line
