@@ -5,7 +5,7 @@
     python -m flows.cli sql    [--run R] [--query "SELECT ..."]
     python -m flows.cli report [--run R]
     python -m flows.cli export [--run R] [--format triplet ...]
-    python -m flows.cli cache  [--prune] [--older-than DAYS] [--unreferenced] [--dry-run]
+    python -m flows.cli cache  [--prune] [--older-than DAYS] [--unreferenced] [--verify] [--dry-run]
     python -m flows.cli train | eval | compare | bench | scale | doctor  [their own options: --help]
 
 `contramine` (the installed script) is the same command line. A hint it prints names the command the user ran:
@@ -152,17 +152,32 @@ def cmd_stage(args, cfg: Config) -> None:
           f"rows {manifest['rows']}{memo_line(manifest)}")
 
 
+class QueryFailed(ExpectedError, RuntimeError):
+    """`make sql Q=...` whose query DuckDB refuses: its message in one line (or the refusal of the table it names)."""
+
+
 def cmd_sql(args, cfg: Config) -> None:
-    from .sql import connect, repl
+    import duckdb
+
+    from .sql import open_run, query_error, repl
 
     try:
-        con = connect(cfg.run.dir)
+        con, refused = open_run(cfg.run.dir)
     except FileNotFoundError as e:
         raise InputMissing(str(e)) from None
     if args.query:
-        con.sql(args.query).show(max_rows=args.max_rows, max_width=200)
+        try:
+            rel = con.sql(args.query)
+            if rel is not None:
+                rel.show(max_rows=args.max_rows, max_width=200)
+        except duckdb.Error as e:
+            raise QueryFailed(query_error(e, refused)) from None
+        for line in refused.values():  # the query did not need them: each said once, after its answer
+            print(f"warning: {line}", file=sys.stderr)
     else:
-        repl(con, cfg.run.dir)
+        for line in refused.values():
+            print(f"warning: {line}", file=sys.stderr)
+        repl(con, cfg.run.dir, refused)
 
 
 def cmd_report(args, cfg: Config) -> None:
@@ -180,9 +195,19 @@ def cmd_export(args, cfg: Config) -> None:
 
 def cmd_cache(args, cfg: Config) -> None:
     """The row memo (pipeline/engine/memo.py): its size per stage and namespace, and pruning."""
-    from pipeline.engine.memo import memo_root, namespaces, prune, referenced_namespaces
+    from pipeline.engine.memo import MemoUnverified, memo_root, namespaces, prune, referenced_namespaces, verify
 
     root, runs = memo_root(cfg), cfg.run.root
+    if args.verify:
+        checked, bad = verify(root, dry_run=args.dry_run)
+        for path, why in bad:
+            print(f"bad {path}: {why}")
+        print(f"{checked} packs verified, " + (f"{len(bad)} failed" if bad else "none failed"))
+        if bad:
+            raise MemoUnverified(f"memo: {len(bad)} of {checked} packs failed verification ("
+                                 f"{'would be moved' if args.dry_run else 'moved'} to {root / '.quarantine'}/, "
+                                 f"never served); their writers are named above")
+        return
     if args.prune or args.older_than is not None or args.unreferenced:
         gone = prune(root, runs, args.older_than, args.unreferenced, args.dry_run)
         for path, why in gone:
@@ -239,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, what in (("mine", "every stage, in order"), ("stage", "one stage (what it reads must exist)"),
                        ("sql", "DuckDB over a run's tables"), ("report", "the mining report of a run"),
                        ("export", "a run's mined rows as a Hugging Face dataset folder"),
-                       ("cache", "the row memo: its size per stage; --prune by age or by what no run uses")):
+                       ("cache", "the row memo: its size per stage; --prune by age or by what no run uses; "
+                                 "--verify every pack")):
         s = sub.add_parser(name, help=what)
         if name == "stage":
             s.add_argument("name", help=f"one of: {', '.join(ORDER)}")
@@ -271,7 +297,10 @@ def main(argv: list[str] | None = None) -> int:
                            help="remove packs not used for this many days")
             s.add_argument("--unreferenced", action="store_true",
                            help="remove namespaces that no finished table under run.root names in its manifest")
-            s.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
+            s.add_argument("--verify", action="store_true",
+                           help="read every pack whole and check it as a lookup does (checksums, schema, writer "
+                                "record, values hash); move a pack that fails to <memo>/.quarantine/ (exit 2)")
+            s.add_argument("--dry-run", action="store_true", help="say what would go, remove or move nothing")
         if name == "sql":
             s.add_argument("--query", "-q", default=None)
             s.add_argument("--max-rows", type=int, default=40)

@@ -41,6 +41,7 @@ from pipeline.config.base import ConfigError
 from pipeline.config.names import inside
 from pipeline.engine.atomic import atomic_dir
 from pipeline.engine.lock import run_lock
+from pipeline.hints import command
 from pipeline.engine.safe_paths import check_below
 from pipeline.engine.tables import RunTables
 
@@ -199,8 +200,8 @@ def dataset_card(run_dir: Path, fmt: str, out: pa.Table, source_rows: int, files
               f"- {_size_category(out.num_rows)}", "---", ""]
     body = [f"# contramine `{fmt}` export of run `{run_dir.name}`", "",
             f"{out.num_rows:,} rows from the run's `{table}` table ({source_rows:,} rows), in {len(files)} Parquet "
-            "file(s) under `data/`. Mined with contramine (`make mine`), exported with "
-            f"`make export RUN={run_dir.name} FORMAT={fmt}`.", "", "## Columns", "", "| column | what it is |",
+            "file(s) under `data/`. Mined with contramine (`" + command("mine") + "`), exported with "
+            f"`{command('export', run=run_dir.name, format=fmt)}`.", "", "## Columns", "", "| column | what it is |",
             "|---|---|", *(f"| `{c}` | {w} |" for c, w in columns.items()), "",
             "## Use it", "", "```python", *usage(fmt), "```", "",
             "## How it was mined (settings of the stages behind it)", "", "```json",
@@ -261,7 +262,7 @@ def export_run(run_dir: Path | str, fmt: str, dst: Path | str | None = None) -> 
     src = src.sort_by("sid")
     out = build(src)
     # one export of a format at a time (export/.<format>.lock; other formats export beside it)
-    with run_lock(dst.parent, f"make export FORMAT={fmt}", root=root, name=f".{dst.name}.lock",
+    with run_lock(dst.parent, command("export", run=run_dir.name, format=fmt), root=root, name=f".{dst.name}.lock",
                   hint="export again when it is done"):
         with atomic_dir(dst, root=root) as tmp:  # complete and fsynced, then swapped in whole, or absent
             files, digest = write_data(out, tmp)

@@ -9,6 +9,8 @@ Under make the Makefile exports CONTRAMINE_VIA=make, and a hint names the make t
                                                     contramine stage embeddings --run r
     command("export", run="r", format="dclr")       make export RUN=r FORMAT=dclr
                                                     contramine export --run r --format dclr
+    command("stage", stage="pairs", run="r", force=True)   make stage STAGE=pairs RUN=r FORCE=1
+                                                    contramine stage pairs --run r --force
 """
 from __future__ import annotations
 
@@ -23,14 +25,18 @@ def via_make() -> bool:
 
 
 def command(verb: str, **options) -> str:
-    """`verb` with its options (None: left out) as the user would type it."""
-    options = {k: str(v) for k, v in options.items() if v is not None}
+    """`verb` with its options (None or False: left out; True: a flag, `FORCE=1` / `--force`) as the user would type
+    it."""
+    flags = [k for k, v in options.items() if v is True]
+    options = {k: str(v) for k, v in options.items() if v is not None and not isinstance(v, bool)}
     if via_make():
-        return " ".join(["make", verb, *(f"{k.upper()}={shlex.quote(v)}" for k, v in options.items())])
+        return " ".join(["make", verb, *(f"{k.upper()}={shlex.quote(v)}" for k, v in options.items()),
+                         *(f"{k.upper()}=1" for k in flags)])
     words = ["contramine", verb]
     if verb == "stage" and "stage" in options:
         words.append(shlex.quote(options.pop("stage")))
-    return " ".join(words + [f"--{k.replace('_', '-')} {shlex.quote(v)}" for k, v in options.items()])
+    return " ".join(words + [f"--{k.replace('_', '-')} {shlex.quote(v)}" for k, v in options.items()]
+                    + [f"--{k.replace('_', '-')}" for k in flags])
 
 
 def corpus_option() -> str:

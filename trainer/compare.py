@@ -41,6 +41,7 @@ import numpy as np
 from pipeline.config import Config, ConfigError, load_config
 from pipeline.config.names import inside
 from pipeline.engine.atomic import atomic_write_bytes, atomic_write_json
+from pipeline.hints import command as hint_command, via_make
 from pipeline.engine.lock import run_lock
 from pipeline.engine.safe_paths import open_folder
 from pipeline.errors import ExpectedError
@@ -157,9 +158,13 @@ def _probe(cfg: Config) -> Path | None:
 
 
 def command(profile: str, run: str, user_sets: list[str], overrides: list[str]) -> str:
-    """The make commands that reproduce one compare run (`run`: the mined run it trains on)."""
+    """The commands that reproduce one compare run (`run`: the mined run it trains on), as the user runs them:
+    make targets under make, the `contramine` command line elsewhere (pipeline/hints.py)."""
     value = dict(o.split("=", 1) for o in overrides)
     sets = " ".join([*user_sets, *(o for o in overrides if not o.startswith("train.objective="))])
+    if not via_make():
+        return (f"contramine train --profile {shlex.quote(profile)} --run {shlex.quote(run)} --objective "
+                f"{value['train.objective']} --set {sets} && contramine eval --model {value['train.output']}/best")
     return (f"make train PROFILE={profile} RUN={run} OBJECTIVE={value['train.objective']} SET={shlex.quote(sets)} "
             f"&& make eval MODEL={value['train.output']}/best")
 
@@ -299,7 +304,7 @@ def compare(profile: str, run: str | None, user_sets: list[str], objectives: lis
     check_inputs(base, cfgs, plan)
     # compare/ is a folder of this run, not a link to somewhere else (one line if it is), one compare at a time in
     # it, and written through the folder as opened (each training checks and locks its own folder below it)
-    with run_lock(out, "make compare", root=base.run.dir, hint="compare again when it is done"), \
+    with run_lock(out, hint_command("compare", run=base.run.dir.name), root=base.run.dir, hint="compare again when it is done"), \
             open_folder(base.run.dir, out) as folder:
         here = folder.at()
         print(f"[compare] run {base.run.name}: {', '.join(e['name'] for e in plan)} x {seeds} seed(s), {steps} steps "

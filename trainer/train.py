@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from pipeline.config import Config, load_config
 from pipeline.engine.atomic import atomic_write_json
 from pipeline.engine.lock import run_lock
+from pipeline.hints import command
 from pipeline.engine.safe_paths import check_below
 from pipeline.errors import ExpectedError
 from pipeline.models.encoder import Encoder
@@ -132,7 +133,7 @@ def train(cfg: Config, resume: bool = True) -> dict:
     # here in one line, another objective trains beside it; no run folder (nothing to train on): no lock, no folder
     out, root = ckpt.output_dir(cfg)
     solo = int(os.environ.get("RANK", "0")) == 0 and cfg.run.dir.is_dir()
-    with run_lock(out, f"make train {cfg.train.objective}", root=root, hint="train into another --run") if solo \
+    with run_lock(out, command("train", run=cfg.run.name, objective=cfg.train.objective), root=root, hint="train into another --run") if solo \
             else nullcontext(), restored_float32_settings():
         return _train(cfg, resume)
 

@@ -50,6 +50,10 @@ class RunnerCfg(Section):
                                               "a GPU (its kernels are not batch-independent)")
     memo_dir: Path | None = Field(None, description="where the row memo lives: <run.root>/.memo unless set; a "
                                   "folder on a shared filesystem serves a team or a cluster")
+    memo_verify: float = Field(0.001, ge=0, le=1, description="the memo's audit: this share of the rows a run takes "
+                               "from the memo, and at least one row of every pack it reads, is computed again and "
+                               "compared; a pack with a differing row is quarantined, named with its writer, and its "
+                               "rows recomputed (docs/mining.md, \"Whom a shared memo trusts\"); 0 = off")
 
     @model_validator(mode="after")
     def _address(self):

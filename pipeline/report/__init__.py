@@ -26,6 +26,7 @@ import numpy as np
 from pipeline.engine.atomic import atomic_file, atomic_write_bytes
 from pipeline.engine.lock import RunBusy, run_lock
 from pipeline.engine.safe_paths import UnsafePath, open_folder
+from pipeline.hints import command
 from pipeline.markdown import cell, table
 from pipeline.report.queries import (TEXT_SAMPLE, Run, _sample_clause, chosen_cos, chosen_text_pairs,  # noqa: F401
                                      overlap_by_source, overlap_stats, pool_peakedness, random_pair_cosines)
@@ -327,7 +328,7 @@ def headline(run_dir: Path, seed: int = 0) -> str:
         seconds.setdefault(m.get("stage"), m.get("wall_seconds_last_run"))
     md += ([""] if md[-1] else []) + ["Seconds per stage (last run): " + ", ".join(f"{t} {cell(s)}" for t, s in seconds.items()
                                                           if s is not None),
-           "", f"The full audit page with plots: `make report RUN={Path(run_dir).name}`."]
+           "", f"The full audit page with plots: `{command('report', run=Path(run_dir).name)}`."]
     return "\n".join(md)
 
 
@@ -337,7 +338,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None, seed: int = 0) -> P
     # report/ below the run, reached without a link (an --out outside the run is the user's own, checked from itself
     # down), locked so that two reports never mix their plots, and written through the folder as opened: every plot
     # and the page land in it whatever happens to its path meanwhile
-    with run_lock(out, "make report", root=run_dir, hint="report again when it is done"), \
+    with run_lock(out, command("report", run=Path(run_dir).name), root=run_dir, hint="report again when it is done"), \
             open_folder(run_dir, out) as folder:
         for e in folder.entries():  # a plot a rerun no longer draws must not linger next to the new page
             folder.unlink(e.name, PLOTS)  # only the plots this page draws; a link among them goes, not its target
