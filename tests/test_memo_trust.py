@@ -179,9 +179,9 @@ def _unwritable(folder: Path, monkeypatch):
                 raise PermissionError(13, "Permission denied", str(path))
 
         @contextlib.contextmanager
-        def atomic_file(path):
+        def atomic_file(path, root=None):
             refuse(path)
-            with real_file(path) as tmp:
+            with real_file(path, root) as tmp:
                 yield tmp
 
         def make_dirs(root, path):

@@ -66,7 +66,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.engine.atomic import atomic_file, atomic_write_json
-from pipeline.engine.safe_paths import UnsafePath, check_below, make_dirs
+from pipeline.engine.safe_paths import UnsafePath, check_below, make_dirs, open_folder
 from pipeline.errors import ExpectedError
 
 log = logging.getLogger("contramine.memo")
@@ -78,6 +78,7 @@ KEY = pa.binary(16)
 # The only names the memo writes in a namespace, so the only ones it reads or removes (fullmatch):
 PACK = re.compile(r"[0-9a-f]{32}\.parquet")
 TEMP = re.compile(r"\.(?:[0-9a-f]{32}\.parquet|_namespace\.json)\.[A-Za-z0-9_]+\.tmp")  # atomic_file's temp files
+OWN = re.compile(rf"{PACK.pattern}|{TEMP.pattern}|{re.escape(NAMESPACE)}")  # all a namespace holds of the memo's
 
 
 def row_key(*parts) -> bytes:
@@ -334,9 +335,12 @@ def quarantine(root: Path, pack: Path) -> Path | None:
         return None
     dest = quarantine_path(root, pack)
     try:
-        check_below(root, pack, final=True)
-        make_dirs(root, dest.parent)
-        os.rename(pack, dest)
+        # both folders opened from the root without following a link; the rename is relative to them (openat)
+        src = open_folder(root, Path(pack).parent, create=False)
+        if src is None:
+            return None
+        with src, open_folder(root, dest.parent) as dst:
+            src.replace(Path(pack).name, dest.name, to=dst)
     except FileNotFoundError:
         return None  # moved by another process meanwhile
     except UnsafePath:
@@ -542,9 +546,10 @@ class RowMemo:
             make_dirs(self.root, self.dir)
             if not (self.dir / NAMESPACE).is_file():
                 atomic_write_json(self.dir / NAMESPACE, {"stage": self.stage, "memo": self.name, "facts": self.facts,
-                                                         "values": schema_text(values.schema)})
-            check_below(self.root, self.dir / name)  # a link in the pack's place is replaced, never followed
-            with atomic_file(self.dir / name) as tmp:
+                                                         "values": schema_text(values.schema)}, root=self.root)
+            # written in the namespace folder as opened from the memo root (no link on the way is followed); a link
+            # in the pack's place is replaced by the rename, never followed
+            with atomic_file(self.dir / name, root=self.root) as tmp:
                 pq.write_table(table, tmp, compression="none" if raw else "zstd", write_page_checksum=True,
                                row_group_size=64_000, use_dictionary=not raw)
         except UnsafePath as e:
@@ -810,17 +815,27 @@ def prune(root: Path, runs_root: Path, older_than_days: float | None = None, unr
     def remove(path: Path, why: str) -> None:
         gone.append((path, why))
         if not dry_run:
-            try:
-                path.unlink()  # a plain file (_own): never a folder, never through a link
-            except FileNotFoundError:
-                pass
+            try:  # a name the memo writes, in its folder as opened from the root: never a folder, never through a link
+                d = open_folder(root, path.parent, create=False)
+                if d is not None:
+                    with d:
+                        d.unlink(path.name, OWN)
+            except UnsafePath as e:
+                _say_once(("link", path.parent), f"memo: {e}; nothing is removed there")
 
     for ns in namespaces(root):
         if unreferenced and f"{ns.stage}/{ns.path.name}" not in refs:
             gone.append((ns.path, "no run under " + str(runs_root) + " uses it"))
             if not dry_run:
-                for p in ns.pack_files + ns.temp_files + _own(ns.path, re.compile(re.escape(NAMESPACE))):
-                    p.unlink(missing_ok=True)
+                try:
+                    d = open_folder(root, ns.path, create=False)
+                    if d is not None:
+                        with d:
+                            for p in ns.pack_files + ns.temp_files + _own(ns.path, re.compile(re.escape(NAMESPACE))):
+                                d.unlink(p.name, OWN)
+                except UnsafePath as e:
+                    _say_once(("link", ns.path), f"memo: {e}; nothing is removed there")
+                    continue
                 try:
                     ns.path.rmdir()
                 except OSError:
