@@ -78,8 +78,8 @@ def test_every_wrong_shape_is_one_line_naming_the_table_its_run_and_the_rewrite(
     assert isinstance(e.value, ExpectedError) and "\n" not in line
     assert words in line, line
     assert line.startswith("table `sentences` of run 'myrun': ") and str(table / MANIFEST) in line
-    assert line.endswith("rewrite it with `make stage STAGE=sentences RUN=myrun FORCE=1`")
-    with pytest.raises(TableUnreadable, match="make stage STAGE=sentences RUN=myrun FORCE=1"):
+    assert line.endswith("rewrite it with `contramine stage sentences --run myrun --force`")
+    with pytest.raises(TableUnreadable, match="contramine stage sentences --run myrun --force"):
         RunTables(tmp_path / "myrun").read("sentences")
 
 
@@ -160,7 +160,7 @@ def test_each_command_says_one_line_for_each_malformed_manifest(tmp_path, capsys
         assert code == 2, (cmd, how, err)
         last = err.strip().splitlines()[-1]
         assert last.startswith("error: table `" + TABLE_OF[cmd] + "` of run 'r': "), (cmd, how, err)
-        assert f"make stage STAGE={'sentences' if cmd != 'export' else 'triplets'} RUN=r FORCE=1" in last
+        assert f"contramine stage {'sentences' if cmd != 'export' else 'triplets'} --run r --force" in last
         assert "Traceback" not in err
         (run / TABLE_OF[cmd] / MANIFEST).write_text(good)
     assert not (run / "export" / "osscse-triplet").exists()  # nothing half-written

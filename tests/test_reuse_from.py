@@ -115,6 +115,6 @@ def test_a_malformed_source_manifest_is_one_line(tmp_path):
     src, dst = tmp_path / "default", tmp_path / "other"
     _table(src, "sentences")
     (src / "sentences" / "_manifest.json").write_text(json.dumps({"shards": "x"}))
-    with pytest.raises(TableUnreadable, match=r"^--reuse-from: table `sentences` of run 'default': .*FORCE=1`$"):
+    with pytest.raises(TableUnreadable, match=r"^--reuse-from: table `sentences` of run 'default': .*--force`$"):
         reuse_tables(src, dst)
     assert not (dst / "sentences").exists()
