@@ -287,7 +287,7 @@ def train_and_evaluate(profile: str, overrides: list[str], user_sets: list[str],
 # ------------------------------------------------------------------------------------------------ statistics
 def compare(profile: str, run: str | None, user_sets: list[str], objectives: list[str] | None = None,
             seeds: int | None = None) -> dict:
-    from trainer.train import run_pooling
+    from trainer.train_setup import run_pooling
 
     t0 = time.perf_counter()
     base = load_config(profile, [*user_sets, *([f"run.name={run}"] if run else [])])
