@@ -19,10 +19,10 @@ GPU could do with this host code however fast its arithmetic (sentences/s, targe
 - generate: `Translator.translate`, greedy, at the stage's defaults (its batch size), each row emitting as many
   tokens as its source has; host time per target token and per decode step.
 - search: `band_neighbours` with the torch engine as it runs on an 80 GB GPU against a 1M base, in two measured
-  parts (bench/host_jobs.py job_search): the host's cost of a block (its ops and Python, timed on 8-query blocks of a
-  128-row base where the arithmetic is negligible) divided by the queries a GPU block holds in that checkout, plus
-  the host's work per query (before issue 46: numpy's resolve of each block's top-k on the real 384-d queries; now:
-  copying the finished pools back and building the table).
+  parts (bench/host_search_jobs.py job_search): the host's cost of a block (its ops and Python, timed on 8-query
+  blocks of a 128-row base where the arithmetic is negligible) divided by the queries a GPU block holds in that
+  checkout, plus the host's work per query (before issue 46: numpy's resolve of each block's top-k on the real
+  384-d queries; now: copying the finished pools back and building the table).
 - resolve (context, no goal): the same queries through an index that has only `search(x, k)` (FAISS, CPU or GPU),
   its GEMM and top-k done beforehand: the host's resolve per query, which does not depend on the base size.
 - train: one DebCSE step (batch 64 x <= 32 tokens) as trainer/train.py's loop runs it on a GPU, the batch collated
@@ -30,8 +30,8 @@ GPU could do with this host code however fast its arithmetic (sentences/s, targe
 
 The two checkouts: `--base PATH`, or by default a `git archive` of `--base-commit` (BASE_COMMIT: the commit before
 issue 46's work) in a temporary folder; the new side is this checkout. Each measurement runs in a subprocess whose
-PYTHONPATH is that checkout (`python -P bench/host_jobs.py`: the hollow models are this file's, the same on both
-sides), base and new alternating, `reps` rounds; each side's fastest round is kept. Per job the rows are: the
+PYTHONPATH is that checkout (`python -P bench/host_jobs.py`: the hollow models and jobs are this checkout's, the same
+on both sides), base and new alternating, `reps` rounds; each side's fastest round is kept. Per job the rows are: the
 ceiling new vs base (goal: >= 3x; from the wall time), the ceiling vs the issue's absolute goal (GOALS: met or not),
 host microseconds per unit, wall and CPU (the process's CPU time, every thread: beside other work on this shared box
 it moves less than the wall time, but a thread that overlaps another adds to it), and the torch ops and host reads
@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().with_name("host_jobs.py")
 BASE_COMMIT = "fce09b0"  # the last commit before issue 46 ("the card sets the pace"): today's code
 JOBS = ("encode", "generate", "search", "resolve", "train")
-SEARCH_PROBE = 8  # bench/host_jobs.py SEARCH_PROBE_ROWS: queries a block when the search's per-block cost is timed
+SEARCH_PROBE = 8  # host_search_jobs.py SEARCH_PROBE_ROWS: queries a block when the search's per-block cost is timed
 UNIT = {"encode": "sentence", "generate": "target token", "search": "query", "resolve": "query", "train": "step"}
 CEILING = {"encode": "sentences/s", "generate": "tokens/s", "search": "queries/s", "resolve": "queries/s",
            "train": "steps/s"}

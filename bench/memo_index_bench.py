@@ -1,5 +1,5 @@
-"""The row memo's lookup index (pipeline/engine/memo.py: _Index) at 1M rows: bytes a row, building it, and what a
-new pack costs, against the index it replaced (measured here, in the same run).
+"""The row memo's lookup index (pipeline/engine/memo_index.py: NamespaceIndex) at 1M rows: bytes a row, building it,
+and what a new pack costs, against the index it replaced (measured here, in the same run).
 
     python -m bench.memo_index_bench [--rows 1000000] [--pack 10000]
 
@@ -36,7 +36,7 @@ def _best(fn, repeat: int = 3) -> float:
 
 def run(rows: int = 1_000_000, pack: int = 10_000) -> list[dict]:
     from bench import smoke
-    from pipeline.engine.memo import _Index
+    from pipeline.engine.memo_index import NamespaceIndex
 
     rows, pack = smoke.cap(rows, 20_000), smoke.cap(pack, 1_000)
     rng = np.random.default_rng(0)
@@ -48,7 +48,7 @@ def run(rows: int = 1_000_000, pack: int = 10_000) -> list[dict]:
 
     # a full index, built at once (the first lookup in a warm namespace)
     def ours_build():
-        ix = _Index("bench")
+        ix = NamespaceIndex("bench")
         ix.merge(prefixes, np.concatenate([loc(k) for k in range(packs)]))
         return ix
 
@@ -63,7 +63,7 @@ def run(rows: int = 1_000_000, pack: int = 10_000) -> list[dict]:
     extra = rng.integers(0, 2**64, pack, dtype=np.uint64, endpoint=False)
 
     def ours_add():
-        ix = _Index("bench")
+        ix = NamespaceIndex("bench")
         ix.prefix, ix.loc = ours_ix.prefix, ours_ix.loc
         ix.merge(extra, loc(packs))
 

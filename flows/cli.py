@@ -194,8 +194,9 @@ def cmd_export(args, cfg: Config) -> None:
 
 
 def cmd_cache(args, cfg: Config) -> None:
-    """The row memo (pipeline/engine/memo.py): its size per stage and namespace, and pruning."""
-    from pipeline.engine.memo import MemoUnverified, memo_root, namespaces, prune, referenced_namespaces, verify
+    """The row memo (pipeline/engine/memo.py, memo_cache.py): its size per stage and namespace, and pruning."""
+    from pipeline.engine.memo_cache import MemoUnverified, namespaces, prune, referenced_namespaces, verify
+    from pipeline.engine.memo_run import memo_root
 
     root, runs = memo_root(cfg), cfg.run.root
     if args.verify:

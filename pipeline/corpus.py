@@ -27,7 +27,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipeline.corpus_forms import LONG, Corpus, CorpusError, LongLine, Refused  # noqa: F401  (CorpusError: the stages')
+from pipeline.corpus_forms import Corpus
+from pipeline.corpus_records import CorpusError, LongLine, Refused  # noqa: F401  (CorpusError: the stages')
+from pipeline.corpus_text import LONG
 from pipeline.identity import normalise, sentence_id
 from pipeline.schema import SCHEMAS
 

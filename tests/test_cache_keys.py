@@ -9,7 +9,7 @@ import torch
 from pipeline.config import load_config
 from pipeline.engine.codeversion import PIPELINE, code_version, module_closure
 from pipeline.engine.runner import load_stages, resolve_plan, stage_facts
-from pipeline.models import chains, encoder
+from pipeline.models import chains, encoder_resource
 from pipeline.models import hub as models
 
 OFFLINE = ["backtranslate.chains=[]"]
@@ -87,7 +87,7 @@ def test_device_and_precision_are_part_of_the_key(monkeypatch):
     assert '"weights":"float32"' in cpu["embeddings"]
     # the same run on a GPU with bf16: no shard of the CPU float32 run may be reused
     cuda = lambda setting="auto": "cuda" if setting == "auto" else setting  # noqa: E731
-    monkeypatch.setattr(encoder, "pick_device", cuda)
+    monkeypatch.setattr(encoder_resource, "pick_device", cuda)
     monkeypatch.setattr(chains, "pick_device", cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     gpu = {s: extra_key(STAGES[s], cfg) for s in stages}

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import pipeline.corpus as corpus
-import pipeline.corpus_forms as corpus_forms
+import pipeline.corpus_text as corpus_text
 from pipeline.corpus import KEEP, split_sentences
 from pipeline.engine.tables import RunTables
 
@@ -108,7 +108,7 @@ def test_a_line_is_rejected_for_its_length_before_it_is_normalised(tmp_path, mon
 def test_long_lines_read_in_pieces_match_the_whole_line(tmp_path, monkeypatch):
     """Tiny pieces and bounds: a long line cut across pieces (and \\r\\n split between two) gives the same text,
     lengths and hash as the whole line; an undecodable long line is `undecodable`; line numbers stay right."""
-    monkeypatch.setattr(corpus_forms, "CHUNK", 7)
+    monkeypatch.setattr(corpus_text, "CHUNK", 7)
     monkeypatch.setattr(corpus, "LONG", 16)
     long_ok = "é".join(["word"] * 20).encode()  # 99 characters, 118 bytes
     long_bad = b"x" * 30 + b"\xff" + b"y" * 30

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bench.host_bench import _bert_tokenizer, _marian_tokenizer, export_base, side_settings
-from bench.host_jobs import WIDTH, HollowIndex, hollow_bert, hollow_marian
+from bench.host_hollow import WIDTH, HollowIndex, hollow_bert, hollow_marian
 from bench.shapes import sentences
 
 

@@ -3,7 +3,7 @@ the audit (`runner.memo_verify`), quarantine, `contramine cache --verify`, a rea
 through a link under the memo root, and the lookup index (16 bytes a row, merged, freed).
 
 The end-to-end case with the real models (a forged pack caught in a mined run, whose tables equal a fresh run's) is
-in tests/test_row_memo.py."""
+in tests/test_row_memo_mining.py."""
 from __future__ import annotations
 
 import contextlib
@@ -16,8 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.engine import memo as memo_mod
-from pipeline.engine.memo import FORMAT, RECORD, RowMemo, pack_record, prune, row_key, values_hash
+from pipeline.engine import memo_index, memo_store
+from pipeline.engine.memo import RowMemo, row_key
+from pipeline.engine.memo_cache import prune
+from pipeline.engine.memo_packs import FORMAT, RECORD, pack_record, values_hash
 
 VEC = pa.schema([("vec", pa.binary(16))])  # a 4-d float32 vector, as the encode memo stores one
 
@@ -142,7 +144,7 @@ def test_the_audit_share_and_one_row_of_every_pack(tmp_path):
 def test_a_pack_of_the_old_format_is_not_served(tmp_path, caplog):
     """A memo written before packs had records: its namespaces have other hashes (FORMAT is in the facts), and a
     record-less pack found in a namespace of this format is refused, named once."""
-    from pipeline.engine.memo import namespace_facts
+    from pipeline.engine.memo_run import namespace_facts
     from pipeline.engine.runner import load_stages
     from pipeline.config import configure
 
@@ -172,7 +174,7 @@ def _unwritable(folder: Path, monkeypatch):
     except PermissionError:
         denied = True
     if not denied:
-        real_file, real_dirs = memo_mod.atomic_file, memo_mod.make_dirs
+        real_file, real_dirs = memo_store.atomic_file, memo_store.make_dirs
 
         def refuse(path):
             if Path(path).resolve().is_relative_to(folder.resolve()):
@@ -188,8 +190,8 @@ def _unwritable(folder: Path, monkeypatch):
             if not Path(path).exists():
                 refuse(path)
             return real_dirs(root, path)
-        monkeypatch.setattr(memo_mod, "atomic_file", atomic_file)
-        monkeypatch.setattr(memo_mod, "make_dirs", make_dirs)
+        monkeypatch.setattr(memo_store, "atomic_file", atomic_file)
+        monkeypatch.setattr(memo_store, "make_dirs", make_dirs)
     try:
         yield
     finally:
@@ -200,7 +202,7 @@ def test_a_memo_the_run_cannot_write_is_used_read_only(tmp_path, caplog, monkeyp
     root = tmp_path / "shared-memo"
     _rows(_memo(root), TEXTS[:50], [])  # the team's writer filled it
     before = sorted(p.relative_to(root) for p in root.rglob("*"))
-    memo_mod._READ_ONLY.clear()
+    memo_store._READ_ONLY.clear()
     with _unwritable(root, monkeypatch), caplog.at_level(logging.WARNING, logger="contramine.memo"):
         calls: list = []
         for _ in range(2):
@@ -208,7 +210,7 @@ def test_a_memo_the_run_cannot_write_is_used_read_only(tmp_path, caplog, monkeyp
     assert calls == [TEXTS[50:], TEXTS[50:]]  # served what it holds, computed the rest, stored nothing
     assert len(_named(caplog, str(root), "used read-only")) == 1
     assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
-    memo_mod._READ_ONLY.clear()
+    memo_store._READ_ONLY.clear()
 
 
 # ---- links under the memo root ----------------------------------------------------------------------------------
@@ -295,24 +297,24 @@ def test_cache_verify_checks_every_pack_and_quarantines_what_fails(tmp_path, cap
 
 # ---- the lookup index -------------------------------------------------------------------------------------------
 def test_the_index_is_16_bytes_a_row_merged_in_order_and_freed_when_the_stage_ends(tmp_path):
-    memo_mod.release_indexes()
+    memo_index.release_indexes()
     texts = [f"row {i}" for i in range(3000)]
     for part in range(3):
         _rows(_memo(tmp_path), texts[part * 1000:(part + 1) * 1000], [])
         _rows(_memo(tmp_path), texts[:1], [])  # a lookup indexes the packs new since the last: merged in
-    index = memo_mod._INDEXES[_memo(tmp_path).dir]
-    assert index.nbytes == 16 * 3000 == memo_mod.index_bytes()
+    index = memo_index._INDEXES[_memo(tmp_path).dir]
+    assert index.nbytes == 16 * 3000 == memo_index.index_bytes()
     assert np.all(np.diff(index.prefix.astype(np.float64)) >= 0) and np.all(index.prefix[:-1] <= index.prefix[1:])
     assert _rows(_memo(tmp_path), texts[::-1], []).equals(_vectors(texts[::-1]))  # every row found where it is
-    memo_mod.release_indexes(keep_stage="embeddings")
-    assert memo_mod.index_bytes() == 16 * 3000  # a job of the same stage keeps it
-    memo_mod.release_indexes()
-    assert memo_mod.index_bytes() == 0 and not memo_mod._INDEXES
+    memo_index.release_indexes(keep_stage="embeddings")
+    assert memo_index.index_bytes() == 16 * 3000  # a job of the same stage keeps it
+    memo_index.release_indexes()
+    assert memo_index.index_bytes() == 0 and not memo_index._INDEXES
 
 
 def test_merge_equals_a_full_sort():
     rng = np.random.default_rng(0)
-    index = memo_mod._Index("s")
+    index = memo_index.NamespaceIndex("s")
     whole_p, whole_l = [], []
     for pack in range(5):
         p = rng.integers(0, 2**63, 1000, dtype=np.uint64)

@@ -144,7 +144,7 @@ def test_sentence_transformers_trainer_moves_the_weights_as_the_lean_trainer(run
     from sentence_transformers.sentence_transformer.training_args import BatchSamplers
     from transformers import TrainerCallback
 
-    from trainer.train import linear_schedule
+    from trainer.train_setup import linear_schedule
 
     run_dir, bert = run
     obj, model, loss, rs = both_sides(case, bert)

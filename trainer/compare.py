@@ -14,7 +14,7 @@ checkpoint once (trainer/evaluate.py, the numbers `make eval` prints), and write
 with a `run.json` of the same key (run_key: the configuration, and by content the start weights, the mined tables,
 the evaluation data and code, trainer/keys.py) is reused, any other one is (re)trained — and the trainer itself
 resumes a half-done run from its last/ — so a killed compare continues where it stopped. The start model is
-evaluated once under every pooler/prompt a row trains with (trainer/train.py's run_pooling: mean for most, the
+evaluated once under every pooler/prompt a row trains with (trainer/train_setup.py's run_pooling: mean for most, the
 [MASK] of T1 for OssCSE's paper form) into start.json (the configured pooler) and start-<pooler>-<h>.json (any
 other), each reused under the same start_key. Then, under artifacts/<run>/compare/: table.md (mean ± std over
 seeds, one start row per pooler/prompt first), paired bootstraps of each row against its own start and against
@@ -287,7 +287,7 @@ def train_and_evaluate(profile: str, overrides: list[str], user_sets: list[str],
 # ------------------------------------------------------------------------------------------------ statistics
 def compare(profile: str, run: str | None, user_sets: list[str], objectives: list[str] | None = None,
             seeds: int | None = None) -> dict:
-    from trainer.train import run_pooling
+    from trainer.train_setup import run_pooling
 
     t0 = time.perf_counter()
     base = load_config(profile, [*user_sets, *([f"run.name={run}"] if run else [])])

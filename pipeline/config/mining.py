@@ -117,7 +117,7 @@ class EncoderCfg(Section):
     # token length, at least MIN_TOKENS tokens; tests/test_execution_settings.py); a GPU's may (the row memo is off
     # there by default: runner.memo = auto)
     EXECUTION: ClassVar[frozenset[str]] = frozenset({"batch_size", "batch_tokens"})
-    # the encoder's plan records the device kind and precision it resolves (pipeline/models/encoder.py: ENCODER)
+    # the encoder's plan records the device kind and precision it resolves (models/encoder_resource.py: ENCODER)
     RESOLVED: ClassVar[frozenset[str]] = frozenset({"device", "precision"})
 
 

@@ -26,7 +26,8 @@ from pipeline.engine.codeversion import code_version
 from pipeline.engine.discovery import load_stages, writer  # noqa: F401  (writer: re-exported for the CLI)
 from pipeline.engine.lock import run_lock
 from pipeline.engine.maps import default_map
-from pipeline.engine.memo import memo_manifest, release_indexes
+from pipeline.engine.memo_index import release_indexes
+from pipeline.engine.memo_run import memo_manifest
 from pipeline.engine.spec import Ctx, Stage
 from pipeline.engine.store import Store, combine, file_hash  # noqa: F401  (file_hash: stages' facts use it)
 

@@ -61,7 +61,7 @@ class Ctx:
     def memo(self, name: str):
         """The stage's declared row memo `name` for this run (memo.py): `.rows(keys, compute, schema)`."""
         if name not in self.memos:
-            from pipeline.engine.memo import open_memo
+            from pipeline.engine.memo_run import open_memo
 
             declared = {m.name: m for m in (self.stage.memos if self.stage else ())}
             if name not in declared:

@@ -6,7 +6,7 @@ import pyarrow as pa
 
 from pipeline.engine.spec import Ctx, stage
 from pipeline.schema import SCHEMAS
-from pipeline.models.encoder import ENCODE_MEMO, ENCODER, embed_sentences
+from pipeline.models.encoder_resource import ENCODE_MEMO, ENCODER, embed_sentences
 
 
 @stage(reads=("pool_sentences",), writes=("pool_embeddings",), settings=("encoder", "embeddings"),

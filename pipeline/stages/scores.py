@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from pipeline.engine.spec import Ctx, package_versions, stage
 from pipeline.schema import SCHEMAS, table_vectors
 from pipeline.models.chains import POSITIVES, check_chains
-from pipeline.models.encoder import ENCODE_MEMO, ENCODER, check_encoder, memo_encode
+from pipeline.models.encoder_resource import ENCODE_MEMO, ENCODER, check_encoder, memo_encode
 from pipeline.roles import rows_serving
 from pipeline.text_distances import edit_distance
 

@@ -1,0 +1,139 @@
+"""The host bench's model jobs (bench/host_jobs.py runs them): the encoder's `encode`, the translator's greedy
+`translate`, and one DebCSE step of trainer/train.py's loop, each on a hollow model (bench/host_hollow.py).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from bench.host_hollow import hollow_bert, hollow_marian
+from bench.host_measure import apply_settings, best_of, count_ops, from_config, lines
+
+
+def job_encode(data: Path, sizes: dict, settings: dict) -> dict:
+    """`Encoder.encode` over wiki1m lines at the encoder's default batch size, the GPU's precision (bf16)."""
+    from transformers import AutoTokenizer
+
+    from pipeline.config.mining import EncoderCfg
+    from pipeline.models.encoder import Encoder
+
+    tok = AutoTokenizer.from_pretrained(data / "bert")
+    model = hollow_bert(len(tok)).eval()
+    enc = Encoder(model, tok, pooler="mean", max_length=128, precision="bf16")
+    texts = lines(data, sizes["encode_n"])
+    call = {**from_config(EncoderCfg(), enc.encode), **apply_settings(enc, enc.encode, settings)}
+    rules = gpu_rules(enc, call)
+    encode = rules or enc.encode
+    encode(texts[: max(64, len(texts) // 20)], **call)  # warm-up
+    model.calls = 0
+    timing = best_of(lambda: encode(texts, **call), sizes["repeats"])
+    calls = model.calls // sizes["repeats"]
+    tokenise = best_of(lambda: tok(list(texts), truncation=True, max_length=128), sizes["repeats"])["cpu_s"]
+    sample = texts[: max(64, len(texts) // 10)]
+    counts = count_ops(lambda: encode(sample, **call), len(sample), sizes)
+    return {"units": len(texts), **timing, "tokenise_s": tokenise, "model_calls": calls, "call": repr(call),
+            "rules": "gpu" if rules else "device", **counts}
+
+
+def gpu_rules(enc, call: dict):
+    """`encode` under a GPU's batching and precision rules where the checkout can run them on CPU tensors
+    (`Encoder._encode(..., kind="cuda")`: token-budget batches, weights held in bf16), else None (the code before
+    issue 46 had one set of rules for every device). On a GPU these are the rules that run; on this CPU `encode`
+    keeps the CPU's batch-independent ones, so timing `encode` here would time the wrong host path."""
+    import inspect
+
+    if "kind" not in inspect.signature(getattr(enc, "_encode", lambda: None)).parameters:
+        return None
+
+    def encode(texts, batch_size=128, normalize=True, progress=False, template=None, batch_tokens=None):
+        return enc._encode(texts, batch_size, normalize, progress, template, batch_tokens, "cuda")
+
+    return encode
+
+
+def job_generate(data: Path, sizes: dict, settings: dict) -> dict:
+    """`Translator.translate` (greedy, the stage's defaults: batch_size rows a batch) of wiki1m lines."""
+    from transformers import AutoTokenizer
+
+    from pipeline.config.backtranslation import BacktranslateCfg
+    from pipeline.models.translator import Translator
+
+    tok = AutoTokenizer.from_pretrained(data / "marian")
+    model = hollow_marian(tok.pad_token_id, tok.eos_token_id)
+    cfg = BacktranslateCfg(**settings)
+    tr = Translator("Helsinki-NLP/opus-mt-en-de", tok, model, cfg, "cpu")
+    texts = lines(data, sizes["gen_n"])
+    target = sum(len(ids) for ids in tok(texts, truncation=True, max_length=cfg.max_length)["input_ids"])
+    tr.translate(texts[: max(2, len(texts) // 8)])  # warm-up
+    model.steps = 0
+    timing = best_of(lambda: tr.translate(texts), sizes["repeats"])
+    steps = model.steps // sizes["repeats"]
+    sample = texts[: max(8, len(texts) // 8)]
+    sample_target = sum(len(ids) for ids in tok(sample, truncation=True, max_length=cfg.max_length)["input_ids"])
+    counts = count_ops(lambda: tr.translate(sample), sample_target, sizes)
+    return {"units": target, **timing, "steps": steps, "rows": len(texts), "batch_size": cfg.batch_size,
+            **counts}
+
+
+def job_train(data: Path, sizes: dict, settings: dict) -> dict:
+    """One DebCSE step as trainer/train.py's loop runs it on a GPU (bf16 autocast, fused AdamW, clipping, the
+    scheduler, the metrics read as the checkout's loop reads them), the batch collated beforehand as the DataLoader's
+    workers do."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from pipeline.config import TrainCfg
+    from pipeline.models.encoder import Encoder
+    from trainer.objectives import OBJECTIVES
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(data / "bert")
+    tc = TrainCfg(**{"objective": "debcse", "batch_size": 64, "max_length": 32, **settings})
+    cls = OBJECTIVES[tc.objective]
+    enc = Encoder(hollow_bert(len(tok), dropout=tc.dropout), tok, pooler=cls.pooler or "cls_before_pooler",
+                  max_length=64)
+    enc.unpad = tc.unpad
+    obj = cls(enc, tc).train()
+    params = [p for p in obj.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": tc.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=tc.lr, fused=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    bs, n = tc.batch_size, sizes["train_warmup"] + sizes["train_steps"]
+    texts = lines(data, bs * n * 4)
+    rows = [{"sid": i, "text": texts[4 * i], "positives": [texts[4 * i + 1]], "negatives": texts[4 * i + 2:4 * i + 4],
+             "paraphrase": texts[4 * i + 1], "negation": texts[4 * i] + " not", "emb": None} for i in range(bs * n)]
+    t0 = time.perf_counter()
+    batches = [obj.collate(rows[i * bs:(i + 1) * bs]) for i in range(n)]
+    collate = (time.perf_counter() - t0) / n
+
+    try:  # the loop since issue 46: the step's numbers stay on the device, read once per `log_every` steps
+        from trainer.metrics_log import MetricWindow
+        window, log_every = MetricWindow(), tc.log_every
+    except ImportError:  # the loop before: the loss and the grad norm read every step
+        window, log_every = None, 1
+    done = [0]
+
+    def step(batch):  # trainer/train.py's loop body on a GPU (bf16: no loss scaling)
+        batch = {k: v.to("cpu", non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, metrics = obj(batch)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        done[0] += 1
+        if window is None:
+            float(grad_norm), float(loss.item())
+            return
+        window.add({"loss": loss.detach(), "grad_norm": grad_norm, **metrics})
+        if done[0] % log_every == 0:
+            window.read()
+
+    for b in batches[:sizes["train_warmup"]]:
+        step(b)
+    timed = batches[sizes["train_warmup"]:]
+    timing = best_of(lambda: [step(b) for b in timed], sizes["repeats"])
+    return {"units": len(timed), **timing, "collate_s": collate, "params": len(params),
+            "objective": tc.objective, **count_ops(lambda: step(timed[0]), 1, sizes)}

@@ -1,0 +1,178 @@
+"""The row memo's packs on disk (memo.py describes the memo): the names it writes, what a pack records (its writer,
+the hash of its values) and the checks a pack must pass before a row of it is served.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+FORMAT = 2  # 2: packs carry their writer and values hash; in every namespace's facts, so format 1 is never read
+NAMESPACE = "_namespace.json"
+QUARANTINE = ".quarantine"
+RECORD = b"contramine.memo"  # the pack's key-value metadata: {format, writer, values, rows}
+KEY = pa.binary(16)
+# The only names the memo writes in a namespace, so the only ones it reads or removes (fullmatch):
+PACK = re.compile(r"[0-9a-f]{32}\.parquet")
+TEMP = re.compile(r"\.(?:[0-9a-f]{32}\.parquet|_namespace\.json)\.[A-Za-z0-9_]+\.tmp")  # atomic_file's temp files
+OWN = re.compile(rf"{PACK.pattern}|{TEMP.pattern}|{re.escape(NAMESPACE)}")  # all a namespace holds of the memo's
+
+
+# ---- what a pack records ---------------------------------------------------------------------------------------------
+def values_hash(values: pa.Table) -> str:
+    """blake2b-128 of a table's values, from their logical content (not their Arrow layout: a slice, a chunking or a
+    validity buffer does not change it), column by column with names and types."""
+    h = hashlib.blake2b(digest_size=16)
+    for name, col in zip(values.column_names, values.columns):
+        h.update(f"{name}:{_type_text(col.type)}:{len(col)}\0".encode())
+        _hash_array(h, col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
+    return h.hexdigest()
+
+
+def _hash_array(h, arr: pa.Array) -> None:
+    h.update(np.packbits(arr.is_null().to_numpy(zero_copy_only=False)).tobytes())
+    t = arr.type
+    if pa.types.is_fixed_size_binary(t):
+        w = t.byte_width
+        h.update(memoryview(arr.buffers()[1])[arr.offset * w:(arr.offset + len(arr)) * w])
+    elif pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t):
+        lengths = pc.fill_null(pc.binary_length(arr), 0).to_numpy(zero_copy_only=False).astype("<i8")
+        h.update(lengths.tobytes())
+        offsets = np.frombuffer(arr.buffers()[1], "<i8" if pa.types.is_large_string(t) or
+                                pa.types.is_large_binary(t) else "<i4")
+        lo, hi = int(offsets[arr.offset]), int(offsets[arr.offset + len(arr)])
+        if hi > lo:
+            h.update(memoryview(arr.buffers()[2])[lo:hi])
+    elif pa.types.is_list(t) or pa.types.is_large_list(t):
+        h.update(pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype("<i8").tobytes())
+        _hash_array(h, arr.flatten())
+    elif pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        h.update(np.ascontiguousarray(arr.fill_null(False if pa.types.is_boolean(t) else 0)
+                                      .to_numpy(zero_copy_only=False)).tobytes())
+    else:  # a type no memo stores today: its values as JSON
+        h.update(json.dumps(arr.to_pylist(), default=str, sort_keys=True).encode())
+
+
+def writer_record(facts: dict) -> dict:
+    """Who wrote a pack: the names a team's admin looks for when a shared memo serves a wrong row."""
+    try:
+        import getpass
+
+        user = getpass.getuser()
+    except (KeyError, OSError):  # a container's uid without a passwd entry
+        user = str(os.getuid())
+    return {"user": user, "host": socket.gethostname(), "pid": os.getpid(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "code": facts.get("code")}
+
+
+def pack_record(schema: pa.Schema) -> dict | None:
+    """The record a pack's metadata holds, or None (not written by this format)."""
+    raw = (schema.metadata or {}).get(RECORD)
+    try:
+        record = json.loads(raw) if raw else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return record if isinstance(record, dict) and record.get("format") == FORMAT else None
+
+
+def writer_of(record: dict | None) -> str:
+    w = (record or {}).get("writer")
+    if not isinstance(w, dict):
+        return "writer unknown"
+    return f"written by {w.get('user')}@{w.get('host')} (pid {w.get('pid')}) at {w.get('time')}, code {w.get('code')}"
+
+
+def schema_text(schema: pa.Schema) -> str:
+    """A value schema as one comparable line: names and types, no metadata, no list item names (Parquet reads a
+    list<item> back as list<element>: the same values)."""
+    return ", ".join(f"{f.name}: {_type_text(f.type)}" for f in schema)
+
+
+def _type_text(t: pa.DataType) -> str:
+    if pa.types.is_fixed_size_list(t):
+        return f"fixed_size_list<{_type_text(t.value_type)}>[{t.list_size}]"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return f"{'large_' if pa.types.is_large_list(t) else ''}list<{_type_text(t.value_type)}>"
+    if pa.types.is_struct(t):
+        return "struct<" + ", ".join(f"{f.name}: {_type_text(f.type)}" for f in t) + ">"
+    return str(t)
+
+
+def values_schema(schema: pa.Schema) -> pa.Schema:
+    """A pack's schema less its key column and metadata."""
+    return pa.schema([f for f in schema if f.name != "key"])
+
+
+def pack_problem(table_schema: pa.Schema, expected: str | None) -> str | None:
+    """Why a pack (by its schema) is not one of this namespace's, or None: the key column, the value schema, the
+    record."""
+    if table_schema.get_field_index("key") != 0 or table_schema.field("key").type != KEY:
+        return "no 16-byte key column"
+    if expected is not None and schema_text(values_schema(table_schema)) != expected:
+        return f"values of schema [{schema_text(values_schema(table_schema))}] where [{expected}] is expected"
+    if pack_record(table_schema) is None:
+        return "no writer record (not written by this memo's format)"
+    return None
+
+
+def values_problem(table: pa.Table) -> str | None:
+    """Why a whole pack's values are not what its record says (rows, values hash), or None."""
+    record = pack_record(table.schema)
+    values = table.drop_columns(["key"])
+    if record.get("rows") != table.num_rows:
+        return f"{table.num_rows} rows where its record says {record.get('rows')}"
+    if record.get("values") != values_hash(values):
+        return "values that do not hash to its record's hash (changed after they were written)"
+    return None
+
+
+def file_signature(st: os.stat_result) -> tuple:
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def own_files(folder: Path, pattern: re.Pattern) -> list[Path]:
+    """The entries of `folder` whose names the memo writes (`pattern`, fullmatch) and that are plain files."""
+    try:
+        return sorted(folder / e.name for e in os.scandir(folder) if pattern.fullmatch(e.name) and
+                      e.is_file(follow_symlinks=False))
+    except OSError:
+        return []
+
+
+def recorded_schema(folder: Path) -> str | None:
+    """The value schema a namespace folder's `_namespace.json` records, or None (no such plain file, or unreadable)."""
+    path = folder / NAMESPACE
+    try:
+        if path.is_file() and not path.is_symlink():
+            recorded = json.loads(path.read_text()).get("values")
+            return recorded if isinstance(recorded, str) else None
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
+def read_pack(path: Path, expected: str | None) -> tuple[pa.Table | None, tuple | None, str | None]:
+    """(the whole pack, its file's signature, why it is not served or None); (None, None, None) when gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None, None, None
+    except OSError as e:
+        return None, None, f"does not open ({type(e).__name__}: {e.strerror})"
+    with os.fdopen(fd, "rb") as f:
+        sig = file_signature(os.fstat(f.fileno()))
+        try:
+            table = pq.read_table(f, page_checksum_verification=True)
+        except (OSError, pa.ArrowException) as e:
+            return None, sig, f"does not read ({type(e).__name__}: {e})"
+    problem = pack_problem(table.schema, expected) or values_problem(table)
+    return table, sig, problem
