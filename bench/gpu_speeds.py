@@ -15,11 +15,12 @@ from bench.gpu_sections import (BAND, Models, apply_settings, mem_unit, peak_mib
 # - SEARCH_ROWS: a `band_neighbours` keyword, else a TorchExact attribute (at 1M each row costs the full search);
 # - GENERATE_ROWS: BacktranslateCfg fields on top of the stage's defaults (Translator.translate, the pipeline's way);
 # - TRAIN_ROWS: TrainCfg fields (objective, ...).
-ENCODE_ROWS = {"encode_float32": {"precision": "float32"}, "encode_bf16": {"precision": "bf16"}}
-SEARCH_ROWS = {"band_search": {}}
+ENCODE_ROWS = {"encode_float32": {"precision": "float32"}, "encode_bf16": {"precision": "bf16"},
+               "encode_bf16_tokens65536": {"precision": "bf16", "batch_tokens": 65536}}
+SEARCH_ROWS = {"band_search": {}, "band_search_tf32": {"precision": "tf32"}, "band_search_bf16": {"precision": "bf16"}}
 GENERATE_ROWS = {"generate_ours": {}}
 TRAIN_ROWS = {f"train_{o}": {"objective": o} for o in ("simcse", "debcse", "osscse", "whitenedcse", "dclr")}
-PRECISION = {"float32": "fp32", "bf16": "bf16", "fp16": "bf16"}  # a row's precision -> its gemm_* row
+PRECISION = {"float32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "bf16"}  # a row's precision -> its gemm_* row
 
 
 def section_encode(models: Models, device: str, sizes: dict) -> list[dict]:
@@ -114,7 +115,7 @@ def section_search(models: Models, device: str, sizes: dict) -> list[dict]:
                 f"{table.num_rows} pool rows ({table.num_rows / q:.1f}/query); vectors made in {made:.1f} s "
                 f"(not timed)")
         rows += [row(f"{name}_seconds", device, round(s, 2), "s", None, note, job="search", flop=2.0 * q * n * d,
-                     seconds=s, precision="fp32", queries=q, base=n),
+                     seconds=s, precision=PRECISION[settings.get("precision", "float32")], queries=q, base=n),
                  row(f"{name}_queries_per_s", device, round(q / s, 1), "queries/s", None, note),
                  row(f"{name}_peak_memory", device, peak, mem_unit(device), None, "base on the device + one block")]
     return rows

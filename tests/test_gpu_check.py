@@ -12,20 +12,24 @@ from pathlib import Path
 
 import pytest
 
+from bench.gpu_speeds import ENCODE_ROWS, GENERATE_ROWS, SEARCH_ROWS, TRAIN_ROWS
+
 ROOT = Path(__file__).resolve().parent.parent
-TRAIN = [f"train_{o}_steps_per_s" for o in ("simcse", "debcse", "osscse", "whitenedcse", "dclr")]
-SPEEDS = ["encode_float32", "encode_bf16", "encode_st_float32", "encode_st_bf16", "band_search_seconds",
-          "generate_hf_tokens_per_s", "generate_ours_tokens_per_s", "generate_user_hf_tokens_per_s", *TRAIN]
+# every row the variant tables at the top of bench/gpu_speeds.py name (a variant added there is a row here too)
+ENCODE, SEARCH = list(ENCODE_ROWS), list(SEARCH_ROWS)
+TRAIN = [f"{name}_steps_per_s" for name in TRAIN_ROWS]
+GENERATE = [f"{name}_tokens_per_s" for name in GENERATE_ROWS]
+SPEEDS = [*ENCODE, "encode_st_float32", "encode_st_bf16", *(f"{s}_seconds" for s in SEARCH),
+          "generate_hf_tokens_per_s", *GENERATE, "generate_user_hf_tokens_per_s", *TRAIN]
 EXPECTED = ["check_encoder_cpu_vs_cpu", "check_batch_float32", "check_band_pools",
             *(f"gemm_{job}_{p}" for job in ("encode", "search", "generate", "peak") for p in ("bf16", "tf32", "fp32")),
-            "encode_float32", "encode_bf16", "encode_st_float32", "encode_st_bf16",
-            "band_search_seconds", "band_search_queries_per_s", "band_search_peak_memory", "generate_hf_tokens_per_s",
-            "generate_ours_tokens_per_s", "generate_user_hf_tokens_per_s", "generate_ct2_int8_tokens_per_s",
+            *ENCODE, "encode_st_float32", "encode_st_bf16",
+            *(f"{s}_{what}" for s in SEARCH for what in ("seconds", "queries_per_s", "peak_memory")),
+            "generate_hf_tokens_per_s", *GENERATE, "generate_user_hf_tokens_per_s", "generate_ct2_int8_tokens_per_s",
             "check_stage_embeddings", "check_stage_neighbours",
-            *(f"train_{o}_{what}" for o in ("simcse", "debcse", "osscse", "whitenedcse", "dclr")
-              for what in ("steps_per_s", "peak_memory")),
+            *(f"{name}_{what}" for name in TRAIN_ROWS for what in ("steps_per_s", "peak_memory")),
             "profile_encode_busy", "profile_generate_busy",
-            "vs_peer_encode_float32", "vs_peer_encode_bf16", "vs_peer_generate_ours_tokens_per_s",
+            "vs_peer_encode_float32", "vs_peer_encode_bf16", f"vs_peer_{GENERATE[0]}",
             *(f"vs_limit_{name}" for name in SPEEDS), "projection_1m_hours",
             "goal_encode_30k_per_s", "goal_encode_vs_st_1_5x", "goal_search_1m_15s", "goal_generate_150k_per_s",
             "goal_train_debcse_15_per_s", "goal_projection_1h"]
