@@ -24,7 +24,7 @@ import traceback
 from pipeline.config import ROOT
 
 MODULES = ["embeddings", "mer", "neighbours", "ivf", "hardneg", "scaling", "growth", "negate", "backtranslate", "bergamot",
-           "ct2", "marian", "train", "st_debcse", "eval"]
+           "ct2", "marian", "translate", "train", "st_debcse", "eval"]
 OUT = ROOT / "artifacts" / "bench"
 DOC = ROOT / "BENCHMARKS.md"
 BEGIN, END = "<!-- bench:results:begin (written by `python -m bench.run`) -->", "<!-- bench:results:end -->"
