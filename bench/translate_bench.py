@@ -1,7 +1,7 @@
 """HF generate through the pipeline's Translator on an opus-mt-shaped Marian, at the stage's batching and at batching
 sized for a GPU, beside plain `generate` at batch 64 as a user writes it.
 
-    python -m bench.translate_bench [--n 64] [--hollow] [--settings '[{"batch_size": 32}, ...]']
+    python -m bench.translate_bench [--n 64] [--hollow] [--settings '[{"batch_tokens": 0}, {}, ...]']
 
 Model: random weights, bench/shapes.py's OPUS_MT (6 + 6 layers, d_model 512, vocabulary 58,101); --hollow: the same
 layers and vocabulary with d_model 8 (the same calls per decoding step and the same (rows x vocabulary) score
@@ -10,7 +10,7 @@ Inputs: `n` rows of 8-40 tokens ('▁w<id>' words of the model's word-level voca
 length caps as the stage's defaults (2x the input, at least 16). Random weights rarely end a row early, so most rows
 decode to their cap, as a batch's longest row does.
 ours: `Translator.translate(texts)` (length-sorted batches, per-row caps on the device, greedy, float32) at each
-settings dict (default: the stage's batching, batch_size 32 rows, and a GPU's auto budget, batch_tokens 262,144).
+settings dict (default: 32 rows, the stage's default "auto" (8,192 tokens on a CPU) and a GPU's, 262,144 tokens).
 peer: for each 64 rows in input order, tokenizer(padding=True) -> generate(max_new_tokens = 2x the longest input,
 greedy) -> batch_decode: what one writes without the pipeline.
 Measured: target tokens/s (the tokens each generate call returns per row, less the decoder start and padding, up to
@@ -33,20 +33,23 @@ import tempfile
 import time
 
 HOLLOW = dict(d_model=8, encoder_attention_heads=1, decoder_attention_heads=1, encoder_ffn_dim=8, decoder_ffn_dim=8)
-DEFAULT_SETTINGS = ({}, {"batch_tokens": 262_144})  # the stage's batching here (32 rows on a CPU), a GPU's budget
+# 32 rows (the stage's batching before batch_tokens), the stage's "auto" here (8,192 tokens on a CPU), a GPU's budget
+DEFAULT_SETTINGS = ({"batch_tokens": 0}, {}, {"batch_tokens": 262_144})
 
 
 class Meter:
-    """Counts decoding steps, the seconds inside the model (forward and encoder) and the target tokens generate
-    returns, by wrapping the model's methods (the pipeline's code is not touched)."""
+    """Counts decoding steps and the target tokens each generate call returns and, with `inside`, the seconds spent
+    inside the model (forward and encoder), by wrapping the model's methods (the pipeline's code is not touched).
+    Without `inside` nothing runs inside generate's loop but the model itself (what torch.compile needs)."""
 
-    def __init__(self, model, pad_id: int, clock=time.perf_counter):
+    def __init__(self, model, pad_id: int, clock=time.perf_counter, inside: bool = True):
         self.steps = self.tokens = 0
         self.inside, self.clock = 0.0, clock
-        for owner, attr in ((model, "forward"), (model.get_encoder(), "forward"), (model, "generate")):
-            setattr(owner, attr, self._wrap(getattr(owner, attr), attr == "generate", owner is model, pad_id))
+        wrapped = [(model, "forward"), (model.get_encoder(), "forward")] if inside else []
+        for owner, attr in (*wrapped, (model, "generate")):
+            setattr(owner, attr, self._wrap(getattr(owner, attr), attr == "generate", pad_id))
 
-    def _wrap(self, fn, is_generate: bool, is_step: bool, pad_id: int):
+    def _wrap(self, fn, is_generate: bool, pad_id: int):
         import torch
 
         def wrapped(*a, **k):
@@ -55,9 +58,9 @@ class Meter:
             if is_generate:  # each row's tokens up to its cap (the stage's default: 2x its input, at least 16)
                 caps = (2 * k["attention_mask"].sum(1)).clamp(16, 256).to(out.device)  # greedy: a row per input
                 self.tokens += int(torch.minimum((out[:, 1:] != pad_id).sum(1), caps).sum())
+                self.steps += out.shape[1] - 1  # one decoding step per generated position
             else:
                 self.inside += self.clock() - t
-                self.steps += is_step
             return out
         return wrapped
 
@@ -81,9 +84,10 @@ def texts_for(n: int, vocab_size: int, seed: int = 0) -> list[str]:
 
 
 def run(n: int = 64, hollow: bool = False, settings: list[dict] | None = None, repeats: int = 2,
-        device: str = "cpu", dtype: str = "float32") -> list[dict]:
+        device: str = "cpu", dtype: str = "float32", inside: bool | None = None) -> list[dict]:
     """Rows as bench/run.py takes them. `device` / `dtype` let a GPU check call it ("cuda", "bfloat16"): there the
-    time outside the model is not meaningful (kernels run asynchronously) and ms per step is the figure."""
+    time outside the model is not measured (kernels run asynchronously; `inside` defaults to a CPU only, and a
+    compiled decoding step must not be wrapped) and ms per step is the figure."""
     import torch
 
     from bench import smoke
@@ -102,7 +106,8 @@ def run(n: int = 64, hollow: bool = False, settings: list[dict] | None = None, r
             tr.model = model  # one model: the sides differ in batching only
         cuda = device.startswith("cuda")
         clock = time.perf_counter if cuda else time.process_time  # a CPU: the process's own seconds (module doc)
-        meter = Meter(model, translators[0].pad_id, clock)
+        inside = not cuda if inside is None else inside
+        meter = Meter(model, translators[0].pad_id, clock, inside)
         texts = texts_for(n, shape["vocab_size"])
 
         def plain(rows: list[str] = texts) -> None:
@@ -139,17 +144,17 @@ def run(n: int = 64, hollow: bool = False, settings: list[dict] | None = None, r
     rows = []
     for name, b in best.items():
         rate = b["tokens"] / b["s"]
+        host = round(1000 * (b["s"] - b["inside"]) / b["steps"], 3) if inside else None
         line = (f"{name}: {rate:.1f} target tokens/s, {n / b['s']:.2f} sentences/s (wall {b['wall']:.1f} s), "
-                f"{b['steps']} steps, "
-                f"{1000 * b['s'] / b['steps']:.2f} ms/step, "
-                f"{1000 * (b['s'] - b['inside']) / b['steps']:.2f} ms/step outside the model")
+                f"{b['steps']} steps, {1000 * b['s'] / b['steps']:.2f} ms/step"
+                + (f", {host:.2f} ms/step outside the model" if inside else ""))
         print(line, flush=True)
         rows.append({"name": f"translate_{'hollow' if hollow else 'opus_shape'}_{name}", "ours": round(rate, 1),
                      "peer": round(peer["tokens"] / peer["s"], 1), "unit": "tokens/s",
                      "ratio": round(rate / (peer["tokens"] / peer["s"]), 3), "goal": None,
                      "sentences_per_s": round(n / b["s"], 3),
                      "ms_per_step": round(1000 * b["s"] / b["steps"], 3),
-                     "host_ms_per_step": round(1000 * (b["s"] - b["inside"]) / b["steps"], 3), "note": what})
+                     "host_ms_per_step": host, "note": what})
     return rows
 
 

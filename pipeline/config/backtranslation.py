@@ -98,14 +98,15 @@ class BacktranslateCfg(Section):
     # CTranslate2's weights and arithmetic: "auto" = int8 on CPU, float16 on a GPU.
     compute_type: Literal["auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16", "bfloat16",
                           "float32"] = "auto"
-    # Rows per batch where batches are not sized by tokens (batch_tokens = 0).
+    # Rows per batch where batches are not sized by tokens: batch_tokens = 0 (or "auto" on CTranslate2 on a CPU).
     batch_size: int = Field(32, ge=1)
     # Batches sized by tokens (rows sorted longest first; a row's output does not depend on its batch). A batch takes
     # inputs while, on HF generate, its decoder rows (inputs x num_beams, or x num_return_sequences when sampling)
     # times its longest input plus that input's length cap (the tokens its caches hold at the end) stay within this
     # budget; on CTranslate2, its padded source tokens (CTranslate2's batch_type = "tokens"). 0 = batch_size rows.
     # "auto" = sized for the device: on a GPU 262,144 on HF (~2,700 rows of 32-token inputs) and 65,536 on
-    # CTranslate2; on a CPU 0 (batch_size rows: larger batches measured no faster there, docs/backtranslation.md).
+    # CTranslate2; on a CPU 8,192 on HF (~85 such rows: what measured best there, docs/backtranslation.md) and
+    # batch_size rows on CTranslate2.
     batch_tokens: int | Literal["auto"] = "auto"
     # HF generate's key/value cache: "static" preallocates it once per batch for max_length + 2 tokens (one length
     # for every batch, so a row's output still does not depend on its batch; the shape torch.compile needs);
@@ -126,7 +127,8 @@ class BacktranslateCfg(Section):
     degenerate_min_words: int = Field(6, ge=1)
 
     # how fast, not what (never in a key): a row's output does not depend on its batch (tests/test_backtranslate.py,
-    # tests/test_ct2.py: each row alone equals the batch) nor on the threads sharing a Bergamot direction
+    # tests/test_translate_device.py, tests/test_ct2.py: each row alone equals the batch) nor on the threads sharing
+    # a Bergamot direction
     EXECUTION: ClassVar[frozenset[str]] = frozenset({"threads", "batch_size", "batch_tokens"})
     # the chains' plan records each model's engine (with its compute type) and, where an engine runs on torch, the
     # device kind and dtype, and HF generate's cache and compilation where they are not the plain dynamic cache

@@ -65,16 +65,19 @@ def row_limit(n_tokens: int, cfg: BacktranslateCfg) -> int:
     return min(cfg.max_length, max(cfg.max_new_tokens_min, math.ceil(cfg.max_new_tokens_factor * n_tokens)))
 
 
-# backtranslate.batch_tokens = "auto" on a GPU, per engine (each counts its own way: config/backtranslation.py)
-GPU_BATCH_TOKENS = {"hf": 262_144, "ctranslate2": 65_536}
+# backtranslate.batch_tokens = "auto": (engine, device kind) -> budget, each engine counting its own way
+# (config/backtranslation.py). HF on a CPU: 8,192 measured best of 32 rows and budgets of 4,096-32,768 tokens on an
+# opus-mt-shaped and a toy Marian (docs/backtranslation.md); CTranslate2 on a CPU keeps batch_size rows (0).
+AUTO_BATCH_TOKENS = {("hf", "cuda"): 262_144, ("hf", "cpu"): 8_192, ("ctranslate2", "cuda"): 65_536,
+                     ("ctranslate2", "cpu"): 0}
 
 
 def batch_token_budget(setting: int | str, device: str, engine: str) -> int:
-    """A batch's token budget on `engine` ("hf" or "ctranslate2") on `device`: the setting, or for "auto" thousands
-    of rows on a GPU and 0 (batch_size rows) on a CPU."""
+    """A batch's token budget on `engine` ("hf" or "ctranslate2") on `device`: the setting, or for "auto" the
+    device's (thousands of rows on a GPU). 0: batch_size rows."""
     if setting != "auto":
         return int(setting)
-    return GPU_BATCH_TOKENS[engine] if device.startswith("cuda") else 0
+    return AUTO_BATCH_TOKENS[engine, "cuda" if device.startswith("cuda") else "cpu"]
 
 
 def language_settings(name: str, tok, cfg: BacktranslateCfg, model_type: str | None) -> tuple[str, str | None]:

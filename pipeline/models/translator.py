@@ -9,12 +9,15 @@ gives the same text alone, in a batch of 3, of 64 or of thousands, on any shard 
 kernels may round differently with the batch's shape, so there a bf16 decode may pick another token at a near-tie,
 and `runner.memo = "auto"` stays off).
 
-Batches: `batch_size` rows, or filled to `batch_tokens` (the budget counts each input's decoder rows times its
-batch's longest input plus that input's cap); "auto" is thousands of rows on a GPU and batch_size rows on a CPU.
+Batches: filled to `batch_tokens` (the budget counts each input's decoder rows times its batch's longest input plus
+that input's cap), or `batch_size` rows where it is 0; "auto" is thousands of rows on a GPU (262,144 tokens) and
+8,192 tokens on a CPU (what measured best there: docs/backtranslation.md).
 The decoding loop keeps its work on the device: the length limits are decided from the host's list (no device read
 per step), sampling's noise is computed where the scores are (mt19937.py), and a banned token (opus-mt's <pad>) is
-one column set in place, not a bias tensor added to every score. What transformers' own loop still does per step:
-one read of "is every row done" (its DeferredStopCheck, which avoids it, is used on mps only in transformers 5.23). `kv_cache = "static"` preallocates the cache for max_length + 2 tokens (the same length for every
+one column set in place, not a bias tensor added to every score (tests/test_translate_device.py: no processor of
+ours reads a value back). What transformers still reads per step: "is every row done" (its DeferredStopCheck, which
+avoids the wait, is used on mps only in transformers 5.23) and, in Marian's forward, two SDPA mask-skip checks that a
+compiled step skips. `kv_cache = "static"` preallocates the cache for max_length + 2 tokens (the same length for every
 batch) and `compile = true` compiles the decoding step (CUDA graphs on a GPU); both measured slower on a CPU and are
 off by default until a GPU measures them (docs/backtranslation.md).
 
