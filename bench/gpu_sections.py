@@ -11,8 +11,26 @@ from pathlib import Path
 BAND = dict(lo=0.25, hi=0.75, pool_size=64, slack=8, max_block_elems=1 << 24)  # NeighboursCfg's defaults
 
 
-def row(name: str, device: str, value, unit: str, ok: bool | None = None, note: str = "") -> dict:
-    return {"name": name, "device": device, "value": value, "unit": unit, "ok": ok, "note": note}
+def row(name: str, device: str, value, unit: str, ok: bool | None = None, note: str = "", **work) -> dict:
+    """One result. `work` (speed rows): what bench/gpu_limits.py's summary reads, e.g. flop, seconds, precision."""
+    return {"name": name, "device": device, "value": value, "unit": unit, "ok": ok, "note": note, **work}
+
+
+def apply_settings(obj, fn, settings: dict) -> dict:
+    """A row's settings (the variant tables of bench/gpu_speeds.py): a keyword of `fn` is returned for the call,
+    any other key must be an attribute of `obj` and is set there; anything else stops the section in one line."""
+    import inspect
+
+    params, call = set(inspect.signature(fn).parameters), {}
+    for key, value in settings.items():
+        if key in params:
+            call[key] = value
+        elif hasattr(obj, key):
+            setattr(obj, key, value)
+        else:
+            raise ValueError(f"setting {key!r}: neither a keyword of {fn.__qualname__} nor an attribute of "
+                             f"{type(obj).__name__}")
+    return call
 
 
 def sync(device: str) -> None:
@@ -53,8 +71,9 @@ def texts_for(n: int) -> list[str]:
 class Models:
     """The models every section shares, built once into a temporary folder."""
 
-    def __init__(self, sizes: dict, tmp: Path):
+    def __init__(self, sizes: dict, tmp: Path, out: Path | None = None):
         self.sizes, self.tmp, self._bert, self._tiny, self._marian = sizes, tmp, None, None, None
+        self.out = out or tmp  # where files beside results.json go (the profiles)
 
     def bert(self) -> Path:
         from bench.shapes import BERT_BASE, TOY_BERT, build_bert

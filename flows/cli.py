@@ -1,14 +1,16 @@
-"""contramine's command line (what the Makefile calls).
+"""contramine's command line (what the Makefile calls, and the installed `contramine` script).
 
-    python -m flows.cli mine   [--profile P] [--run R] [--corpus FILE] [--set k=v ...] [--force [STAGE ...]]
+    python -m flows.cli mine   [--profile P] [--run R] [--corpus C] [--set k=v ...] [--force [STAGE ...]]
     python -m flows.cli stage  NAME [same options]
     python -m flows.cli sql    [--run R] [--query "SELECT ..."]
     python -m flows.cli report [--run R]
     python -m flows.cli export [--run R] [--format triplet ...]
-    python -m flows.cli cache  [--prune] [--older-than DAYS] [--unreferenced] [--dry-run]
-    python -m flows.cli train | eval | compare | bench | scale  [their own options: --help]
+    python -m flows.cli cache  [--prune] [--older-than DAYS] [--unreferenced] [--verify] [--dry-run]
+    python -m flows.cli train | eval | compare | bench | scale | doctor  [their own options: --help]
 
-`contramine` (the installed script) is the same command line.
+`contramine` (the installed script) is the same command line. A hint it prints names the command the user ran:
+`make sql RUN=r` under make (the Makefile exports CONTRAMINE_VIA=make), `contramine sql --run r` otherwise
+(pipeline/hints.py).
 
 Settings, the corpus and the models are checked before Prefect starts or anything is written; a problem is one
 line on stderr naming the key, file or model, and exit code 2. A stage that fails on its input once the run has
@@ -29,6 +31,7 @@ from pathlib import Path
 from . import env  # noqa: F401
 from pipeline.config import Config, ConfigError, configure, split_overrides
 from pipeline.errors import ExpectedError
+from pipeline.hints import command
 from pipeline.stages import ORDER
 
 # Prefect logs a failed task or flow run with its traceback; for the errors this CLI reports in one line, the
@@ -77,7 +80,8 @@ def check_inputs(cfg: Config, stage: str) -> None:
         if not store.exists(table):
             writer = writer_of(table)
             raise InputMissing(f"stage {stage} reads table `{table}`, which run {cfg.run.name!r} does not have yet: "
-                               f"run `make stage STAGE={writer} RUN={cfg.run.name}` (or `make mine`) first")
+                               f"run `{command('stage', stage=writer, run=cfg.run.name)}` (or "
+                               f"`{command('mine', run=cfg.run.name)}`) first")
         man = store.manifest(table)
         if man and man.get("shards") != cfg.run.shards:
             raise InputMissing(f"table `{table}` of run {cfg.run.name!r} has {man.get('shards')} shards but run.shards "
@@ -85,8 +89,9 @@ def check_inputs(cfg: Config, stage: str) -> None:
         damaged = [i for i in range(cfg.run.shards) if not store.intact(table, i, cfg.run.shards)]
         if damaged:
             writer = writer_of(table)
-            raise InputMissing(f"table `{table}` of run {cfg.run.name!r}: shards {damaged} are missing or changed since "
-                               f"written: run `make stage STAGE={writer} RUN={cfg.run.name}` (it recomputes them) first")
+            raise InputMissing(f"table `{table}` of run {cfg.run.name!r}: shards {damaged} are missing or changed "
+                               f"since written: run `{command('stage', stage=writer, run=cfg.run.name)}` (it "
+                               f"recomputes them) first")
 
 
 def reuse_source(value: str, cfg: Config) -> Path:
@@ -126,7 +131,7 @@ def cmd_mine(args, cfg: Config) -> None:
     print(f"\nmined run {cfg.run.name!r} in {time.perf_counter() - t0:.0f}s → {cfg.run.dir}")
     for stage, counts in rows.items():
         print(f"  {stage:<14} " + ", ".join(f"{t}={n}" for t, n in counts.items()))
-    print(f"look at it: make sql RUN={cfg.run.name}   |   report: make report RUN={cfg.run.name}")
+    print(f"look at it: {command('sql', run=cfg.run.name)}   |   report: {command('report', run=cfg.run.name)}")
 
 
 def cmd_stage(args, cfg: Config) -> None:
@@ -147,17 +152,32 @@ def cmd_stage(args, cfg: Config) -> None:
           f"rows {manifest['rows']}{memo_line(manifest)}")
 
 
+class QueryFailed(ExpectedError, RuntimeError):
+    """`make sql Q=...` whose query DuckDB refuses: its message in one line (or the refusal of the table it names)."""
+
+
 def cmd_sql(args, cfg: Config) -> None:
-    from .sql import connect, repl
+    import duckdb
+
+    from .sql import open_run, query_error, repl
 
     try:
-        con = connect(cfg.run.dir)
+        con, refused = open_run(cfg.run.dir)
     except FileNotFoundError as e:
         raise InputMissing(str(e)) from None
     if args.query:
-        con.sql(args.query).show(max_rows=args.max_rows, max_width=200)
+        try:
+            rel = con.sql(args.query)
+            if rel is not None:
+                rel.show(max_rows=args.max_rows, max_width=200)
+        except duckdb.Error as e:
+            raise QueryFailed(query_error(e, refused)) from None
+        for line in refused.values():  # the query did not need them: each said once, after its answer
+            print(f"warning: {line}", file=sys.stderr)
     else:
-        repl(con, cfg.run.dir)
+        for line in refused.values():
+            print(f"warning: {line}", file=sys.stderr)
+        repl(con, cfg.run.dir, refused)
 
 
 def cmd_report(args, cfg: Config) -> None:
@@ -175,9 +195,19 @@ def cmd_export(args, cfg: Config) -> None:
 
 def cmd_cache(args, cfg: Config) -> None:
     """The row memo (pipeline/engine/memo.py): its size per stage and namespace, and pruning."""
-    from pipeline.engine.memo import memo_root, namespaces, prune, referenced_namespaces
+    from pipeline.engine.memo import MemoUnverified, memo_root, namespaces, prune, referenced_namespaces, verify
 
     root, runs = memo_root(cfg), cfg.run.root
+    if args.verify:
+        checked, bad = verify(root, dry_run=args.dry_run)
+        for path, why in bad:
+            print(f"bad {path}: {why}")
+        print(f"{checked} packs verified, " + (f"{len(bad)} failed" if bad else "none failed"))
+        if bad:
+            raise MemoUnverified(f"memo: {len(bad)} of {checked} packs failed verification ("
+                                 f"{'would be moved' if args.dry_run else 'moved'} to {root / '.quarantine'}/, "
+                                 f"never served); their writers are named above")
+        return
     if args.prune or args.older_than is not None or args.unreferenced:
         gone = prune(root, runs, args.older_than, args.unreferenced, args.dry_run)
         for path, why in gone:
@@ -205,6 +235,7 @@ DELEGATED = {
     "compare": ("trainer.compare", "every objective from one start on a run's tables: table, bootstrap, plots"),
     "bench": ("bench.run", "speed and memory against peers measured in the same run (a checkout's bench/)"),
     "scale": ("bench.scale", "N synthetic sentences through every stage: seconds and peak RSS (a checkout's bench/)"),
+    "doctor": ("flows.doctor", "what this environment runs on, what it lacks and the one command that installs it"),
 }
 
 
@@ -233,13 +264,17 @@ def main(argv: list[str] | None = None) -> int:
     for name, what in (("mine", "every stage, in order"), ("stage", "one stage (what it reads must exist)"),
                        ("sql", "DuckDB over a run's tables"), ("report", "the mining report of a run"),
                        ("export", "a run's mined rows as a Hugging Face dataset folder"),
-                       ("cache", "the row memo: its size per stage; --prune by age or by what no run uses")):
+                       ("cache", "the row memo: its size per stage; --prune by age or by what no run uses; "
+                                 "--verify every pack")):
         s = sub.add_parser(name, help=what)
         if name == "stage":
             s.add_argument("name", help=f"one of: {', '.join(ORDER)}")
-        s.add_argument("--profile", default="default", help="configs/<profile>.toml (or a path to a .toml)")
+        s.add_argument("--profile", default="default", help="a profile's name (configs/<profile>.toml, packaged "
+                       "with the install) or a path to a .toml")
         s.add_argument("--run", default=None, help="run name: tables go to artifacts/<run>/")
-        s.add_argument("--corpus", default=None, help="text file (one sentence a line) or Parquet with `text`")
+        s.add_argument("--corpus", default=None, help="a text file (one sentence a line), Parquet or JSON Lines (the "
+                       "field data.text_field, default `text`), any of them .gz or .zst, a folder or glob of such "
+                       "files, or hf:<dataset id> (data.hf_split, data.hf_config, data.hf_revision)")
         # extend: a second --set adds to the first (with store, it silently dropped the first one's keys)
         s.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help="config overrides")
         if name == "mine":
@@ -262,7 +297,10 @@ def main(argv: list[str] | None = None) -> int:
                            help="remove packs not used for this many days")
             s.add_argument("--unreferenced", action="store_true",
                            help="remove namespaces that no finished table under run.root names in its manifest")
-            s.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
+            s.add_argument("--verify", action="store_true",
+                           help="read every pack whole and check it as a lookup does (checksums, schema, writer "
+                                "record, values hash); move a pack that fails to <memo>/.quarantine/ (exit 2)")
+            s.add_argument("--dry-run", action="store_true", help="say what would go, remove or move nothing")
         if name == "sql":
             s.add_argument("--query", "-q", default=None)
             s.add_argument("--max-rows", type=int, default=40)

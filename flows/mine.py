@@ -19,6 +19,7 @@ from pipeline.config import Config, configure  # noqa: F401  (configure: what fl
 from pipeline.engine.lock import run_lock
 from pipeline.engine.maps import local_cluster
 from pipeline.engine.runner import load_stages, run_job_json, run_stage
+from pipeline.hints import command
 
 
 @task(name="shard", cache_policy=NO_CACHE, task_run_name="{name}[{i}]")
@@ -100,7 +101,7 @@ def mine_flow(profile: str = "default", run: str | None = None, corpus: str | No
     cfg = configure(profile, run, corpus, overrides)
     overrides, plan, rows = list(overrides or []), dict(plan or {}), {}
     with ExitStack() as stack:
-        stack.enter_context(run_lock(cfg.run.dir, "make mine"))  # one writer per run folder, the whole run long
+        stack.enter_context(run_lock(cfg.run.dir, command("mine")))  # one writer per run folder, the whole run long
         if cfg.runner.kind == "dask-local":  # one local cluster for all stages, not one per stage
             cluster = stack.enter_context(local_cluster(cfg.runner.workers))
             overrides += ["runner.kind=dask", f"runner.address={cluster.scheduler_address}"]

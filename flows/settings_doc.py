@@ -35,7 +35,9 @@ def _cell(text: str) -> str:
 
 # Keys outside the stages' `settings` sections that still enter cache keys, and how.
 KEYED_ELSEWHERE = {"run.seed": "yes (every stage)", "run.shards": "yes (the layout)",
-                   "data.corpus": "yes (its content hash)", "data.candidates": "yes (its content hash)"}
+                   "data.corpus": "yes (its content hash)", "data.candidates": "yes (its content hash)",
+                   **{f"data.{k}": "yes (the corpus' identity)" for k in ("text_field", "hf_split", "hf_config",
+                                                                          "hf_revision")}}
 
 
 def comments(cls) -> dict[str, str]:

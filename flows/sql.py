@@ -15,7 +15,24 @@ def connect(run_dir: Path) -> duckdb.DuckDBPyConnection:
     return RunTables(run_dir).connect()
 
 
-def repl(con: duckdb.DuckDBPyConnection, run_dir: Path) -> None:
+def open_run(run_dir: Path) -> tuple[duckdb.DuckDBPyConnection, dict[str, str]]:
+    """`connect`, and the one line of each table it could not serve ({table: line}: a manifest of the wrong shape,
+    a listed file missing), left for the caller to say once."""
+    tables = RunTables(run_dir)
+    con = tables.connect(say=False)
+    return con, tables.refused
+
+
+def query_error(e: duckdb.Error, refused: dict[str, str]) -> str:
+    """A failed query in one line: the refusal of the table it names when it names one without a view."""
+    text = " ".join(str(e).splitlines())
+    for table, line in refused.items():
+        if isinstance(e, duckdb.CatalogException) and table in text:
+            return line
+    return f"sql: {text}"
+
+
+def repl(con: duckdb.DuckDBPyConnection, run_dir: Path, refused: dict[str, str] | None = None) -> None:
     views = [r[0] for r in con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY 1").fetchall()]
     print(f"DuckDB over {run_dir}: views {', '.join(views)}. End a query with ';', quit with Ctrl-D or .quit")
     buf = ""
@@ -34,5 +51,5 @@ def repl(con: duckdb.DuckDBPyConnection, run_dir: Path) -> None:
                 if rel is not None:
                     rel.show(max_rows=40, max_width=200)
             except duckdb.Error as e:
-                print(f"error: {e}", file=sys.stderr)
+                print(f"error: {query_error(e, refused or {})}", file=sys.stderr)
             buf = ""

@@ -27,12 +27,9 @@ Columnar (Arrow list kernels), rows in sid order, so an export is a pure functio
 """
 from __future__ import annotations
 
-import ctypes
-import errno
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +39,10 @@ import pyarrow.parquet as pq
 
 from pipeline.config.base import ConfigError
 from pipeline.config.names import inside
-from pipeline.engine.atomic import _fsync_path, _old, atomic_dir, recover
+from pipeline.engine.atomic import atomic_dir
+from pipeline.engine.lock import run_lock
+from pipeline.hints import command
+from pipeline.engine.safe_paths import check_below
 from pipeline.engine.tables import RunTables
 
 ROWS_PER_FILE = 500_000
@@ -200,8 +200,8 @@ def dataset_card(run_dir: Path, fmt: str, out: pa.Table, source_rows: int, files
               f"- {_size_category(out.num_rows)}", "---", ""]
     body = [f"# contramine `{fmt}` export of run `{run_dir.name}`", "",
             f"{out.num_rows:,} rows from the run's `{table}` table ({source_rows:,} rows), in {len(files)} Parquet "
-            "file(s) under `data/`. Mined with contramine (`make mine`), exported with "
-            f"`make export RUN={run_dir.name} FORMAT={fmt}`.", "", "## Columns", "", "| column | what it is |",
+            "file(s) under `data/`. Mined with contramine (`" + command("mine") + "`), exported with "
+            f"`{command('export', run=run_dir.name, format=fmt)}`.", "", "## Columns", "", "| column | what it is |",
             "|---|---|", *(f"| `{c}` | {w} |" for c, w in columns.items()), "",
             "## Use it", "", "```python", *usage(fmt), "```", "",
             "## How it was mined (settings of the stages behind it)", "", "```json",
@@ -246,25 +246,28 @@ def _size_category(n: int) -> str:
 
 def export_run(run_dir: Path | str, fmt: str, dst: Path | str | None = None) -> Path:
     """Write the export folder and swap it in whole (a reader or a kill sees the previous export or this one, never a
-    mix); returns its path."""
+    mix); returns its path. Below the run folder (or below `dst`'s own folder, for a `dst` elsewhere) no folder may be
+    a link: the export is neither written into a link's target nor swapped with it (pipeline/engine/atomic.py)."""
     if fmt not in FORMATS:
         raise ConfigError(f"export format {fmt!r}: one of {', '.join(FORMATS)}")
     run_dir = Path(run_dir)
     table, build, _ = FORMATS[fmt]
+    # the format names the folder: checked to stay in the run's export/, whatever FORMATS comes to hold
+    dst = Path(dst) if dst else inside(run_dir / "export", fmt, setting="export format")
+    root = run_dir if os.path.abspath(dst).startswith(os.path.abspath(run_dir) + os.sep) else dst.parent
+    check_below(root, dst, final=True)  # a linked export/ is one line before anything is read
     src = RunTables(run_dir).read(table)
     if fmt in JOINS:
         src = with_embeddings(src, RunTables(run_dir).read(JOINS[fmt]))
     src = src.sort_by("sid")
     out = build(src)
-    # the format names the folder: checked to stay in the run's export/, whatever FORMATS comes to hold
-    dst = Path(dst) if dst else inside(run_dir / "export", fmt, setting="export format")
-    recover(dst)  # an earlier export killed between atomic_dir's two renames
-    staging = dst.with_name(f".{dst.name}.new")
-    with atomic_dir(staging) as tmp:  # complete and fsynced at `staging`, or absent
-        files, digest = write_data(out, tmp)
-        (tmp / "README.md").write_text(dataset_card(run_dir, fmt, out, src.num_rows, files, digest),
-                                       encoding="utf-8")
-    swap_in(staging, dst)
+    # one export of a format at a time (export/.<format>.lock; other formats export beside it)
+    with run_lock(dst.parent, command("export", run=run_dir.name, format=fmt), root=root, name=f".{dst.name}.lock",
+                  hint="export again when it is done"):
+        with atomic_dir(dst, root=root) as tmp:  # complete and fsynced, then swapped in whole, or absent
+            files, digest = write_data(out, tmp)
+            (tmp / "README.md").write_text(dataset_card(run_dir, fmt, out, src.num_rows, files, digest),
+                                           encoding="utf-8")
     return dst
 
 
@@ -283,37 +286,3 @@ def write_data(out: pa.Table, folder: Path) -> tuple[list[str], str]:
     for shard in shards:
         os.rename(folder / "data" / shard, folder / "data" / f"train-{digest}-{shard}")
     return [f"data/train-{digest}-{shard}" for shard in shards], digest
-
-
-def swap_in(new: Path, dst: Path) -> None:
-    """Put the finished folder `new` at `dst` and drop the export it replaces. On Linux one renameat2 exchange, so
-    `dst` always holds one whole export; elsewhere atomic_dir's two renames (a kill between them leaves
-    .<dst>.old, which `recover` renames back)."""
-    if dst.exists() and _exchange(new, dst):
-        _fsync_path(dst.parent)
-        shutil.rmtree(new)  # now the previous export
-        return
-    if dst.exists():
-        shutil.rmtree(_old(dst), ignore_errors=True)  # a swap killed before its cleanup: dst is the newer one
-        os.rename(dst, _old(dst))
-    os.rename(new, dst)
-    _fsync_path(dst.parent)
-    shutil.rmtree(_old(dst), ignore_errors=True)
-
-
-_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two existing paths atomically (Linux renameat2 RENAME_EXCHANGE); False where the C library or the file
-    system has no such call."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError, TypeError):  # glibc < 2.28, musl, macOS, Windows
-        return False
-    if renameat2(_AT_FDCWD, os.fsencode(a.absolute()), _AT_FDCWD, os.fsencode(b.absolute()), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, f"swapping in the new export: {os.strerror(err)}", str(a), None, str(b))

@@ -12,6 +12,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# hints name `contramine ...` commands here, as from the installed script (`make test` exports CONTRAMINE_VIA=make to
+# the suite; the tests that check the make form set it themselves)
+os.environ.pop("CONTRAMINE_VIA", None)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The suite's own HF_HOME (hub and datasets caches), never the user's: `datasets` caches a dataset folder by its name
 # and card, so the suite's tiny exports left in ~/.cache came back as the user's own `artifacts/<run>/export/<format>`

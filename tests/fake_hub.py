@@ -1,16 +1,22 @@
-"""A Hugging Face hub on 127.0.0.1 that serves model folders built by the tests under real repo ids.
+"""A Hugging Face hub on 127.0.0.1 that serves model and dataset folders built by the tests under real repo ids.
 
-    with FakeHub({"bert-base-uncased": tiny_bert_dir, "Helsinki-NLP/opus-mt-en-zh": tiny_marian_dir}) as hub:
+    with FakeHub({"bert-base-uncased": tiny_bert_dir, "Helsinki-NLP/opus-mt-en-zh": tiny_marian_dir},
+                 datasets={"someone/corpus": corpus_dir}) as hub:
         env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp / "hf")}   # huggingface_hub now downloads from here
 
-It speaks the part of the hub's HTTP API that `huggingface_hub` (snapshot_download, hf_hub_download, model_info)
-uses, with the hub's own headers and error codes:
+It speaks the part of the hub's HTTP API that `huggingface_hub` (snapshot_download, hf_hub_download, model_info,
+dataset_info, HfFileSystem) and a streamed `datasets.load_dataset(id, split=..., streaming=True, revision=<sha>)` use,
+with the hub's own headers and error codes (models under /api/models/ and /<repo>/, datasets under /api/datasets/
+and /datasets/<repo>/):
 
-    GET  /api/models/<repo>[/revision/<rev>]        repo info: sha, siblings
-    GET  /api/models/<repo>/tree/<rev>[/<path>]      the file listing (recursive)
-    HEAD /<repo>/resolve/<rev>/<file>                ETag, X-Repo-Commit, Content-Length
-    GET  /<repo>/resolve/<rev>/<file>                the bytes (Range requests too)
+    GET  /api/models/<repo>[/revision/<rev>]          repo info: sha, siblings
+    GET  /api/models/<repo>/tree/<rev>[/<path>]        the listing: files and folders, ?recursive=true for all below
+    POST /api/models/<repo>/paths-info/<rev>           the entries of the paths named in the form (paths=...)
+    HEAD /<repo>/resolve/<rev>/<file>                  ETag, X-Repo-Commit, Content-Length
+    GET  /<repo>/resolve/<rev>/<file>                  the bytes (Range requests too)
     a repo it does not serve: 404 with X-Error-Code: RepoNotFound; a missing file: 404 with EntryNotFound
+
+A revision is served as the folder is now (the sha follows the content: edit a file, and the repo has a new sha).
 
 Loopback only: the server binds 127.0.0.1 and never connects anywhere. `hub.requests` records what was asked
 (method, path), so a test can check what a download fetched.
@@ -22,7 +28,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 
 def _sha1(data: bytes) -> str:
@@ -41,10 +47,28 @@ class _Repo:
     def etag(self, name: str) -> str:
         return _sha1(self.files[name].read_bytes())
 
+    def folders(self) -> set[str]:
+        return {n.rsplit("/", i)[0] for n in self.files for i in range(1, n.count("/") + 1)}
+
+    def entry(self, name: str) -> dict:
+        if name in self.files:
+            return {"type": "file", "oid": self.etag(name), "size": self.files[name].stat().st_size, "path": name}
+        return {"type": "directory", "oid": _sha1(name.encode()), "size": 0, "path": name}
+
+    def tree(self, sub: str, recursive: bool) -> list[dict] | None:
+        """The entries below `sub` (the root: ""), all of them or its children; None when `sub` is no folder."""
+        sub = sub.strip("/")
+        if sub and sub not in self.folders():
+            return None
+        prefix = sub + "/" if sub else ""
+        names = [n for n in sorted(set(self.files) | self.folders()) if n.startswith(prefix)]
+        return [self.entry(n) for n in names if recursive or "/" not in n[len(prefix):]]
+
 
 class FakeHub:
-    def __init__(self, repos: dict[str, str | Path], port: int = 0):
+    def __init__(self, repos: dict[str, str | Path], port: int = 0, datasets: dict[str, str | Path] | None = None):
         self.repos = {rid: _Repo(rid, folder) for rid, folder in repos.items()}
+        self.datasets = {rid: _Repo(rid, folder) for rid, folder in (datasets or {}).items()}
         self.requests: list[tuple[str, str]] = []
         hub = self
 
@@ -59,6 +83,9 @@ class FakeHub:
 
             def do_GET(self):
                 hub._handle(self, head=False)
+
+            def do_POST(self):
+                hub._post(self)
 
         self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._server.daemon_threads = True
@@ -91,20 +118,41 @@ class FakeHub:
 
     # ------------------------------------------------------------------------------------------------ routing
     def _handle(self, h: BaseHTTPRequestHandler, head: bool) -> None:
-        path = unquote(urlsplit(h.path).path)
+        url = urlsplit(h.path)
+        path, query = unquote(url.path), parse_qs(url.query)
         self.requests.append((h.command, path))
-        if path.startswith("/api/models/"):
-            return self._api(h, path[len("/api/models/"):], head)
+        for prefix, repos in (("/api/models/", self.repos), ("/api/datasets/", self.datasets)):
+            if path.startswith(prefix):
+                return self._api(h, path[len(prefix):], head, repos, query)
         if "/resolve/" in path:
             repo_id, rest = path.lstrip("/").split("/resolve/", 1)
+            repos = self.repos
+            if repo_id.startswith("datasets/"):
+                repo_id, repos = repo_id[len("datasets/"):], self.datasets
             rev, _, name = rest.partition("/")
-            return self._resolve(h, repo_id, name, head)
+            return self._resolve(h, repo_id, name, head, repos)
         return self._send(h, 404, b"not found", {"X-Error-Code": "RepoNotFound"}, head)
 
-    def _repo(self, repo_id: str):
-        return self.repos.get(repo_id)
+    def _post(self, h: BaseHTTPRequestHandler) -> None:
+        """POST /api/{models,datasets}/<repo>/paths-info/<rev> with a form of `paths` (and `expand`)."""
+        path = unquote(urlsplit(h.path).path)
+        self.requests.append(("POST", path))
+        body = h.rfile.read(int(h.headers.get("Content-Length") or 0)).decode()
+        form = json.loads(body) if body.lstrip().startswith("{") else parse_qs(body)
+        paths = form.get("paths") or []
+        paths = [paths] if isinstance(paths, str) else paths
+        for prefix, repos in (("/api/models/", self.repos), ("/api/datasets/", self.datasets)):
+            if path.startswith(prefix) and "/paths-info/" in path:
+                repo = repos.get(path[len(prefix):].split("/paths-info/", 1)[0])
+                if repo is None:
+                    break
+                names = set(repo.files) | repo.folders()
+                body = json.dumps([repo.entry(p.strip("/")) for p in paths if p.strip("/") in names]).encode()
+                return self._send(h, 200, body, {"Content-Type": "application/json"}, False)
+        self._send(h, 404, json.dumps({"error": "Repository not found"}).encode(),
+                   {"X-Error-Code": "RepoNotFound", "Content-Type": "application/json"}, False)
 
-    def _api(self, h, rest: str, head: bool) -> None:
+    def _api(self, h, rest: str, head: bool, repos: dict, query: dict) -> None:
         for marker in ("/tree/", "/revision/"):
             if marker in rest:
                 repo_id, tail = rest.split(marker, 1)
@@ -112,14 +160,16 @@ class FakeHub:
                 break
         else:
             repo_id, tail, kind = rest.rstrip("/"), "", "info"
-        repo = self._repo(repo_id)
+        repo = repos.get(repo_id)
         if repo is None:
             return self._send(h, 404, json.dumps({"error": "Repository not found"}).encode(),
                               {"X-Error-Code": "RepoNotFound", "Content-Type": "application/json"}, head)
         if kind == "tree":
             _rev, _, sub = tail.partition("/")
-            entries = [{"type": "file", "oid": repo.etag(n), "size": p.stat().st_size, "path": n}
-                       for n, p in repo.files.items() if not sub or n.startswith(sub.rstrip("/") + "/")]
+            entries = repo.tree(sub, recursive=query.get("recursive", ["false"])[0].lower() == "true")
+            if entries is None:
+                return self._send(h, 404, json.dumps({"error": "Entry not found"}).encode(),
+                                  {"X-Error-Code": "EntryNotFound", "Content-Type": "application/json"}, head)
             body = json.dumps(entries).encode()
         else:
             body = json.dumps({"id": repo.id, "modelId": repo.id, "sha": repo.sha, "private": False, "gated": False,
@@ -127,8 +177,8 @@ class FakeHub:
                                "siblings": [{"rfilename": n} for n in repo.files]}).encode()
         self._send(h, 200, body, {"Content-Type": "application/json"}, head)
 
-    def _resolve(self, h, repo_id: str, name: str, head: bool) -> None:
-        repo = self._repo(repo_id)
+    def _resolve(self, h, repo_id: str, name: str, head: bool, repos: dict) -> None:
+        repo = repos.get(repo_id)
         if repo is None:
             return self._send(h, 404, b"Repository not found", {"X-Error-Code": "RepoNotFound"}, head)
         if name not in repo.files:

@@ -97,6 +97,80 @@ def plain_rows(lines: list[str]) -> list[tuple[bytes, bytes, str | None]]:
     return [(line.encode(), b"\n", None) for line in lines]
 
 
+# ---- links planted in a run folder ----
+
+KEY32 = "0123456789abcdef" * 2
+VICTIM_FILES = {  # names the project writes somewhere, so a write, rename or delete through a link would hit them
+    "notes.txt": b"precious\n",
+    "_manifest.json": b'{"not": "yours"}\n',
+    ".lock": b"their lock\n",
+    "part-00000-of-00001.parquet": b"not a shard\n",
+    "part-00000-of-00001.0123456789abcdef.json": b"{}\n",
+    f"hnsw-{KEY32}.json": b"{}\n",
+    f"sids-{KEY32}.npy": b"ids\n",
+    "index.md": b"# theirs\n",
+    "stage_seconds.png": b"not a png\n",
+    "metrics.jsonl": b'{"step": 1}\n',
+    "events.out.tfevents.1.victim": b"events\n",
+    "sentences/README.md": b"their card\n",
+    "sentences/data/train-x-00000-of-00001.parquet": b"their rows\n",
+    "last/state.pt": b"their state\n",
+}
+
+
+def victim_folder(where: Path) -> Path:
+    """A folder outside every run holding files under the names contramine writes (VICTIM_FILES)."""
+    for name, data in VICTIM_FILES.items():
+        (where / name).parent.mkdir(parents=True, exist_ok=True)
+        (where / name).write_bytes(data)
+    return where
+
+
+def tree(folder: Path) -> dict[str, bytes | str]:
+    """Everything below `folder` by relative name: a file's bytes, a link's target, a folder's mode; links are not
+    followed. Equal before and after = not a byte or a name changed."""
+    out: dict[str, bytes | str] = {}
+    for dirpath, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(folder))
+            out[rel] = f"-> {os.readlink(p)}" if p.is_symlink() else (f"dir {p.stat().st_mode:o}" if p.is_dir()
+                                                                      else p.read_bytes())
+    return out
+
+
+def plant(link: Path, target: Path) -> Path:
+    """`link` -> `target`, creating the folders above the link."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target, target_is_directory=target.is_dir())
+    return link
+
+
+def one_line(err: str) -> str:
+    """The last line of a command's stderr, which has no traceback."""
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert "Traceback" not in err, err
+    return lines[-1]
+
+
+def run_with_a_table(run: Path) -> Path:
+    """One table and its manifest: the report draws the stage-seconds plot, the `sentences` export has rows."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.schema import SCHEMAS
+
+    d = run / "sentences"
+    d.mkdir(parents=True)
+    rows = [{"sid": i, "text": f"sentence number {i}", "n_words": 3, "line_no": i} for i in range(5)]
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMAS["sentences"]), d / "part-00000-of-00001.parquet")
+    (d / "_manifest.json").write_text(json.dumps({"stage": "sentences", "seconds": 1.5, "rows": {"sentences": 5},
+                                                  "config": {}, "table": "sentences", "shards": 1}))
+    return run
+
+
 # ---- the fault-injecting CLI ----
 
 def _pause(point: str) -> None:
@@ -131,7 +205,7 @@ def install_pause(at: str) -> None:
 
         def patched_write_table(data, where, *a, **kw):
             write_table(data, where, *a, **kw)
-            p = Path(str(where))
+            p = Path(os.path.realpath(str(where)))  # atomic_file's temp path goes through /proc/self/fd/<folder>
             if p.parent.name == what and p.name.startswith(prefix) and p.name.endswith(".tmp"):
                 _pause(at)
 
@@ -140,11 +214,11 @@ def install_pause(at: str) -> None:
         write_json = store.atomic_write_json
         name = f"part-{shard:05d}-of-"
 
-        def patched_write_json(path, obj):
+        def patched_write_json(path, obj, *a, **kw):
             p = Path(path)
             if p.parent.name == what and p.name.startswith(name) and p.suffix == ".json":
                 _pause(at)
-            return write_json(path, obj)
+            return write_json(path, obj, *a, **kw)
 
         store.atomic_write_json = patched_write_json
     else:

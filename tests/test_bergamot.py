@@ -148,4 +148,5 @@ def test_default_chain_mines_real_back_translations(tmp_path):
 
     md = write_report(run.dir, tmp_path / "report").read_text()
     assert f"| fine (used) | {bt.num_rows - flagged.num_rows} |" in md  # the report counts the flags
-    assert "| pos | bt:bergamot:en-pt>bergamot:pt-en |" in md  # Table 4's pool-against-chosen rows
+    # Table 4's pool-against-chosen rows (the chain's `>` escaped: the page shows the characters, never HTML)
+    assert "| pos | bt:bergamot:en-pt\\>bergamot:pt-en |" in md

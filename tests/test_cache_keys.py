@@ -84,6 +84,7 @@ def test_device_and_precision_are_part_of_the_key(monkeypatch):
     cpu = {s: extra_key(STAGES[s], cfg) for s in stages}
     assert all('"device":"cpu"' in cpu[s] for s in stages)
     assert '"precision":"float32"' in cpu["embeddings"] and '"dtype":"float32"' in cpu["backtranslate"]
+    assert '"weights":"float32"' in cpu["embeddings"]
     # the same run on a GPU with bf16: no shard of the CPU float32 run may be reused
     cuda = lambda setting="auto": "cuda" if setting == "auto" else setting  # noqa: E731
     monkeypatch.setattr(encoder, "pick_device", cuda)
@@ -93,6 +94,7 @@ def test_device_and_precision_are_part_of_the_key(monkeypatch):
     for s in stages:
         assert gpu[s] != cpu[s] and '"device":"cuda"' in gpu[s], s
     assert '"precision":"bf16"' in gpu["embeddings"] and '"dtype":"bfloat16"' in gpu["backtranslate"]
+    assert '"weights":"bfloat16"' in gpu["embeddings"]  # a GPU's bf16 is weights held in bf16, not autocast
     fp16 = extra_key(STAGES["embeddings"], load_config("default", STANDIN + ["encoder.precision=fp16"]))
     assert '"precision":"fp16"' in fp16 and fp16 != gpu["embeddings"]
     # Bergamot runs on the CPU whatever the flow's host has: mining from a GPU host recomputes nothing of it

@@ -50,7 +50,8 @@ def test_kill_and_resume_ends_at_the_same_weights(tmp_path, bert, senteval):
     rows = sentences_rows(40)  # batch 8: 5 steps per epoch, 14 steps cross two epoch boundaries
     for run in ("whole", "killed"):
         write_table(tmp_path / run, "sentences", rows)
-    common = dict(max_steps=14, eval_every=3, warmup_steps=2, weight_decay=0.01)
+    # a row every 2 steps and at every checkpoint (3, 6, ...): windows of 1 or 2 steps on both sides of the kill
+    common = dict(max_steps=14, eval_every=3, warmup_steps=2, weight_decay=0.01, log_every=2)
     whole = write_profile(tmp_path / "whole.toml", tmp_path, "whole", bert, senteval, num_workers=2, **common)
     killed = write_profile(tmp_path / "killed.toml", tmp_path, "killed", bert, senteval, num_workers=0, **common)
 
@@ -87,7 +88,10 @@ def test_kill_and_resume_ends_at_the_same_weights(tmp_path, bert, senteval):
     assert a["best"] == b["best"] and a["best_step"] == b["best_step"]
     ma = [m for m in read_metrics(tmp_path / "whole" / "train" / "simcse" / "metrics.jsonl") if "loss" in m]
     mb = [m for m in read_metrics(last.parent / "metrics.jsonl") if "loss" in m]
-    assert [m["step"] for m in mb] == list(range(1, 15))  # the killed run's steps after its checkpoint are gone
+    # the killed run's rows after its checkpoint are gone; the resumed run writes the rows (the same windows) an
+    # uninterrupted run writes
+    assert [m["step"] for m in mb] == [m["step"] for m in ma] == [1, 2, 3, 4, 6, 8, 9, 10, 12, 14]
+    assert [m["steps_in_mean"] for m in mb] == [m["steps_in_mean"] for m in ma] == [1, 1, 1, 1, 2, 2, 1, 1, 2, 2]
     np.testing.assert_allclose([m["loss"] for m in mb], [m["loss"] for m in ma], rtol=0, atol=1e-6)
 
 

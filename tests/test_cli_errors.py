@@ -57,7 +57,9 @@ def test_input_errors_name_the_path_or_model(capsys, tmp_path):
     root = tmp_path / "runs"
     missing = tmp_path / "no-such-dir" / "corpus.txt"
     assert str(missing) in _cli_error(capsys, root, ["mine", "--corpus", str(missing)])
-    assert str(tmp_path) in _cli_error(capsys, root, ["mine", "--corpus", str(tmp_path)])  # a directory
+    (tmp_path / "empty-dir").mkdir()  # a folder is a corpus of its files: one with none is refused, named
+    assert f"{tmp_path / 'empty-dir'}: no corpus files" in _cli_error(capsys, root, ["mine", "--corpus",
+                                                                                    str(tmp_path / "empty-dir")])
     assert "profile 'no-such-profile' not found" in _cli_error(capsys, root, ["mine", "--profile", "no-such-profile"])
     no_text, int_text, fake = tmp_path / "no-text.parquet", tmp_path / "int-text.parquet", tmp_path / "fake.parquet"
     pq.write_table(pa.table({"sentence": ["one two three"]}), no_text)
@@ -92,14 +94,18 @@ def _run_cli(args: list[str], **env) -> subprocess.CompletedProcess:
                           env=_cli_env(**env), timeout=300)
 
 
-def test_cli_subprocess_stage_before_its_input(tmp_path):
-    """The real `python -m flows.cli stage neighbours` on a fresh run: exit 2, one line saying what to run first."""
+def test_cli_subprocess_stage_before_its_input(tmp_path, capsys):
+    """The real `python -m flows.cli stage neighbours` on a fresh run, as `make stage` runs it: exit 2, one line
+    saying what to run first, as a make target; the same call from the command line names the command line."""
     root = tmp_path / "runs"
-    r = _run_cli(["stage", "neighbours", "--run", "fresh", "--set", *SMALL, f"run.root={root}"])
+    r = _run_cli(["stage", "neighbours", "--run", "fresh", "--set", *SMALL, f"run.root={root}"], CONTRAMINE_VIA="make")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("error: stage neighbours reads table `embeddings`, which run 'fresh' does not have")
-    assert "run `make stage STAGE=embeddings RUN=fresh`" in r.stderr
+    assert "run `make stage STAGE=embeddings RUN=fresh` (or `make mine RUN=fresh`) first" in r.stderr
     assert not root.exists() or not any(root.iterdir())
+    line = _cli_error(capsys, root, ["stage", "neighbours", "--run", "fresh"])
+    assert "run `contramine stage embeddings --run fresh` (or `contramine mine --run fresh`) first" in line
+    assert "make" not in line
 
 
 def test_one_command_line_lists_every_command_and_delegates_with_one_line_errors(capsys):

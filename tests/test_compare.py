@@ -51,7 +51,7 @@ def test_compare_trains_every_objective_and_seed_writes_table_json_plots_and_res
             run = json.loads((out / objective / f"seed-{k}" / "run.json").read_text())
             assert run["steps"] == 2 and [s for s, _ in run["dev_curve"]] == [1, 2]
             assert (out / objective / f"seed-{k}" / "best" / "train_config.json").is_file()
-            assert f"OBJECTIVE={objective}" in run["command"] and "train.max_steps=2" in run["command"]
+            assert f"--objective {objective}" in run["command"] and "train.max_steps=2" in run["command"]
             assert len(run["results"]["cosines"]["STSBenchmark"]) == 16
     saved = json.loads((out / "compare.json").read_text())
     assert saved["budget"]["steps"] == 2 and saved["seeds"] == 2 and saved["baseline"] == "simcse"
@@ -160,7 +160,7 @@ def test_compare_has_a_start_row_per_pooler_osscse_in_both_forms_and_rows_on_oth
     assert rep["runs"]["osscse"][0]["results"]["pooler"] == "mask"
     assert rep["runs"]["osscse-start-pooler"][0]["extras"]["form"] == "start-pooler"
     assert "train.osscse.form=start-pooler" in rep["runs"]["osscse-start-pooler"][0]["command"]
-    assert "RUN=other" in rep["runs"]["debcse@other"][0]["command"]
+    assert "--run other" in rep["runs"]["debcse@other"][0]["command"]
     # Δ against its own start: the mask-pooled start's STS-B cosines for osscse, a direct computation
     gold = cmp._stsb_gold(trainer.train.load_config(str(profile)))
     for name, start in (("osscse", "start (mask)"), ("osscse-start-pooler", "start (cls_before_pooler)")):

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import pipeline.corpus as corpus
+import pipeline.corpus_forms as corpus_forms
 from pipeline.corpus import KEEP, split_sentences
 from pipeline.engine.tables import RunTables
 
@@ -58,7 +59,7 @@ def test_a_200mb_line_is_read_through_not_held(tmp_path):
     assert sorted(tables.read("sentences").column("text").to_pylist()) == sorted(BEFORE + AFTER)
     assert tables.read("rejected").to_pylist() == [{
         "line_no": 3, "text": (piece * 2)[:KEEP].decode(), "reason": "too_long", "n_chars": 200 << 20,
-        "n_bytes": 200 << 20, "blake2b": digest.hexdigest()}]
+        "n_bytes": 200 << 20, "blake2b": digest.hexdigest(), "source": "one_long_line.txt", "source_line": 3}]
 
 
 @pytest.mark.usefixtures("prefect_harness")
@@ -107,15 +108,14 @@ def test_a_line_is_rejected_for_its_length_before_it_is_normalised(tmp_path, mon
 def test_long_lines_read_in_pieces_match_the_whole_line(tmp_path, monkeypatch):
     """Tiny pieces and bounds: a long line cut across pieces (and \\r\\n split between two) gives the same text,
     lengths and hash as the whole line; an undecodable long line is `undecodable`; line numbers stay right."""
-    monkeypatch.setattr(corpus, "CHUNK", 7)
+    monkeypatch.setattr(corpus_forms, "CHUNK", 7)
     monkeypatch.setattr(corpus, "LONG", 16)
-    monkeypatch.setattr(corpus, "KEEP", 10)
     long_ok = "é".join(["word"] * 20).encode()  # 99 characters, 118 bytes
     long_bad = b"x" * 30 + b"\xff" + b"y" * 30
     lines = [b"one two three", long_ok, b"", long_bad, b"four five six", long_ok]
     path = tmp_path / "c.txt"
     path.write_bytes(b"\r\n".join(lines) + b"\r")
-    kept, rejected = split_sentences(path, 3, 20, 4)
+    kept, rejected = split_sentences(path, 3, 20, 4, rejected_chars=10)
     assert kept.num_rows == 0 and rejected.column("line_no").to_pylist() == [1, 2, 3, 4, 5, 6]
     got = {r["line_no"]: r for r in rejected.to_pylist()}
     for no in (2, 6):

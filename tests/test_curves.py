@@ -93,9 +93,47 @@ def test_make_tensorboard_opens_the_run_and_refuses_a_run_outside_artifacts(tmp_
     assert "run.name '..'" in capsys.readouterr().err
     (tmp_path / "myrun").mkdir()
     calls = []
-    monkeypatch.setattr(curves.os, "execv", lambda exe, argv: calls.append(argv))
+    monkeypatch.setattr(curves, "serve", lambda run_dir, port: calls.append((run_dir, port)) or 0)
     monkeypatch.setattr(curves, "load_config",
                         lambda profile, sets: load_config(profile, sets + [f"run.root={tmp_path}"]))
-    curves.main(["--run", "myrun", "--port", "6007"])
-    assert calls and calls[0][-4:] == ["--logdir", str(tmp_path / "myrun"), "--port", "6007"]
-    assert "tensorboard.main" in calls[0]
+    assert curves.main(["--run", "myrun", "--port", "6007"]) == 0
+    assert calls == [(tmp_path / "myrun", 6007)]
+    assert "--logdir " + str(tmp_path / "myrun") in capsys.readouterr().out
+
+
+def _events(folder: Path, tag: str = "train/loss") -> Path:
+    from torch.utils.tensorboard import SummaryWriter
+
+    w = SummaryWriter(log_dir=str(folder))
+    w.add_scalar(tag, 1.0, 1)
+    w.close()
+    return folder
+
+
+def test_tensorboard_never_follows_a_link_out_of_the_run_nor_loops(tmp_path):
+    """A received run with `train/loop -> ..`, a folder linked to another run's curves and an event file linked from
+    outside: TensorBoard (its multiplexer, with the listing `make tensorboard` gives it) sees the run's own curves
+    only, and its walk ends."""
+    from tensorboard.backend.event_processing import io_wrapper
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+
+    run = tmp_path / "r"
+    _events(run / "train" / "simcse")
+    _events(run / "compare" / "debcse" / "seed-0")
+    outside = _events(tmp_path / "elsewhere" / "secret")
+    (run / "train" / "loop").symlink_to("..", target_is_directory=True)
+    (run / "train" / "stolen").symlink_to(outside, target_is_directory=True)
+    (run / "train" / "simcse" / "best").mkdir()
+    (run / "train" / "simcse" / "best" / "events.out.tfevents.1.x").symlink_to(next(outside.iterdir()))
+    want = [str(run / "compare" / "debcse" / "seed-0"), str(run / "train" / "simcse")]
+    assert curves.event_folders(run) == want
+    assert curves.plain_files(str(run / "train" / "simcse" / "best")) == []
+
+    mp = pytest.MonkeyPatch()
+    with mp.context() as m:  # what serve() installs before TensorBoard starts
+        m.setattr(io_wrapper, "GetLogdirSubdirectories", lambda path: tuple(curves.event_folders(path)))
+        m.setattr(io_wrapper, "ListDirectoryAbsolute", curves.plain_files)
+        mux = EventMultiplexer()
+        mux.AddRunsFromDirectory(str(run))
+        mux.Reload()
+    assert sorted(mux.Runs()) == ["compare/debcse/seed-0", "train/simcse"]

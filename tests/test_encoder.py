@@ -2,11 +2,14 @@
 models (ELECTRA, DistilBERT) where it does not — decided from the constructor, not from a list of model types."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
 from transformers import BertTokenizerFast, DistilBertConfig, DistilBertModel, ElectraConfig, ElectraModel
 
+from pipeline.config import SHARED_DATA
 from pipeline.models.encoder import Encoder, _takes_pooling_layer
 from tiny_bert import build_tiny_bert, write_vocab
 
@@ -77,3 +80,156 @@ def test_autocast_precision_is_a_setting():
     low = enc.encode(TEXTS)
     assert low.dtype == np.float32 and not np.array_equal(low, exact)
     np.testing.assert_allclose(low, exact, atol=5e-2)
+
+
+# ---- Encoder.encode's feeding (pipeline/models/encode_batches.py): tokenised ahead, batched per device kind
+WIKI = [t for t in (line.strip() for line in (SHARED_DATA / "wiki1m_head.txt").open(encoding="utf-8")) if t][:300]
+ODD = ["", "x", "word " * 200, "é ü 中文 ﬁ tokens", "[MASK] and [SEP] inside", "   spaces   "]
+
+
+@pytest.fixture
+def threaded(monkeypatch):
+    """Small chunks and two tokenising threads, so a few hundred texts take the threaded path."""
+    from pipeline.models import encode_batches, encoder
+
+    monkeypatch.setattr(encode_batches, "CHUNK_ROWS", 37)
+    monkeypatch.setattr(encoder, "tokenize_threads", lambda: 2)
+
+
+def test_chunk_tokens_equal_the_hf_tokenizer_and_leave_it_as_it_was():
+    """encode tokenises through its own copy of the fast backend: the same ids and type ids as
+    `tokenizer(texts, truncation=True, max_length=...)`, and the shared tokenizer's settings are untouched."""
+    from tiny_bert import tiny_encoder
+
+    enc = tiny_encoder(pooler="mean", max_length=24)
+    before = (enc.tokenizer.backend_tokenizer.truncation, enc.tokenizer.backend_tokenizer.padding)
+    texts = WIKI[:50] + ODD
+    got = enc._token_arrays(np.arange(len(texts)), texts, None, 24)
+    after = (enc.tokenizer.backend_tokenizer.truncation, enc.tokenizer.backend_tokenizer.padding)
+    want = enc.tokenizer(texts, truncation=True, max_length=24)
+    assert [list(r[:n]) for r, n in zip(got.ids, got.lengths)] == want["input_ids"]
+    assert [list(r[:n]) for r, n in zip(got.types, got.lengths)] == want["token_type_ids"]
+    assert got.lengths.max() == 24 and (got.ids[got.attention_mask() == 0] == enc.tokenizer.pad_token_id).all()
+    assert after == before
+
+
+@pytest.mark.parametrize("pooler", ["mean", "mask"])
+def test_a_cpu_vector_does_not_depend_on_its_batch_or_chunk(threaded, pooler):
+    """The CPU's promise, through threads and chunks: a row alone = in a batch of 7 = of 64 = of 512 (the largest
+    same-length batch here), bit for bit; and the whole input equals encoding each text alone."""
+    from tiny_bert import tiny_encoder
+
+    enc = tiny_encoder(pooler=pooler, max_length=32)
+    texts = WIKI[:150] + ODD
+    ref = enc.encode(texts, batch_size=128)
+    for rows in (7, 64, 512):
+        assert np.array_equal(enc.encode(texts, batch_size=rows), ref), rows
+    alone = np.concatenate([enc.encode([t]) for t in texts[::17]])
+    assert np.array_equal(alone, ref[::17])
+
+
+def test_same_length_batches_cut_each_length_in_input_order():
+    """Each length's rows in input order, cut every `rows` rows as the bucket fills (the old whole-input sort gave
+    the same batches), small batches repeating their rows up to MIN_ROWS rows and MIN_TOKENS tokens."""
+    from pipeline.models.encode_batches import MIN_ROWS, MIN_TOKENS, Tokens, same_length_batches
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, 9, 500)
+    ids = np.where(np.arange(8) < lengths[:, None], np.arange(500)[:, None] * 10 + np.arange(8), 0)
+    chunks = [Tokens(np.arange(s, s + 50), lengths[s:s + 50], ids[s:s + 50], None) for s in range(0, 500, 50)]
+    seen = []
+    for b in same_length_batches(chunks, rows=16):
+        length = int(b.lengths[0])
+        assert (b.lengths == length).all() and b.ids.shape[1] == length
+        assert len(b.rows) == max(b.real, MIN_ROWS, -(-MIN_TOKENS // length))
+        assert (b.rows[b.real:] == np.resize(b.rows[:b.real], len(b.rows) - b.real)).all()  # repeats only
+        assert (b.ids[:, 0] == b.rows * 10).all()  # each row's own ids
+        seen.append((length, b.rows[:b.real].tolist()))
+    want = []
+    for length in np.unique(lengths):
+        rows = np.flatnonzero(lengths == length).tolist()
+        want += [(int(length), rows[i:i + 16]) for i in range(0, len(rows), 16)]
+    assert sorted(seen) == sorted(want)
+
+
+def test_packed_batches_fill_the_token_budget():
+    """A GPU's batches: every row once, longest first, rows x padded length within the budget (a longer row
+    alone), and all but the last few full."""
+    from pipeline.models.encode_batches import Tokens, packed_batches
+
+    rng = np.random.default_rng(1)
+    lengths = np.r_[rng.integers(3, 40, 3000), 300]
+    width = int(lengths.max())
+    ids = np.where(np.arange(width) < lengths[:, None], 7, 0)
+    chunks = [Tokens(np.arange(s, min(s + 256, len(lengths))), lengths[s:s + 256], ids[s:s + 256], None)
+              for s in range(0, len(lengths), 256)]
+    batches = list(packed_batches(chunks, tokens=1024))
+    rows = np.concatenate([b.rows for b in batches])
+    assert sorted(rows.tolist()) == list(range(len(lengths)))
+    for b in batches:
+        assert (np.diff(b.lengths) <= 0).all() and b.ids.shape[1] == b.lengths[0]
+        assert len(b.rows) * b.ids.shape[1] <= 1024 or len(b.rows) == 1
+    full = [len(b.rows) * b.ids.shape[1] > 1024 - b.ids.shape[1] for b in batches]
+    assert sum(not f for f in full) <= 2 and len(batches) < 1.1 * lengths.sum() / 1024 + 2
+
+
+def test_gpu_rules_on_cpu_tensors(threaded):
+    """The GPU path's logic, run on this CPU (`_encode(kind="cuda")`): merged-length batches give the same vectors
+    to float32 rounding, in input order; bf16 holds a copy of the weights in bf16, cast once and kept while the
+    weights are unchanged, leaving the float32 model alone; pooling and normalising stay float32."""
+    from tiny_bert import tiny_encoder
+
+    enc = tiny_encoder(pooler="mean", max_length=32).eval()
+    texts = WIKI[:200] + ODD
+    ref = enc.encode(texts)
+    with torch.inference_mode():
+        gpu = enc._encode(texts, 128, True, False, None, 512, "cuda")
+    np.testing.assert_allclose(gpu, ref, atol=1e-6)
+    enc.precision = "bf16"
+    with torch.inference_mode():
+        low = enc._encode(texts, 128, True, False, None, 512, "cuda")
+        held = enc._cache["held"][1]
+        again = enc._encode(texts, 128, True, False, None, 512, "cuda")
+    assert enc._cache["held"][1] is held and np.array_equal(low, again)  # cast once, reused
+    assert {p.dtype for p in held.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in enc.model.parameters()} == {torch.float32}
+    assert low.dtype == np.float32 and np.allclose(np.linalg.norm(low, axis=1), 1, atol=1e-6)
+    assert not np.array_equal(low, ref) and np.abs(low - ref).max() < 5e-2
+    with torch.no_grad():  # an optimiser step: the held copy is cast again
+        enc.model.embeddings.word_embeddings.weight.mul_(2.0)
+    with torch.inference_mode():
+        moved = enc._encode(texts, 128, True, False, None, 512, "cuda")
+    assert enc._cache["held"][1] is not held and not np.array_equal(moved, low)
+
+
+def test_a_training_encoder_keeps_no_held_copy():
+    """A model in training changes its weights: encode's bf16 copy is dropped when the encode ends, and the model
+    is back in training mode."""
+    from tiny_bert import tiny_encoder
+
+    enc = tiny_encoder(pooler="cls", max_length=32, dropout=0.1).train()
+    enc.precision = "bf16"
+    with torch.inference_mode():
+        enc._encode(TEXTS, 128, True, False, None, 512, "cuda")
+    assert enc.training and "held" not in enc._cache
+
+
+def test_tokenising_errors_reach_the_caller_and_stop_the_threads(threaded, monkeypatch):
+    """An error in a tokenising thread is raised by encode; the threads stop after at most the chunks in flight."""
+    from tiny_bert import tiny_encoder
+
+    enc = tiny_encoder(pooler="mean")
+    calls = []
+    real = enc._token_arrays
+
+    def failing(rows, texts, template, max_length):
+        calls.append(rows[0])
+        if rows[0] >= 37:
+            raise RuntimeError("tokenizer broke")
+        return real(rows, texts, template, max_length)
+
+    monkeypatch.setattr(enc, "_token_arrays", failing)
+    with pytest.raises(RuntimeError, match="tokenizer broke"):
+        enc.encode(WIKI * 10)
+    time.sleep(0.2)
+    assert len(calls) <= 1 + 2 * 2 + 1  # the chunk that failed, the ones in flight: not all 81 chunks

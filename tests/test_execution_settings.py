@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"
 SMALL = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=3",
          "backtranslate.chains=[]"]
-EXECUTION = {"runner": ["kind", "workers", "address"], "encoder": ["batch_size"], "negate": ["batch_size", "n_process"],
+EXECUTION = {"runner": ["kind", "workers", "address"], "encoder": ["batch_size", "batch_tokens"], "negate": ["batch_size", "n_process"],
              "backtranslate": ["threads", "batch_size", "batch_tokens"]}
 
 
@@ -37,7 +37,7 @@ def corpus40(tmp_path_factory) -> Path:
 def test_execution_settings_change_no_key():
     base = load_config("default")
     other = load_config("default", ["runner.kind=dask", "runner.address=tcp://127.0.0.1:1", "runner.workers=7",
-                                    "encoder.batch_size=3", "negate.batch_size=5", "negate.n_process=3",
+                                    "encoder.batch_size=3", "encoder.batch_tokens=64", "negate.batch_size=5", "negate.n_process=3",
                                     "backtranslate.threads=1", "backtranslate.batch_size=2"])
     for stage in load_stages().values():
         assert base.section_hash(*stage.settings) == other.section_hash(*stage.settings), stage.name

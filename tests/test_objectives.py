@@ -69,7 +69,9 @@ def test_registry_and_collate_types():
         assert cls.name == name and get_objective(name) is cls
         obj = cls(encoder_for(name), cfg_for(name))
         b = obj.collate(rows_all())
-        assert all(isinstance(v, torch.Tensor) for v in b.values()), name
+        # tensors, and the rows of each group of the one forward (plain numbers: split without a device read)
+        assert all(isinstance(v, torch.Tensor) for k, v in b.items() if k != "groups"), name
+        assert all(isinstance(n, int) for n in b["groups"]) and sum(b["groups"]) == len(b["enc.input_ids"]), name
     assert OBJECTIVES["debcse"].tables == ("pairs",)
     assert OBJECTIVES["osscse"].tables == ("sentences", "triplets")
     assert OBJECTIVES["dclr"].tables == ("sentences", "embeddings")

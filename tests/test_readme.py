@@ -24,7 +24,8 @@ README = "\n".join(p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *
 # make variables a user may set on the command line (the Makefile's `?=` ones)
 MAKE_VARS = set(re.findall(r"^([A-Z_]+)\s*\?=", (ROOT / "Makefile").read_text(), re.M))
 MAKE_TARGETS = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
-PROGRAMS = {"make", "prefect", "python", "torchrun", "export", "hf", "pip", "cd", "git", "duckdb", "curl"}
+PROGRAMS = {"make", "prefect", "python", "torchrun", "export", "hf", "pip", "cd", "git", "duckdb", "curl",
+            "contramine"}
 
 
 def blocks(lang: str) -> list[str]:
@@ -59,6 +60,8 @@ def test_command_names_what_exists(words):
         check_make(words[1:])
     elif prog == "prefect" and words[1:3] == ["deployment", "run"]:
         check_deployment(words[3])
+    elif prog == "contramine":
+        check_contramine(words[1:])
     elif prog in ("python", "torchrun"):
         module = words[words.index("-m") + 1]
         assert importlib.util.find_spec(module) is not None, f"README: no module {module}"
@@ -84,6 +87,21 @@ def check_make(args: list[str]) -> None:
     if "OBJECTIVE" in assignments:
         from pipeline.config import OBJECTIVE_NAMES
         assert assignments["OBJECTIVE"] in OBJECTIVE_NAMES
+
+
+def check_contramine(args: list[str]) -> None:
+    """`contramine <command> ...` (the installed script): a command it has, a profile that exists, settings the
+    config accepts."""
+    from flows.cli import DELEGATED
+
+    assert args[0] in {"mine", "stage", "sql", "report", "export", "cache", *DELEGATED}, f"README: contramine {args[0]}"
+    option = lambda name, default=None: args[args.index(name) + 1] if name in args else default  # noqa: E731
+    profile = option("--profile", "default")
+    assert (CONFIG_DIR / f"{profile}.toml").is_file(), f"README: no profile {profile!r}"
+    try:
+        load_config(profile, args[args.index("--set") + 1:] if "--set" in args else [])
+    except ConfigError as e:
+        raise AssertionError(f"README: contramine {' '.join(args)}: {e}") from None
 
 
 def check_deployment(name: str) -> None:

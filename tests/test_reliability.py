@@ -34,7 +34,8 @@ E = exit code 2 and one line on stderr naming the key / path / stage, nothing wr
 |                                                                  |    no neighbour at all                        |
 | empty file (0 bytes)                                             | S: every table empty, corpus_lines = 0        |
 | only blank lines                                                 | S: 5 `empty`; the same empty `sentences`      |
-| missing corpus file (and folder); corpus path is a folder        | E: names the path                             |
+| missing corpus file (and folder); a corpus folder with no corpus | E: names the path                             |
+|    file in it                                                    |                                               |
 | .parquet corpus: no `text`; `text` int64; not Parquet at all     | E: names the path and what is wrong           |
 | UTF-16 text file (with its byte order mark)                      | E: names the path, says convert to UTF-8      |
 | unknown key or section, wrong type, lo > hi, m_neg > pool_size,  | E: names the key                              |
@@ -83,6 +84,8 @@ import numpy as np
 import pytest
 
 from flows.cli import main as cli_main
+from pipeline.config import SentencesCfg
+from pipeline.corpus import as_corpus
 from pipeline.schema import table_vectors
 from pipeline.engine.store import Store, file_hash
 from pipeline.engine.tables import RunTables
@@ -175,13 +178,17 @@ def test_hostile_lines_each_end_where_expected(reference, rows, corpus):
         "next line and line and paragraph separators"
     assert kept_by_content["Cafe\u0301 is open today".encode()] == "Café is open today"
     rej_text = dict(zip(rejected.column("line_no").to_pylist(), rejected.column("text").to_pylist()))
+    rej_chars = dict(zip(rejected.column("line_no").to_pylist(), rejected.column("n_chars").to_pylist()))
+    keep = SentencesCfg().rejected_chars  # 2,000: the 50,000-character lines are cut, their lengths kept whole
+    assert keep == 2000
     for no, reason in want.items():
         raw = rows[no - 1][0]
         if reason == "undecodable":
-            assert rej_text[no] == raw.decode("utf-8", errors="replace") and "\ufffd" in rej_text[no]
+            assert rej_text[no] == raw.decode("utf-8", errors="replace")[:keep] and "\ufffd" in rej_text[no]
         else:
-            assert rej_text[no] == raw.decode("utf-8")  # lossless, the 50,000 characters included
-    assert max(len(s) for s in rej_text.values()) == 50_000
+            assert rej_text[no] == raw.decode("utf-8")[:keep]  # whole up to rejected_chars, then its first ones
+        assert rej_chars[no] == len(raw.decode("utf-8", errors="replace"))  # the whole line's length, always
+    assert max(len(s) for s in rej_text.values()) == keep and max(rej_chars.values()) == 50_000
     # RTL text, emoji and the 1,999-character line went all the way through
     marks = ["القطة", "החתול", "😀 🎉 🚀", "👨\u200d👩\u200d👧", "w" * 17 + "99"]
     exotic = {sid for sid, s in zip(sentences.column("sid").to_pylist(), sentences.column("text").to_pylist())
@@ -311,14 +318,15 @@ def test_corpus_changed_in_place_is_detected(reference, rows, tmp_path):
     corpus = write_corpus(tmp_path / "corpus" / "hostile.txt", rows)
     run_dir = tmp_path / "runs" / "ref"
     shutil.copytree(ref_dir, run_dir)
-    assert _manifest(run_dir, "sentences")["extra"].startswith("corpus:" + file_hash(corpus) + ";")  # this run's
+    before = as_corpus(corpus).identity()  # the parts' names, forms and content hashes
+    assert _manifest(run_dir, "sentences")["extra"].startswith("corpus:" + before + ";")  # this run's
     st, data = corpus.stat(), corpus.read_bytes()
     old = wiki_lines(44)[10].encode()
     new = old.replace(b"e", b"a", 1)
     assert old != new and data.count(old) == 1
     corpus.write_bytes(data.replace(old, new))
     os.utime(corpus, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert corpus.stat().st_size == st.st_size
+    assert corpus.stat().st_size == st.st_size and as_corpus(corpus).identity() != before
 
     _mine(corpus, tmp_path / "runs", "ref")
     assert _counts(run_dir)["sentences"] == (2, 0)
@@ -331,14 +339,14 @@ def test_corpus_changed_in_place_is_detected(reference, rows, tmp_path):
 def test_single_stage_before_its_inputs(capsys, reference, tmp_path):
     root = tmp_path / "runs"
     line = _cli_error(capsys, root, ["stage", "embeddings", "--run", "fresh"])
-    assert "STAGE=sentences" in line
+    assert "contramine stage sentences --run" in line
     # a copy of the reference run without `neighbours`: scores must say which stage to run first
     shutil.copytree(reference[0], tmp_path / "copy" / "ref")
     shutil.rmtree(tmp_path / "copy" / "ref" / "neighbours")
     before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "copy").rglob("*"))
     code = cli_main(["stage", "scores", "--run", "ref", "--set", *SMALL, f"run.root={tmp_path / 'copy'}"])
     line = capsys.readouterr().err.strip()
-    assert code == 2 and "\n" not in line and "reads table `neighbours`" in line and "STAGE=neighbours" in line
+    assert code == 2 and "\n" not in line and "reads table `neighbours`" in line and "contramine stage neighbours --run" in line
     code = cli_main(["stage", "neighbours", "--run", "ref", "--set", *SMALL, "run.shards=3",
                      f"run.root={tmp_path / 'copy'}"])
     line = capsys.readouterr().err.strip()
@@ -359,7 +367,7 @@ def test_single_stage_on_a_damaged_input_then_repair(capsys, reference, tmp_path
     code = cli_main(["stage", "neighbours", "--run", "ref", *sets])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err, err
-    assert "table `embeddings`" in err and "[0, 1]" in err and "STAGE=embeddings" in err
+    assert "table `embeddings`" in err and "[0, 1]" in err and "contramine stage embeddings --run" in err
     assert cli_main(["stage", "embeddings", "--run", "ref", *sets]) == 0
     assert _counts(run_dir)["embeddings"] == (2, 0)
     assert RunTables(run_dir).read("embeddings").equals(reference[1]["embeddings"])

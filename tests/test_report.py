@@ -146,3 +146,34 @@ def test_empty_run_reports_everything_absent(tmp_path, capsys):
     md = index.read_text()
     assert all(f"| {t} | {ABSENT} |" in md for t in SCHEMAS)
     assert all(f"## {n}." in md for n in range(1, 8)) and "triplets: " + ABSENT in md
+
+
+HOSTILE = ["<img src=x onerror=alert(1)> a | b", "**loud** _quiet_ `code` [link](http://example.com)",
+           "two\nlines &amp; $x$ ~~gone~~ \\ end"]
+
+
+def test_corpus_text_on_the_page_is_text(tmp_path):
+    """Sentences holding HTML, Markdown, pipes and line breaks: on the page each is one escaped line, every table row
+    keeps its columns, and no tag, link or emphasis of the corpus survives as Markdown."""
+    run = tmp_path / "hostile"
+    texts = [h + f" {i}" for i, h in enumerate(HOSTILE)]
+    _write(run, "sentences", [{"sid": i, "text": t, "n_words": 3, "line_no": i} for i, t in enumerate(texts)],
+           "sentences", 0.1)
+    _write(run, "candidates", [{"sid": 0, "kind": k, "cand_sid": None, "text": texts[1 if k == "pos" else 2],
+                                "source": "noise", "edit": 0.5, "cos": 0.5, "s_sur": 0.5, "s_sem": 0.5,
+                                "p_tilde": 0.5, "p": 1.0, "chosen": True} for k in ("pos", "neg")], "sample", 0.1)
+    _write(run, "triplets", [{"sid": i, "anchor": t, "paraphrase": texts[(i + 1) % 3], "negation": texts[(i + 2) % 3],
+                              "para_mer": 0.3, "para_chain": "de"} for i, t in enumerate(texts)], "triplets", 0.1)
+    md = write_report(run).read_text()
+    examples = md[md.index("## 6. Examples"):md.index("## 7.")]
+    assert not re.search(r"(?<!\\)<img|(?<!\\)\]\(http|\*\*loud", examples)  # no tag, link, emphasis unescaped
+    assert "\\<img src=x onerror=alert(1)\\> a \\| b 0" in examples
+    assert "\\*\\*loud\\*\\* \\_quiet\\_ \\`code\\` \\[link\\](http://example.com) 1" in examples
+    assert "two lines \\&amp; \\$x\\$ \\~\\~gone\\~\\~ \\\\ end 2" in examples
+    rows = [ln for ln in examples.splitlines() if ln.startswith("| ") and "sid |" not in ln]
+    assert len(rows) == 3 and all(len(re.findall(r"(?<!\\)\|", r)) == 6 for r in rows)  # 5 columns each
+    # rendered (CommonMark + GFM tables and strikethrough): the characters, and no element the corpus wrote
+    gfm = pytest.importorskip("markdown_it").MarkdownIt("commonmark").enable(["table", "strikethrough"])
+    html = gfm.render(examples)
+    assert not re.search(r"<(img|a|em|code|del|br)\b", html) and html.count("<strong>") == 1  # the page's "sid 0"
+    assert "&lt;img src=x onerror=alert(1)&gt; a | b 0" in html and "**loud** _quiet_ `code` [link](http" in html

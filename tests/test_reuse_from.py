@@ -42,3 +42,79 @@ def test_mine_from_a_run_that_does_not_exist_is_one_line_and_mines_nothing(tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("error: --reuse-from: ") and "nope/ holds no finished table" in err[-1]
     assert not (tmp_path / "new").exists() or not any((tmp_path / "new").iterdir())
+
+
+# ---- a source run that commits while it is copied ---------------------------------------------------------------
+def _sentences(texts):
+    import pyarrow as pa
+
+    from pipeline.schema import SCHEMAS
+
+    return pa.Table.from_pylist([{"sid": i, "text": t, "n_words": 1, "line_no": i} for i, t in enumerate(texts)],
+                                SCHEMAS["sentences"])
+
+
+def test_a_table_committed_again_while_copied_is_copied_from_the_new_manifest(tmp_path, monkeypatch):
+    """The copy takes its file list from the manifest bytes it copies; a listed file gone meanwhile starts the
+    table over from the new manifest: the new run holds one whole snapshot, never a manifest without its files."""
+    from pipeline.engine import tables
+    from pipeline.engine.store import Store
+    from pipeline.engine.tables import RunTables
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    Store(src).write_table("sentences", [_sentences(["old a"]), _sentences(["old b"])], key="old")
+    real, calls = tables._link_or_copy, []
+
+    def commit_meanwhile(a, b):
+        calls.append(a.name)
+        if len(calls) == 1:  # the source's stage commits between our reading of its manifest and our first link
+            Store(src).write_table("sentences", [_sentences(["new a"]), _sentences(["new b"])], key="new")
+        return real(a, b)
+    monkeypatch.setattr(tables, "_link_or_copy", commit_meanwhile)
+    assert reuse_tables(src, dst) == ["sentences"]
+    assert RunTables(dst).read("sentences").column("text").to_pylist() == ["new a", "new b"]
+    assert (dst / "sentences" / "_manifest.json").read_bytes() == (src / "sentences" / "_manifest.json").read_bytes()
+    listed = {e["file"] for e in RunTables(dst).manifest("sentences")["files"]}
+    assert {p.name for p in (dst / "sentences").glob("part-*.parquet")} == listed
+
+
+def test_a_table_that_keeps_losing_files_is_refused_in_one_line_and_not_left_half(tmp_path, monkeypatch):
+    from pipeline.engine import tables
+    from pipeline.engine.store import Store
+    from pipeline.engine.tables import TableUnreadable
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    Store(src).write_table("sentences", [_sentences(["a"])], key="k")
+
+    def gone(a, b):
+        raise FileNotFoundError(a)
+    monkeypatch.setattr(tables, "_link_or_copy", gone)
+    with pytest.raises(TableUnreadable) as e:
+        reuse_tables(src, dst)
+    assert "\n" not in str(e.value) and "was committed again 3 times while it was copied" in str(e.value)
+    assert not (dst / "sentences").exists()
+    assert [p.name for p in dst.iterdir()] == [".lock"]  # no temporary folder either
+    monkeypatch.undo()
+    assert reuse_tables(src, dst) == ["sentences"]  # the next FROM= brings it: nothing was taken as the run's own
+
+
+def test_a_table_left_as_only_its_manifest_is_not_the_runs_own(tmp_path):
+    """Older code could leave a copied table as its manifest alone: a later FROM= brings the table, where it
+    skipped it as the run's own."""
+    src, dst = tmp_path / "default", tmp_path / "other"
+    _table(src, "sentences")
+    (dst / "sentences").mkdir(parents=True)
+    (dst / "sentences" / "_manifest.json").write_text(json.dumps({"shards": 1}))
+    assert reuse_tables(src, dst) == ["sentences"]
+    assert (dst / "sentences" / "part-00000-of-00001.parquet").read_bytes() == b"shard"
+
+
+def test_a_malformed_source_manifest_is_one_line(tmp_path):
+    from pipeline.engine.tables import TableUnreadable
+
+    src, dst = tmp_path / "default", tmp_path / "other"
+    _table(src, "sentences")
+    (src / "sentences" / "_manifest.json").write_text(json.dumps({"shards": "x"}))
+    with pytest.raises(TableUnreadable, match=r"^--reuse-from: table `sentences` of run 'default': .*--force`$"):
+        reuse_tables(src, dst)
+    assert not (dst / "sentences").exists()

@@ -1,5 +1,6 @@
 """A run folder received from someone else: a planted pickle in last/state.pt runs no code and is one `error:` line,
-and no file the trainer, the evaluator or the report writes goes through a symlink planted in the run."""
+and no file the trainer, the evaluator or the report writes goes through a symlink planted in the run (every other
+writer, planted index plans and output-folder locks: tests/test_links_everywhere.py)."""
 from __future__ import annotations
 
 import json
@@ -11,14 +12,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 
+from hostile import one_line, run_with_a_table
 from pipeline.config import load_config
 from pipeline.engine.safe_paths import UnsafePath, check_below, open_append
-from pipeline.schema import SCHEMAS
 from trainer import checkpoint as ckpt
 from trainer.train import train
 from train_helpers import ROOT, read_metrics, sentences_rows, write_profile, write_table
@@ -41,12 +40,6 @@ def _outside(tmp_path: Path, text: str = "precious\n") -> Path:
     victim.parent.mkdir(exist_ok=True)
     victim.write_text(text)
     return victim
-
-
-def _one_line(err: str) -> str:
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert "Traceback" not in err, err
-    return lines[-1]
 
 
 @pytest.fixture
@@ -93,7 +86,7 @@ def test_poisoned_state_runs_no_code_and_is_one_line(tiny_run, tmp_path, as_torc
     p = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--profile", str(profile)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2, p.stderr
-    assert _one_line(p.stderr) == f"error: {msg}"
+    assert one_line(p.stderr) == f"error: {msg}"
     assert not marker.exists()
 
 
@@ -181,8 +174,10 @@ def test_metrics_log_never_writes_through_a_symlink(tiny_run, tmp_path, monkeypa
     out.mkdir(parents=True)
     log = out / "metrics.jsonl"
     log.symlink_to(victim)  # a fresh start: the log is removed, then appended to
+    events = out / "events.out.tfevents.0.planted"
+    events.symlink_to(victim)  # an old event file: removed as a link, its target untouched
     _train_killed_after_first_checkpoint(profile, monkeypatch)
-    assert victim.read_text() == "precious\n"
+    assert victim.read_text() == "precious\n" and not events.is_symlink()
     assert log.is_file() and not log.is_symlink()
     assert [m["step"] for m in read_metrics(log) if "loss" in m] == [1, 2]
 
@@ -243,21 +238,10 @@ def test_open_append_replaces_a_link_and_check_below_ignores_the_root(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ symlinks: report
-def _run_with_a_table(run: Path) -> Path:
-    """One table and its manifest: the report draws the stage-seconds plot."""
-    d = run / "sentences"
-    d.mkdir(parents=True)
-    rows = [{"sid": i, "text": f"sentence number {i}", "n_words": 3, "line_no": i} for i in range(5)]
-    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMAS["sentences"]), d / "part-00000-of-00001.parquet")
-    (d / "_manifest.json").write_text(json.dumps({"stage": "sentences", "seconds": 1.5, "rows": {"sentences": 5},
-                                                  "config": {}, "table": "sentences", "shards": 1}))
-    return run
-
-
 def test_report_replaces_planted_links_and_leaves_their_targets(tmp_path):
     from pipeline.report import write_report
 
-    run = _run_with_a_table(tmp_path / "r")
+    run = run_with_a_table(tmp_path / "r")
     victim = _outside(tmp_path)
     png_victim = victim.with_name("victim.png")
     png_victim.write_text("not a png\n")
@@ -276,7 +260,7 @@ def test_report_replaces_planted_links_and_leaves_their_targets(tmp_path):
 def test_report_refuses_a_linked_report_folder(tmp_path):
     from pipeline.report import write_report
 
-    run = _run_with_a_table(tmp_path / "r")
+    run = run_with_a_table(tmp_path / "r")
     target = tmp_path / "elsewhere"
     target.mkdir()
     (run / "report").symlink_to(target, target_is_directory=True)
@@ -285,7 +269,7 @@ def test_report_refuses_a_linked_report_folder(tmp_path):
     assert list(target.iterdir()) == []
     p = subprocess.run([sys.executable, "-m", "pipeline.report", str(run)], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
-    assert p.returncode == 2 and _one_line(p.stderr).startswith(f"error: {run / 'report'} is a symbolic link")
+    assert p.returncode == 2 and one_line(p.stderr).startswith(f"error: {run / 'report'} is a symbolic link")
     assert list(target.iterdir()) == []
 
 
@@ -319,5 +303,5 @@ def test_evaluate_refuses_a_linked_eval_folder_before_loading_a_model(tmp_path, 
     (tmp_path / "artifacts").mkdir()
     (tmp_path / "artifacts" / "eval").symlink_to(target, target_is_directory=True)
     assert evaluate.main(["--model", "no-such-model", "--name", "x"]) == 2
-    assert _one_line(capsys.readouterr().err).startswith(f"error: {tmp_path / 'artifacts' / 'eval'} is a symbolic link")
+    assert one_line(capsys.readouterr().err).startswith(f"error: {tmp_path / 'artifacts' / 'eval'} is a symbolic link")
     assert list(target.iterdir()) == []

@@ -78,3 +78,122 @@ def test_shard_bounds_cover_rows_once():
         b = shard_bounds(n_rows, n)
         assert len(b) == n and b[0][0] == 0 and b[-1][1] == n_rows
         assert all(b[i][1] == b[i + 1][0] for i in range(n - 1))
+
+
+# ---- the corpus forms (pipeline/corpus_forms.py) -----------------------------------------------------------------
+import gzip  # noqa: E402
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+
+from pipeline.corpus import CorpusError  # noqa: E402
+from pipeline.corpus_forms import Corpus  # noqa: E402
+
+FORM_LINES = ["the first good sentence here", "", "too short", "the  first good   sentence here",
+              "a control\x07 character sentence", "word " * 30, "مرحبا بالعالم يا صديقي 😀",
+              "nai\u0308ve caf\u00e9 words here", "a line\twith a tab in it", "   ", "the last sentence of it all"]
+ACCOUNT = ["line_no", "text", "reason", "n_chars", "n_bytes", "blake2b"]
+
+
+def _jsonl(lines, field="text") -> bytes:
+    return "".join(json.dumps({"id": i, field: t}) + "\n" for i, t in enumerate(lines)).encode()
+
+
+def _zst(data: bytes, path) -> None:
+    with pa.CompressedOutputStream(str(path), "zstd") as out:
+        out.write(data)
+
+
+def test_every_corpus_form_gives_the_text_files_tables(tmp_path):
+    """The same records as a text file, JSON Lines, gzipped JSON Lines, zstd text, Parquet, a folder of three parts of
+    three forms and a glob: equal `sentences`, the same `rejected` accounting; only `source` names the part."""
+    text = "\n".join(FORM_LINES).encode() + b"\n"
+    (tmp_path / "c.txt").write_bytes(text)
+    (tmp_path / "c.jsonl").write_bytes(_jsonl(FORM_LINES))
+    (tmp_path / "c.jsonl.gz").write_bytes(gzip.compress(_jsonl(FORM_LINES)))
+    _zst(text, tmp_path / "c.txt.zst")
+    pq.write_table(pa.table({"text": FORM_LINES}), tmp_path / "c.parquet")
+    parts = tmp_path / "parts"
+    (parts / "b").mkdir(parents=True)
+    (parts / "a.jsonl.gz").write_bytes(gzip.compress(_jsonl(FORM_LINES[:4])))
+    pq.write_table(pa.table({"text": FORM_LINES[4:7]}), parts / "b" / "part.parquet")
+    _zst("\n".join(FORM_LINES[7:]).encode(), parts / "c.txt.zst")  # no newline after its last line
+    (parts / "_SUCCESS").write_bytes(b"")  # what Spark leaves: skipped, as names starting with `.`
+    (parts / ".a.jsonl.gz.crc").write_bytes(b"\0")
+    want_kept, want_rejected = split_sentences(tmp_path / "c.txt", 3, 20, 200)
+    assert want_kept.num_rows + want_rejected.num_rows == len(FORM_LINES)
+    for spec in ("c.jsonl", "c.jsonl.gz", "c.txt.zst", "c.parquet", "parts", "parts/**/*.*"):
+        kept, rejected = split_sentences(Corpus(str(tmp_path / spec)), 3, 20, 200)
+        assert kept.equals(want_kept), spec
+        assert rejected.select(ACCOUNT).equals(want_rejected.select(ACCOUNT)), spec
+    _, rejected = split_sentences(Corpus(str(parts)), 3, 20, 200)
+    assert list(zip(*(rejected.column(c).to_pylist() for c in ("line_no", "source", "source_line")))) == [
+        (2, "a.jsonl.gz", 2), (3, "a.jsonl.gz", 3), (4, "a.jsonl.gz", 4), (6, "b/part.parquet", 2),
+        (10, "c.txt.zst", 3)]
+    assert count_lines(parts) == len(FORM_LINES)
+    assert [p.name for p in Corpus(str(parts)).parts()] == ["a.jsonl.gz", "b/part.parquet", "c.txt.zst"]
+
+
+def test_a_json_line_that_gives_no_text_is_rejected_with_its_file_and_line(tmp_path):
+    lines = [b'{"text": "a good json sentence here"}', b'{"text": "cut off', b'{"body": "no text field here"}',
+             b'{"text": 42}', b'{"text": null}', b'["text", "an array"]', b'', b'{"text": "lone \\ud800 surrogate"}',
+             b'{"content": "the field set to another name", "text": "x"}']
+    (tmp_path / "c.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    kept, rejected = split_sentences(Corpus(str(tmp_path / "c.jsonl")), 3, 20, 200)
+    assert kept.column("text").to_pylist() == ["a good json sentence here"]
+    rows = rejected.to_pylist()
+    assert [(r["source"], r["source_line"], r["reason"]) for r in rows] == [
+        ("c.jsonl", 2, "not_json"), ("c.jsonl", 3, "no_field"), ("c.jsonl", 4, "not_text"), ("c.jsonl", 5, "empty"),
+        ("c.jsonl", 6, "not_json"), ("c.jsonl", 7, "empty"), ("c.jsonl", 8, "undecodable"), ("c.jsonl", 9, "too_short")]
+    assert rows[0]["text"] == '{"text": "cut off' and rows[0]["n_bytes"] == len(lines[1])  # the raw line, accounted
+    assert rows[0]["blake2b"] == hashlib.blake2b(lines[1], digest_size=16).hexdigest()
+    kept, _ = split_sentences(Corpus(str(tmp_path / "c.jsonl"), field="content"), 3, 20, 200)
+    assert kept.column("text").to_pylist() == ["the field set to another name"]
+
+
+def test_a_corpus_that_cannot_be_read_is_one_line_naming_the_file(tmp_path):
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "parts" / "a.txt").write_text("a sentence of the corpus\n")
+    (tmp_path / "parts" / "notes.md").write_text("# not a corpus file\n")
+    (tmp_path / "array.json").write_text('[{"text": "a"}]\n')
+    (tmp_path / "bad.txt.gz").write_bytes(b"not gzip at all")
+    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "no_text.parquet")
+    for spec, words in [("parts", "notes.md is none of the corpus forms"), ("nothing/*.jsonl", "no corpus files"),
+                        ("array.json", "a JSON array, not JSON Lines"), ("bad.txt.gz", "cannot read it as gzip"),
+                        ("no_text.parquet", "string column `text`"), ("missing.txt", "no such file or folder")]:
+        with pytest.raises(CorpusError, match=words) as e:
+            check_corpus(Corpus(str(tmp_path / spec)))
+        assert "\n" not in str(e.value), spec
+
+
+def test_the_corpus_identity_covers_every_part_and_the_field(tmp_path):
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for name in ("a.txt", "b.jsonl"):
+        (parts / name).write_bytes(b'{"text": "one two three"}\n')
+    base = Corpus(str(parts)).identity()
+    assert Corpus(str(parts), field="body").identity() != base  # a JSON part: the field is part of it
+    (parts / "b.jsonl").write_bytes(b'{"text": "one two four"}\n')
+    edited = Corpus(str(parts)).identity()
+    (parts / "b.jsonl").rename(parts / "c.jsonl")
+    assert len({base, edited, Corpus(str(parts)).identity()}) == 3
+    single = tmp_path / "c.txt"
+    single.write_bytes(b"one two three\n")
+    assert Corpus(str(single), field="body").identity() == Corpus(str(single)).identity()  # text has no field
+
+
+def test_record_counts_match_what_is_read(tmp_path, monkeypatch):
+    """The counts that size the shards and map a line_no to its part split lines as the reader does (\\n, \\r\\n, a
+    bare \\r, a \\r\\n cut between two reads, a BOM, a last line without its end)."""
+    import pipeline.corpus_forms as forms
+
+    data = b"\xef\xbb\xbfone\r\ntwo\rthree\n\nfour\r\r\nfive"
+    (tmp_path / "c.txt").write_bytes(data)
+    _zst(data, tmp_path / "c.txt.zst")
+    for spec in ("c.txt", "c.txt.zst"):
+        [(_, n)] = Corpus(str(tmp_path / spec)).sources()
+        assert n == count_lines(tmp_path / spec) == 7, spec
+    monkeypatch.setattr(forms, "_count_lines", forms._count_lines.__wrapped__)
+    monkeypatch.setattr(forms, "COUNT_CHUNK", 4)  # "one\r" | "\ntwo": the \r\n across two reads is one end
+    [(_, n)] = Corpus(str(tmp_path / "c.txt")).sources()
+    assert n == 7

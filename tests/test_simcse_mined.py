@@ -67,4 +67,4 @@ def test_mine_with_your_own_simcse_checkpoint_then_debcse_on_its_pairs(small_cor
     rows = {line.split("|")[1].strip(): line for line in rep["table"].splitlines()[2:]}
     assert f"pairs (mined with {ckpt})" in rows["debcse@simcse-mined"]
     assert f"pairs (mined with {bert})" in rows["debcse"]
-    assert "RUN=simcse-mined" in rep["runs"]["debcse@simcse-mined"][0]["command"]
+    assert "--run simcse-mined" in rep["runs"]["debcse@simcse-mined"][0]["command"]

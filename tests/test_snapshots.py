@@ -113,7 +113,7 @@ def test_a_second_writer_stops_at_once_naming_the_first_and_a_killed_ones_lock_n
     code = cli_main(["mine", "--run", "r", "--corpus", str(corpus), "--set", *SMALL, f"run.root={root}"])
     err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("note: ")]
     assert code == 2 and len(err) == 1 and err[0].startswith("error: "), err
-    assert f"is being written by pid {proc.pid} on host" in err[0] and "make mine" in err[0], err
+    assert f"is being written by pid {proc.pid} on host" in err[0] and "contramine mine" in err[0], err
     assert time.monotonic() - t0 < 60
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -180,6 +180,6 @@ def test_a_manifest_names_only_its_own_shards(mean_run, tmp_path):
     shard = Store(run_dir).shard_path("negations", 0, 2)
     shard.unlink()
     shard.symlink_to(tmp_path / "elsewhere.parquet")
-    with pytest.raises(TableUnreadable, match=r"missing or not plain files .*STAGE=negate"):
+    with pytest.raises(TableUnreadable, match=r"missing or not plain files .*contramine stage negate"):
         RunTables(run_dir).read("negations")
     assert RunTables(run_dir).files_if_any("negations") == []

@@ -189,3 +189,199 @@ def test_engine_setting_is_not_in_the_section_hashes():
     for engine in ("faiss", "torch"):
         other = load_config("default", [f"neighbours.engine={engine}"])
         assert all(base.section_hash(*st.settings) == other.section_hash(*st.settings) for st in load_stages().values())
+
+
+def _tight_clusters(seed=0, n=1200, d=16, size=40):
+    """Clusters of `size` near-copies (each member has ~size - 1 neighbours above hi = 0.75: the first k = pool +
+    slack + 17 cannot reach the band, so queries widen), exact duplicate rows (ties in band), loose vectors, and
+    12 far ones, mostly in 8 dimensions of their own (a few sentences in their band: fewer than a pool)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(n // size, d))
+    x = np.repeat(centres, size, axis=0)[:n] + rng.uniform(0.05, 0.6, size=(n, 1)) * rng.normal(size=(n, d))
+    x[-240:] = rng.normal(size=(240, d))
+    x = np.hstack([x, np.zeros((n, 8))])
+    x[-12:] = np.hstack([0.1 * rng.normal(size=(12, d)), rng.normal(size=(12, 8))])
+    x = _unit(x)
+    x[100:130] = x[400:430]  # exact float32 duplicates
+    return x, rng.permutation(10 * n)[:n].astype(np.int64)
+
+
+@pytest.mark.parametrize("block_rows", [None, 7])
+@pytest.mark.parametrize("lo, hi, pool, skip_top", [(0.25, 0.75, 8, 0), (0.25, 0.75, 30, 5), (0.5, 0.9, 50, 0),
+                                                    (0.0, 0.6, 600, 2)])
+def test_band_on_the_device_widens_within_the_block_and_equals_faiss_and_brute_force(block_rows, lo, hi, pool,
+                                                                                     skip_top, monkeypatch):
+    """TorchExact.band (the device path: top-k, resolve and widening from the block's scores in memory) at its
+    default block (every query in one block here) and 7 queries a block: the pools of flat FAISS (the host
+    path) and of the float64 brute force, row for row, with ties, skip_top, queries with fewer than pool_size in
+    band, and queries that widen, each widened from the block's scores with what cannot matter masked out."""
+    import pipeline.search.torch_exact as te
+
+    x, sids = _tight_clusters()
+    rows = np.r_[0:len(x) - 12:4, len(x) - 12:len(x)]  # a quarter, and the far ones
+    q, q_sids = x[rows], sids[rows]
+    widths = []
+    largest = te.largest
+    monkeypatch.setattr(te, "largest", lambda s, k: (widths.append((len(s), k)), largest(s, k))[1])
+    exact = TorchExact(x, block_rows=block_rows)
+    got = band_neighbours(q, q_sids, x, sids, exact, exact, lo, hi, pool, 8, skip_top=skip_top)
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    assert got.equals(band_neighbours(q, q_sids, x, sids, index, index, lo, hi, pool, 8, 1 << 12, skip_top=skip_top))
+    assert got.equals(exact_band_neighbours(q, q_sids, x, sids, lo, hi, pool, skip_top))
+    counts = np.bincount(np.searchsorted(np.sort(q_sids), got.column("sid").to_numpy()), minlength=len(q))
+    assert (counts < pool).any() and (pool > len(x) or (counts == pool).any())  # short pools and full ones
+    k0 = min(len(x), pool + skip_top + 8 + 17)
+    if pool < 100:  # the first k cannot reach past the clusters: some rows widen, not all of a block
+        widened = [n for n, k in widths if k > k0]
+        assert widened and sum(widened) < len(q), widths
+
+
+def test_resolve_orders_exact_ties_by_sid():
+    """Equal exact cosines in band (duplicate rows under different sids): ranked by ascending sid, on the fast path
+    (columns already in key order) and the sorted one alike."""
+    import torch
+
+    from pipeline.search.band import resolve
+
+    scores = torch.tensor([[0.9, 0.6, 0.6, 0.6, 0.5, 0.4], [0.9, 0.6, 0.6, 0.5, 0.5, 0.3]], dtype=torch.float32)
+    ids = torch.tensor([[0, 1, 2, 3, 4, 5], [0, 4, 3, 2, 1, 5]])
+    base_sids = torch.tensor([7, 30, 10, 20, 5, 9])
+    cos = {1: 0.6, 2: 0.6, 3: 0.6, 4: 0.5, 5: 0.4, 0: 0.9}
+    out = resolve(scores, ids, torch.tensor([7, 7]), base_sids, 0.25, 0.75, 4, True, 0, 1e-5,
+                  lambda r, i: torch.tensor([cos[int(j)] for j in i], dtype=torch.float64))
+    assert out.finished.all() and out.count.tolist() == [4, 4]
+    assert out.cand.tolist() == [[10, 20, 30, 5], [10, 20, 30, 5]]
+
+
+def _placed(target, d, seed):
+    """A query (row 0) and one base row per target cosine to it, in a random rotation of R^d (float32)."""
+    rng = np.random.default_rng(seed)
+    base = np.zeros((len(target) + 1, d))
+    base[0, 0] = 1.0
+    base[1:, 0] = target
+    base[1:, 2:] = _unit(rng.normal(size=(len(target), d - 2))) * np.sqrt(1 - target ** 2)[:, None]
+    return (base @ np.linalg.qr(rng.normal(size=(d, d)))[0]).astype(np.float32)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_loose_scores_send_what_they_cannot_decide_to_the_exact_path(precision):
+    """TF32 / bf16 scores, simulated on the CPU (inputs rounded as those matmuls round them, float32 sums): cosines
+    1e-5 apart (far closer than those scores' error) around the pool cut-off and both band edges. With the bound
+    score_tolerance(d, precision) the pools equal the float64 brute force; with float32's bound they do not (the
+    loose scores misorder and misplace them)."""
+    from pipeline.search.band import score_tolerance
+
+    d = 384
+    rng = np.random.default_rng(7)
+    target = np.concatenate([0.5 + 1e-5 * rng.permutation(60), 0.25 + 1e-5 * (np.arange(30) - 15),
+                             0.75 + 1e-5 * (np.arange(30) - 15), 0.9 + 1e-5 * np.arange(10)])
+    wrong = 0
+    for seed in range(3):
+        x = _placed(target, d, seed)
+        sids = np.arange(len(x), dtype=np.int64)
+        exact = TorchExact(x, precision=precision)
+        for pool, skip in ((5, 0), (30, 3), (70, 12), (200, 0)):
+            want = exact_band_neighbours(x[:1], sids[:1], x, sids, 0.25, 0.75, pool, skip)
+            got = band_neighbours(x[:1], sids[:1], x, sids, exact, exact, 0.25, 0.75, pool, skip_top=skip)
+            assert got.equals(want), (seed, pool, skip)
+            wrong += not band_neighbours(x[:1], sids[:1], x, sids, exact, exact, 0.25, 0.75, pool, skip_top=skip,
+                                         eps=score_tolerance(d)).equals(want)
+        assert 0 < exact.observed_error <= score_tolerance(d, precision=precision)  # check_bound ran, and held
+    assert wrong >= 6  # float32's bound gets most of them wrong
+
+
+def _aligned(v, d=384, support=254):
+    """Unit vectors whose every entry the `v` rounding moves by as much as it can, all the same way: ±a on
+    `support` coordinates with a = 2^-4 (1 + 0.999 v) (bf16 rounds it, TF32 truncates it, to 2^-4: relative error
+    ~v), plus a filler coordinate for the unit norm. Row 0 is the query (all +a); each other row agrees with it in
+    sign on m coordinates: cosine (2 m - support) a², score (2 m - support) 2^-8, off by ~2 v cos. Returns (rows,
+    their cosines to row 0)."""
+    a = np.float32(2.0 ** -4 * (1 + 0.999 * v))
+    fill = np.sqrt(1 - support * float(a) ** 2)
+    agree = np.arange(support, support // 2, -3)  # m = support, support - 3, ...: cosines 1 down to ~0
+    x = np.zeros((len(agree), d), dtype=np.float32)
+    for row, m in enumerate(agree):
+        x[row, :support] = np.where(np.arange(support) < m, a, -a)
+        x[row, support + (row > 0)] = fill  # the query's filler and the others' on different coordinates
+    return x, (2 * agree - support) * float(a) ** 2
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_the_loose_bound_holds_where_rounding_errors_all_align_and_is_near_tight_there(precision):
+    """The worst case the bound is for: every entry rounded by ~v the same way, so a score is off by ~2 v cos (at
+    cos ~1: ~2v, most of the bound). The error stays within score_tolerance(d, precision) and reaches over half of
+    it. The band's low edge set between such a pair's score and its exact cosine: the pair is in band, the score
+    says it is well out (more than float32's bound below lo); the search with the loose bound still finds it, with
+    float32's it does not."""
+    import torch
+
+    from pipeline.search.band import INPUT_ROUNDING, score_tolerance
+
+    x, cos = _aligned(INPUT_ROUNDING[precision])
+    d, bound = x.shape[1], score_tolerance(x.shape[1], precision=precision)
+    exact = TorchExact(x, precision=precision)
+    with torch.inference_mode():
+        scores = exact.scores(torch.from_numpy(x[:1]))[0].double().numpy()
+    truth = x[:1].astype(np.float64) @ x.astype(np.float64).T
+    np.testing.assert_allclose(truth[0, 1:], cos[1:], atol=1e-6)
+    err = np.abs(scores - truth[0])
+    assert err.max() <= bound and err.max() > 0.5 * bound
+    sids = np.arange(len(x), dtype=np.int64)
+    edge = int(np.argmin(np.abs(cos - 0.3)))  # the pair that sits on the low edge
+    assert truth[0, edge] - scores[edge] > 4 * score_tolerance(d)
+    lo = float((truth[0, edge] + scores[edge]) / 2)
+    want = exact_band_neighbours(x[:1], sids[:1], x, sids, lo, 0.75, 64)
+    assert edge in want.column("cand_sid").to_pylist()
+    assert band_neighbours(x[:1], sids[:1], x, sids, exact, exact, lo, 0.75, 64).equals(want)
+    assert not band_neighbours(x[:1], sids[:1], x, sids, exact, exact, lo, 0.75, 64,
+                               eps=score_tolerance(d)).equals(want)
+
+
+def test_a_device_that_breaks_the_bound_is_refused(monkeypatch):
+    """check_bound measures the scores against float64 before the first band search: a matmul looser than the bound
+    (here: the bf16 scores with 1e-2 added) stops the search in one line, before any pool is written."""
+    from pipeline.search.band import Pools
+
+    x, sids = _corpus()
+    exact = TorchExact(x, precision="bf16")
+    scores = TorchExact.scores
+    monkeypatch.setattr(TorchExact, "scores", lambda self, q: scores(self, q) + 1e-2)
+    with pytest.raises(RuntimeError, match="bf16 scores on cpu are off by up to .* more than the band search's bound"):
+        exact.band(x, sids, sids, 0.25, 0.75, 8, 8, 0, exact.score_tolerance(), Pools(len(x), 8))
+    with pytest.raises(ValueError, match="precision 'fp16'"):
+        TorchExact(x, precision="fp16")
+
+
+def test_tf32_scores_set_torchs_flag_only_for_their_matmul():
+    import torch
+
+    from pipeline.search.torch_exact import _tf32_matmuls
+
+    before = torch.backends.cuda.matmul.allow_tf32
+    with _tf32_matmuls():
+        assert torch.backends.cuda.matmul.allow_tf32
+    assert torch.backends.cuda.matmul.allow_tf32 == before
+
+
+def test_tree_dot_is_the_float64_dot_whatever_the_batch_and_the_device_path_with_it_is_exact(monkeypatch):
+    """tree_dot (the GPU's float64 cosines): within 1e-15 of the float64 matmul, the same bits for a pair alone, in
+    any batch and at any d (padded to a power of two); and band() with it in place of numpy's exact_cosines (the
+    GPU's code path, run on the CPU) gives the brute force's pools."""
+    import torch
+
+    from pipeline.search.torch_exact import tree_dot
+
+    rng = np.random.default_rng(3)
+    for d in (384, 7, 1):
+        a, b = _unit(rng.normal(size=(300, d))), _unit(rng.normal(size=(300, d)))
+        whole = tree_dot(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+        np.testing.assert_allclose(whole, np.einsum("pd,pd->p", a.astype(np.float64), b.astype(np.float64)),
+                                   rtol=0, atol=1e-15)
+        alone = [tree_dot(torch.from_numpy(a[i:i + 1]), torch.from_numpy(b[i:i + 1])).item() for i in range(0, 300, 37)]
+        np.testing.assert_array_equal(whole[::37], alone)
+    monkeypatch.setattr(TorchExact, "exact", lambda self, q, rows, ids: tree_dot(q[rows], self.base[ids]).clamp(-1, 1))
+    x, sids = _tight_clusters()
+    exact = TorchExact(x, block_rows=100)
+    got = band_neighbours(x[::5], sids[::5], x, sids, exact, exact, 0.25, 0.75, 20, skip_top=2)
+    assert got.num_rows and got.equals(exact_band_neighbours(x[::5], sids[::5], x, sids, 0.25, 0.75, 20, 2))

@@ -118,12 +118,13 @@ def test_reader_joins_tables_by_sid(tmp_path):
 
 
 def test_missing_table_names_it_and_its_stage(tmp_path, bert, senteval, capsys):
-    with pytest.raises(TableMissing, match=r"'pairs'.*make stage STAGE=pairs"):
+    with pytest.raises(TableMissing, match=r"'pairs'.*contramine stage pairs --run run"):
         MinedRows(tmp_path / "run", ("pairs",))
     profile = write_profile(tmp_path / "p.toml", tmp_path, "empty", bert, senteval)
     assert main(["--profile", str(profile)]) == 2
     err = capsys.readouterr().err
-    assert "'sentences'" in err and "make mine" in err and str(tmp_path / "empty" / "sentences") in err
+    assert "'sentences'" in err and "contramine mine --run empty" in err
+    assert str(tmp_path / "empty" / "sentences") in err
 
 
 # ------------------------------------------------------------------------------------------------ the loop
@@ -151,6 +152,30 @@ def test_resume_with_another_config_starts_fresh(tmp_path, bert, senteval, capsy
     out = capsys.readouterr()
     assert "another configuration" in out.err and "resumed" not in out.out
     assert len([m for m in read_metrics(Path(res["metrics"])) if "loss" in m]) == 4
+
+
+def test_a_logged_row_holds_the_mean_of_its_steps(tmp_path, bert, senteval, capsys):
+    """log_every = 3: rows at step 1, every 3 steps, every evaluation and the last step, each the mean of the steps
+    since the previous row (the same run logged every step gives the per-step numbers); the numbers do not change
+    the weights' trajectory, so log_every is not part of the resume key."""
+    write_table(tmp_path / "r", "sentences", sentences_rows(16))
+    profile = write_profile(tmp_path / "p.toml", tmp_path, "r", bert, senteval, max_steps=8, eval_every=5)
+    every = train(load_config(str(profile)))
+    per_step = {m["step"]: m for m in read_metrics(Path(every["metrics"])) if "loss" in m}
+    assert sorted(per_step) == list(range(1, 9)) and all(m["steps_in_mean"] == 1 for m in per_step.values())
+    res = train(load_config(str(profile), ["train.log_every=3"]))  # the same configuration: resumed, at its end
+    assert "resumed at step 8" in capsys.readouterr().out and res["steps"] == 8
+
+    res = train(load_config(str(profile), ["train.log_every=3", f"train.output={tmp_path / 'windows'}"]))
+    rows = [m for m in read_metrics(Path(res["metrics"])) if "loss" in m]
+    windows = {1: [1], 3: [2, 3], 5: [4, 5], 6: [6], 8: [7, 8]}  # 5: an evaluation; 8: the last step
+    assert [m["step"] for m in rows] == list(windows)
+    for row in rows:
+        steps = windows[row["step"]]
+        assert row["steps_in_mean"] == len(steps)
+        for key in ("loss", "grad_norm", "acc"):
+            assert row[key] == pytest.approx(np.mean([per_step[s][key] for s in steps]), rel=1e-6), (row, key)
+        assert row["lr"] == per_step[row["step"]]["lr"]  # the rate after the row's step, as every row has it
 
 
 @pytest.fixture(scope="module")

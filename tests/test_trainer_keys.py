@@ -103,7 +103,7 @@ def test_trainer_refuses_a_shard_that_no_longer_matches_its_sidecar(tmp_path, be
     rewrite_in_place(parts[1], rows[-1]["text"])
     assert main(["--profile", str(p)]) == 2
     err = capsys.readouterr().err
-    assert "does not match the hash its sidecar" in err and parts[1].name in err and "make stage STAGE=" in err
+    assert "does not match the hash its sidecar" in err and parts[1].name in err and "contramine stage " in err
     assert state.stat().st_mtime_ns == written  # nothing trained, nothing overwritten
 
 

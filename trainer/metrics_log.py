@@ -2,6 +2,12 @@
 afresh, or trimmed back to the resumed step, and appended to without ever following a symlink planted in its place
 (a shared run folder is data: the log's target outside the run is neither read nor written).
 
+A training row is written at step 1, every train.log_every steps, at every evaluation (checkpoint) step and at the
+last step. Its loss, grad_norm and the objective's numbers (acc, l_c, ...) are the MEAN over the steps since the
+previous row, `steps_in_mean` of them (1 for step 1 and with log_every = 1); `lr` is the learning rate after the
+row's step. The steps' numbers stay on the device until the row is written (`MetricWindow`): one host read per
+row, none per step. Every checkpoint step ends a window, so a resumed run writes the rows an uninterrupted one does.
+
 The same records go to TensorBoard event files beside it (`make tensorboard RUN=<run>`), written by the one
 `MetricsLog.record` call that writes the line, so the curves are the log by construction: train/loss, train/lr,
 train/grad_norm, train/<objective metric>, dev/<set> (Spearman × 100) and dev/score, at the record's step (TensorBoard
@@ -12,11 +18,14 @@ package, or when a write fails, training goes on with metrics.jsonl alone (one l
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
+import torch
+
 from pipeline.engine.atomic import atomic_file
-from pipeline.engine.safe_paths import open_append
+from pipeline.engine.safe_paths import open_append, open_folder
 
 
 def _step_of(line: str) -> int | None:
@@ -53,7 +62,8 @@ def restart(path: Path, resumed_step: int | None) -> None:
 
 
 EVENTS_GLOB = "events.out.tfevents.*"
-SKIP = {"step", "epoch", "t", "best", "best_step"}  # positions and bookkeeping, not curves
+EVENTS = re.compile(r"events\.out\.tfevents\.[^/]+")  # what a SummaryWriter names its files
+SKIP = {"step", "epoch", "t", "best", "best_step", "steps_in_mean"}  # positions and bookkeeping, not curves
 
 
 def scalars(record: dict) -> list[tuple[str, float]]:
@@ -87,11 +97,14 @@ class MetricsLog:
 
     def __init__(self, run_root: Path, path: Path, curves: bool = True):
         self.file = open_append(run_root, path)
-        self.writer = None
+        self.writer, self.folder = None, None
         if curves:
-            for old in path.parent.glob(EVENTS_GLOB):  # a link goes, not its target
-                old.unlink()
-            self.writer = tensorboard_writer(path.parent)
+            # the folder as opened from the run without a link: the event files are removed and written in it (the
+            # writer is given its /proc/self/fd path), whatever happens to its path meanwhile
+            self.folder = open_folder(run_root, path.parent)
+            for e in self.folder.entries():
+                self.folder.unlink(e.name, EVENTS)  # only event files; a link among them goes, not its target
+            self.writer = tensorboard_writer(self.folder.at())
             for line in path.read_text(errors="replace").splitlines():  # what the resumed run kept, once
                 if (rec := _record(line)) is not None:
                     self._curves(rec)
@@ -115,6 +128,8 @@ class MetricsLog:
         self.file.close()
         if self.writer is not None:
             self.writer.close()
+        if self.folder is not None:
+            self.folder.close()
 
 
 def _record(line: str) -> dict | None:
@@ -123,3 +138,39 @@ def _record(line: str) -> dict | None:
     except ValueError:
         return None
     return rec if isinstance(rec, dict) else None
+
+
+class MetricWindow:
+    """The numbers of the training steps since the last logged row, summed where they were computed: `add` once per
+    step (the tensors are stacked and added to a running sum on their device, three small kernels: no host read),
+    `read` once per row (ONE host read for all of them), which returns their means over the window and empties it.
+    The sum is float64: a mean of thousands of float32 losses keeps the float32 digits. A step whose grad norm was
+    inf (an fp16 overflow the scaler skipped) makes its window's mean grad_norm inf: the row says one happened."""
+
+    def __init__(self):
+        self.keys: list[str] = []  # the device numbers, in the order of `sums`
+        self.sums: torch.Tensor | None = None
+        self.host: dict[str, float] = {}  # plain numbers an objective may return
+        self.steps = 0
+
+    def add(self, values: dict) -> None:
+        tensors = {k: v for k, v in values.items() if torch.is_tensor(v)}
+        if self.sums is not None and list(tensors) != self.keys:
+            raise ValueError(f"metrics changed within a logging window: {self.keys} then {list(tensors)}")
+        self.keys = list(tensors)
+        if tensors:
+            step = torch.stack([v.detach().float().reshape(()) for v in tensors.values()]).double()
+            self.sums = step if self.sums is None else self.sums + step
+        for k, v in values.items():
+            if v is not None and k not in tensors:
+                self.host[k] = self.host.get(k, 0.0) + float(v)
+        self.steps += 1
+
+    def read(self) -> tuple[dict[str, float], int]:
+        """({name: mean over the window}, steps in it); the window starts afresh."""
+        n = max(self.steps, 1)
+        means = dict(zip(self.keys, (self.sums / n).tolist())) if self.sums is not None else {}  # the one read
+        means.update({k: v / n for k, v in self.host.items()})
+        steps = self.steps
+        self.keys, self.sums, self.host, self.steps = [], None, {}, 0
+        return means, steps

@@ -4,7 +4,11 @@
     torchrun --nproc_per_node 4 -m trainer.train --profile debcse-paper          # DDP, gloo on CPU / nccl on GPU
 
 One loop, top to bottom: rows of the mined Parquet tables (trainer/data.py) -> objective.collate in DataLoader
-workers -> objective.forward -> AdamW with linear decay (optional warmup) and gradient clipping. Every
+workers (tokenising, stacking every group the step encodes into one batch, the padding-free layout) ->
+objective.forward (ONE encoder forward) -> fused AdamW with linear decay (optional warmup) and gradient clipping.
+A step reads nothing back from the device (on one process; under DDP the ranks' row counts are exchanged and read
+once per step, trainer/dist.py): the loss, the grad norm and the objective's numbers are summed there and read once
+per metrics.jsonl row, every `log_every` steps (trainer/metrics_log.py MetricWindow). Every
 `eval_every` steps (and at the last step) rank 0 scores STS-B dev (+ SICK trial), keeps the best encoder in
 best/ and the full training state in last/ (trainer/checkpoint.py). A restart with the same configuration (the
 settings, and by content the start weights, the mined tables and the dev files: trainer/keys.py) resumes from
@@ -30,6 +34,8 @@ from tqdm.auto import tqdm
 
 from pipeline.config import Config, load_config
 from pipeline.engine.atomic import atomic_write_json
+from pipeline.engine.lock import run_lock
+from pipeline.hints import command
 from pipeline.engine.safe_paths import check_below
 from pipeline.errors import ExpectedError
 from pipeline.models.encoder import Encoder
@@ -91,11 +97,11 @@ def seed_all(seed: int) -> None:
 
 def config_hash(cfg: Config, model: str, pooler: str, prompt: str, eval_len: int, data: list) -> str:
     """What decides the trajectory of the weights. Settings that do not (final_eval, num_workers: collate is
-    deterministic) are left out, so changing them does not throw away a half-done run. Data by content
-    (trainer/keys.py): the mined tables' hashes (`data`), the start weights' fingerprint, the dev files that pick
-    best/ — a shard rewritten in place or a model saved again into the same folder is another configuration."""
+    deterministic; log_every: how often the numbers are read back) are left out, so changing them does not throw
+    away a half-done run. Data by content (trainer/keys.py): the mined tables' hashes (`data`), the start weights'
+    fingerprint, the dev files that pick best/ — a shard rewritten in place or a model saved again into the same folder is another configuration."""
     train = cfg.train.model_dump(mode="json")
-    for key in ("final_eval", "num_workers", "output", "tensorboard"):
+    for key in ("final_eval", "num_workers", "output", "tensorboard", "log_every"):
         train.pop(key, None)
     blob = {"train": train, "model": model, "weights": model_fingerprint(resolve_model(model, "encoder")),
             "pooler": pooler, "prompt": prompt, "eval_max_length": eval_len, "data": data,
@@ -123,7 +129,12 @@ def train(cfg: Config, resume: bool = True) -> dict:
     """Train (see the module docstring); the caller's float32 matmul settings are back on return, TF32 included."""
     from trainer.evaluate import restored_float32_settings
 
-    with restored_float32_settings():
+    # one training per output folder (rank 0 for all ranks): a second `make train` of this objective and run stops
+    # here in one line, another objective trains beside it; no run folder (nothing to train on): no lock, no folder
+    out, root = ckpt.output_dir(cfg)
+    solo = int(os.environ.get("RANK", "0")) == 0 and cfg.run.dir.is_dir()
+    with run_lock(out, command("train", run=cfg.run.name, objective=cfg.train.objective), root=root, hint="train into another --run") if solo \
+            else nullcontext(), restored_float32_settings():
         return _train(cfg, resume)
 
 
@@ -196,11 +207,10 @@ def _train(cfg: Config, resume: bool) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_schedule(tc.warmup_steps, total))
 
     # --- where things go; resume from last/ when it belongs to this configuration -------------------------------------
-    out = Path(tc.output) if tc.output else cfg.run.dir / "train" / tc.objective
+    out, run_root = ckpt.output_dir(cfg)
     best_dir, last_dir, log_path = out / "best", out / "last", out / "metrics.jsonl"
     # Run folders are shared: no folder below the run (train/, <objective>/, best/, last/) may be a symlink, or our
-    # writes would land in its target. A train.output outside the run is checked from itself down.
-    run_root = cfg.run.dir if out.is_relative_to(cfg.run.dir) else out
+    # writes would land in its target. A train.output outside the runs is checked from itself down.
     for d in (best_dir, last_dir):
         check_below(run_root, d, final=True)
     chash = config_hash(cfg, model_name, pooler, prompt, eval_len, data_key)
@@ -243,6 +253,7 @@ def _train(cfg: Config, resume: bool) -> dict:
               f"{total} steps, lr {tc.lr}, {device} {precision}"
               + (f"; resumed at step {step} (epoch {epoch}, batch {batch_in_epoch})" if state else ""))
     log = metrics_log.MetricsLog(run_root, log_path, curves=tc.tensorboard) if master else None
+    window = metrics_log.MetricWindow()  # the steps' numbers since the last row, kept on the device
     bar = tqdm(total=total, initial=step, disable=not master, desc=tc.objective, unit="step", dynamic_ncols=True)
 
     # --- the loop ---------------------------------------------------------------------------------------------------
@@ -256,10 +267,10 @@ def _train(cfg: Config, resume: bool) -> dict:
             scaler.scale(loss).backward()
             if tc.grad_clip > 0:
                 scaler.unscale_(opt)  # clip the true gradients, not the fp16-scaled ones
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tc.grad_clip))
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)  # a device tensor: not read here
             else:
                 grad_norm = None
-            scaler.step(opt)
+            scaler.step(opt)  # fused AdamW takes the fp16 scaler's inf check on the device (no host read)
             scaler.update()
             opt.zero_grad(set_to_none=True)
             sched.step()
@@ -267,11 +278,17 @@ def _train(cfg: Config, resume: bool) -> dict:
             batch_in_epoch += 1
 
             if master:
-                loss_f = float(loss.item())
-                log.record({"step": step, "epoch": epoch, "loss": loss_f, "lr": sched.get_last_lr()[0],
-                            "grad_norm": grad_norm, **metrics, "t": round(time.perf_counter() - t0, 4)})
+                window.add({"loss": loss, "grad_norm": grad_norm, **metrics})
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss_f:.4f}", best=f"{best:.2f}" if best_step else "-")
+                # One host read per row, never one per step: step 1, every log_every steps, and every evaluation
+                # (checkpoint) step and the last, so a resumed run's rows equal an uninterrupted run's.
+                if step == 1 or step % tc.log_every == 0 or step % tc.eval_every == 0 or step == total:
+                    means, n = window.read()  # the row holds the window's means (trainer/metrics_log.py)
+                    loss_f, norm = means.pop("loss"), means.pop("grad_norm", None)
+                    log.record({"step": step, "epoch": epoch, "loss": loss_f, "lr": sched.get_last_lr()[0],
+                                "grad_norm": norm, **means, "steps_in_mean": n,
+                                "t": round(time.perf_counter() - t0, 4)})
+                    bar.set_postfix(loss=f"{loss_f:.4f}", best=f"{best:.2f}" if best_step else "-")
 
             if step % tc.eval_every == 0 or step == total:
                 # Rank 0 evaluates and saves; the others wait at the barrier (their RNG states travel with it).

@@ -17,7 +17,8 @@ they use, so their code versions do not cover settings they never read.
 """
 from pipeline.config.backtranslation import (BacktranslateCfg, ChainCfg, ChainRole,  # noqa: F401
                                              bergamot_greedy_problem, chain_name)
-from pipeline.config.base import CONFIG_DIR, ROOT, SHARED_DATA, ConfigError, Section, result_settings  # noqa: F401
+from pipeline.config.base import (ARTIFACTS, CHECKOUT, CONFIG_DIR, ROOT, SHARED_DATA, ConfigError,  # noqa: F401
+                                  Section, result_settings)
 from pipeline.config.loading import configure, load_config, read_profile, shards_for, split_overrides  # noqa: F401
 from pipeline.config.mining import (DataCfg, EmbeddingsCfg, EncoderCfg, IpwCfg, NegateCfg, NeighboursCfg,  # noqa: F401
                                     NoiseCfg, ParaphrasesCfg, Pooler, RunCfg, RunnerCfg, ScoresCfg, SentencesCfg)

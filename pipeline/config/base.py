@@ -8,8 +8,13 @@ from pydantic import BaseModel, ConfigDict
 from pipeline.errors import ExpectedError
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-CONFIG_DIR = ROOT / "configs"
-SHARED_DATA = (ROOT.parent / "shared" / "data").resolve()
+# A checkout (the repository: its configs/ beside pyproject.toml) keeps runs in its own artifacts/ and reads the
+# shared data beside it; an installed package (`pip install`: ROOT is site-packages) reads the profiles packaged
+# with it (pyproject.toml maps configs/ to pipeline/profiles) and keeps runs in ./artifacts of the folder it runs in.
+CHECKOUT = (ROOT / "pyproject.toml").is_file() and (ROOT / "configs").is_dir()
+CONFIG_DIR = ROOT / "configs" if CHECKOUT else Path(__file__).resolve().parent.parent / "profiles"
+ARTIFACTS = ROOT / "artifacts" if CHECKOUT else Path.cwd() / "artifacts"
+SHARED_DATA = (ROOT.parent / "shared" / "data").resolve()  # a checkout's data (the default corpus, SentEval)
 
 
 class ConfigError(ExpectedError, ValueError):

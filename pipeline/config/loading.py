@@ -144,23 +144,18 @@ def configure(profile: str = "default", run: str | None = None, corpus: str | No
     return cfg
 
 
-def shards_for(corpus: Path, max_shard_rows: int) -> int:
-    """ceil(lines / max_shard_rows) of a text corpus (rows of a Parquet one); 0 when off or the file is absent."""
-    if not max_shard_rows or not Path(corpus).is_file():
+def shards_for(corpus, max_shard_rows: int) -> int:
+    """ceil(records / max_shard_rows) of a corpus (pipeline/corpus_forms.py: lines of text and JSON Lines, rows of
+    Parquet, over all its parts); 0 when off, when the corpus is unset or unreadable (the sentences stage says why),
+    and for a hub dataset, whose size is not known before it is streamed (run.shards decides)."""
+    if not max_shard_rows or corpus is None:
         return 0
-    if Path(corpus).suffix == ".parquet":
-        import pyarrow.parquet as pq
+    from pipeline.corpus_forms import Corpus
 
-        try:
-            lines = pq.ParquetFile(corpus).metadata.num_rows
-        except Exception:  # not readable: the sentences stage says so, naming the file
-            return 0
-    else:
-        lines, last = 0, b"\n"
-        with open(corpus, "rb") as f:
-            while chunk := f.read(1 << 24):
-                lines, last = lines + chunk.count(b"\n"), chunk[-1:]
-        lines += last != b"\n"  # a last line without its newline
+    try:
+        lines = sum(n for _, n in Corpus(str(corpus)).sources())
+    except Exception:  # not readable: the sentences stage's check says so, naming the file
+        return 0
     return -(-lines // max_shard_rows)
 
 

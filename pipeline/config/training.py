@@ -42,6 +42,10 @@ class TrainCfg(Section):
     temperature: float = Field(0.05, gt=0)
     dropout: float = Field(0.1, ge=0, le=1)
     eval_every: int = Field(125, ge=1)
+    log_every: int = Field(20, ge=1, description="steps per metrics.jsonl row: its loss, grad_norm and metrics are "
+                                                "the mean over those steps (also logged: step 1, every evaluation and "
+                                                "the last step); the one host read of the numbers, so a GPU step never "
+                                                "waits for it")
     eval_sick: bool = False
     eval_max_pairs: int = Field(0, ge=0, description="0 = all dev pairs")
     eval_precision: Literal["float32", "bf16", "fp16"] = Field(

@@ -9,6 +9,12 @@ server's lease time, 90 s by default on NFSv4). Workers of a Dask cluster write 
 they never take it, the flow's process holds it from its first write to its last commit.
 
 Held per process and re-entrant: `make mine` holds it for the whole run and each stage's `run_stage` enters it again.
+
+The commands that write one output folder of a run lock that folder instead, so that they run beside `make mine`
+(they read its committed snapshot) and beside each other, but never twice over one folder: `make train` holds
+train/<objective>/.lock (two objectives of one run train side by side, one objective twice stops in one line),
+`make export` export/.<format>.lock, `make compare` compare/.lock (each of its trainings its own folder's too),
+`make report` report/.lock. Such a lock is opened like every write below a run: no folder on the way may be a link.
 """
 from __future__ import annotations
 
@@ -21,10 +27,11 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from pipeline.engine.safe_paths import open_folder
 from pipeline.errors import ExpectedError
 
 LOCK = ".lock"
-_held: dict[Path, list] = {}  # run folder -> [open file, depth] of this process
+_held: dict[tuple[Path, str], list] = {}  # (folder, lock file name) -> [open file, depth] of this process
 _guard = threading.Lock()
 
 
@@ -41,33 +48,20 @@ def holder(run_dir: Path | str) -> dict:
 
 
 @contextmanager
-def run_lock(run_dir: Path | str, what: str = "mine"):
-    """Hold the run folder's writer lock for the block; RunBusy at once if another process holds it."""
-    key = Path(os.path.abspath(run_dir))
+def run_lock(folder: Path | str, what: str = "mine", root: Path | str | None = None, name: str = LOCK,
+             hint: str = "mine into another RUN"):
+    """Hold `folder`'s writer lock (the file `name` in it) for the block; RunBusy at once, in one line naming the
+    holder, if another process holds it. Without `root` the folder is a run folder (it may be a link itself); with
+    one, the folder is an output folder below `root`, reached without following a link (safe_paths.py), and the lock
+    guards what is written there (train/<objective>/, export/<format>, compare/, report/)."""
+    key = (Path(os.path.abspath(folder)), name)
     with _guard:
         if key in _held:
             _held[key][1] += 1
         else:
-            key.mkdir(parents=True, exist_ok=True)
-            flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-            try:
-                fd = os.open(key / LOCK, flags, 0o644)
-            except OSError as e:  # a planted symlink (O_NOFOLLOW) or a folder in its place
-                raise RunBusy(f"{key / LOCK}: cannot open the run's lock file ({e.strerror}): remove it") from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                h = holder(key)
-                raise RunBusy(f"run folder {key} is being written by pid {h.get('pid', '?')} on host "
-                              f"{h.get('host', '?')} since {h.get('since', '?')} ({h.get('what', '?')}): wait for "
-                              f"it to end, or mine into another RUN") from None
-            os.ftruncate(fd, 0)
-            os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "what": what,
-                                     "since": dt.datetime.now().astimezone().isoformat(timespec="seconds")}).encode())
-            _held[key] = [fd, 1]
+            _held[key] = [_take(Path(folder), what, root, name, hint), 1]
     try:
-        yield key
+        yield key[0]
     finally:
         with _guard:
             _held[key][1] -= 1
@@ -75,3 +69,33 @@ def run_lock(run_dir: Path | str, what: str = "mine"):
                 fd = _held.pop(key)[0]
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
+
+
+def _take(folder: Path, what: str, root: Path | str | None, name: str, hint: str) -> int:
+    where = folder / name
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    with open_folder(folder if root is None else root, folder) as d:
+        try:
+            fd = os.open(name, flags, 0o644, dir_fd=d.fd)
+        except OSError as e:  # a planted symlink (O_NOFOLLOW) or a folder in its place
+            raise RunBusy(f"{where}: cannot open the {'run' if root is None else 'folder'}'s lock file "
+                          f"({e.strerror}): remove it") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        h = _read_holder(fd)
+        os.close(fd)
+        raise RunBusy(f"{'run folder ' if root is None else ''}{os.path.abspath(folder)} is being written by pid "
+                      f"{h.get('pid', '?')} on host {h.get('host', '?')} since {h.get('since', '?')} "
+                      f"({h.get('what', '?')}): wait for it to end, or {hint}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "what": what,
+                              "since": dt.datetime.now().astimezone().isoformat(timespec="seconds")}).encode(), 0)
+    return fd
+
+
+def _read_holder(fd: int) -> dict:
+    try:
+        return json.loads(os.pread(fd, 1 << 16, 0).decode() or "{}")
+    except (OSError, ValueError):
+        return {}

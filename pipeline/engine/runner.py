@@ -26,7 +26,7 @@ from pipeline.engine.codeversion import code_version
 from pipeline.engine.discovery import load_stages, writer  # noqa: F401  (writer: re-exported for the CLI)
 from pipeline.engine.lock import run_lock
 from pipeline.engine.maps import default_map
-from pipeline.engine.memo import memo_manifest
+from pipeline.engine.memo import memo_manifest, release_indexes
 from pipeline.engine.spec import Ctx, Stage
 from pipeline.engine.store import Store, combine, file_hash  # noqa: F401  (file_hash: stages' facts use it)
 
@@ -80,11 +80,13 @@ def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: b
         return [{"stage": name, "shard": c.index, "table": c.table, "cached": True, "rows": c.rows, "seconds": 0.0,
                  "entry": c.entry()} for c in cached]
     resources.enter(name)
+    release_indexes(keep_stage=name)  # another stage's memo lookup indexes: not needed in this process any more
     t0 = time.perf_counter()
     ctx = Ctx(cfg, store, i, n, progress, stage, plan, force=force)
     tables = stage(ctx)
     seconds = time.perf_counter() - t0
-    memo = {m: (c.counts.computed, c.counts.reused) for m, c in ctx.memos.items()}  # on the job's first row only
+    memo = {m: (c.counts.computed, c.counts.reused, c.counts.audited)  # on the job's first row only
+            for m, c in ctx.memos.items()}
     out = []
     for t in stage.writes:
         for j, part in zip(shards, tables[t] if stage.one_job else [tables[t]]):
@@ -148,6 +150,7 @@ def run_stage(name: str, cfg: Config, force: bool = False, plan: dict | None = N
 def memo_line(manifest: dict) -> str:
     """"; encode: 16 rows computed, 1,984 from the memo" for each memo of the stage (its state when off)."""
     return "".join(f"; {m}: {e['rows_computed']:,} rows computed, {e['rows_reused']:,} from the memo"
+                   + (f" ({e['rows_audited']:,} of them audited)" if e.get("rows_audited") else "")
                    + ("" if e["state"] == "on" else f" (memo {e['state']})")
                    for m, e in (manifest.get("memo") or {}).items())
 
@@ -168,6 +171,7 @@ def finish_stage(name: str, cfg: Config, results: list[dict], wall: float, plan:
     rows, seconds, the stage's own facts and resolved resources, and the file list) replaces the last one. Returns
     the manifest."""
     resources.release(name)
+    release_indexes()  # the stage's memo lookup indexes in this process (16 bytes a row): freed
     stage, store, n = load_stages()[name], Store(cfg.run.dir), cfg.run.shards
     plan = _plan(name, cfg, plan)
     store.staged.update(staged_files(stage, n, results))  # the stage's own manifest functions see the new shards

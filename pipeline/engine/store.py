@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +29,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.engine.atomic import atomic_file, atomic_write_json
+from pipeline.engine.safe_paths import open_folder
+from pipeline.errors import ExpectedError
 from pipeline.schema import SCHEMAS
 
-PART = re.compile(r"^part-(\d{5})-of-(\d{5})(?:\.([0-9a-f]{16}))?\.parquet$")
+# fullmatch, and \Z not $: a name ending in a newline is not a part (pipeline/config/names.py does the same)
+PART = re.compile(r"part-(\d{5})-of-(\d{5})(?:\.([0-9a-f]{16}))?\.parquet\Z")
+OLD_PART = re.compile(r"part-(\d{5})-of-(\d{5})\.parquet\Z")  # a manifest without a file list names these
 MANIFEST = "_manifest.json"
+# what a writer of a table folder makes there besides the manifest: shards, their sidecars and their temp files
+_SHARD = r"part-\d{5}-of-\d{5}(?:\.[0-9a-f]{16})?\.(?:parquet|json)"
+OWN = re.compile(rf"{_SHARD}|\.{_SHARD}\.[a-z0-9_]+\.tmp")
 
 
 def shard_file(i: int, n: int, key: str | None = None) -> str:
@@ -43,43 +51,157 @@ def shard_file(i: int, n: int, key: str | None = None) -> str:
 
 
 def read_manifest(table_dir: Path) -> dict | None:
+    """The table's committed manifest, checked (`check_manifest`), or None when the table has none."""
     p = Path(table_dir) / MANIFEST
+    if not p.is_file():
+        return None
+    return parse_manifest(table_dir, p.read_bytes())
+
+
+def parse_manifest(table_dir: Path, raw: bytes) -> dict:
+    """A manifest's bytes as read once (a copy takes its file list from the same bytes it copies), checked."""
     try:
-        return json.loads(p.read_text()) if p.is_file() else None
-    except json.JSONDecodeError:
-        raise TableCorrupt(f"{p}: not a manifest (invalid JSON): rerun the stage that writes "
-                           f"`{Path(table_dir).name}`") from None
+        man = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise manifest_error(table_dir, "not a manifest (invalid JSON)") from None
+    check_manifest(table_dir, man)
+    return man
+
+
+# A manifest is data: every reader (tables.py: `make sql`, `make report`, `make train`, `make export`; the runner's
+# inputs) takes its shape from here, so a hand-edited, truncated or planted one is one line, never a traceback, a
+# doubled row or a loop over a million shard names. Fields the writers record, and the type readers rely on:
+MANIFEST_FIELDS = {"stage": str, "table": str, "config": dict, "rows": dict, "memo": dict, "inputs": dict,
+                   "resources": dict, "config_hash": str, "code": str, "extra": str, "seed": int,
+                   "seconds": (int, float), "wall_seconds_last_run": (int, float), "shards_computed": int,
+                   "shards_cached": int}
+MAX_SHARDS = 99_999  # what a part name's five digits can number
+_ENTRY_FIELDS = {"file": str, "hash": str, "rows": int, "seconds": (int, float)}
+
+
+class TableCorrupt(ExpectedError, ValueError):
+    """A manifest that is not one (invalid JSON, a field of the wrong type, a file list naming something else or a
+    file twice, a shard count no folder holds): one line naming the table, its run and the command that rewrites it."""
+
+
+def manifest_error(table_dir: Path, why: str, man=None) -> TableCorrupt:
+    """The one line: which table of which run, what is wrong, and the stage run that writes the table again (the
+    manifest's own `stage` where it names one of the run order's stages, else looked up: that imports the stages)."""
+    table_dir = Path(table_dir)
+    table, run = table_dir.name, table_dir.parent.name
+    stage = man.get("stage") if isinstance(man, dict) else None
+    try:
+        from pipeline.stages import ORDER
+
+        if stage not in ORDER:
+            from pipeline.engine.discovery import writer  # the error path only
+
+            stage = writer(table)
+    except Exception:  # noqa: BLE001 - naming the writer must never hide the refusal itself
+        stage = None
+    from pipeline.hints import command
+
+    fix = (f"rewrite it with `{command('stage', stage=stage, run=run, force=True)}`" if stage else
+           f"no stage writes `{table}`: remove {table_dir} or write it again")
+    return TableCorrupt(f"table `{table}` of run {run!r}: {table_dir / MANIFEST} {why}: {fix}")
+
+
+def _typed(value, kind) -> bool:
+    """isinstance, except that true/false are not numbers here (JSON's true is no shard count)."""
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def check_manifest(table_dir: Path, man) -> None:
+    """Refuse (TableCorrupt, one line) a manifest of the wrong shape: not an object; a known field of another type;
+    a `files` list that is not a list of {file, hash, rows, seconds} whose names fullmatch the part pattern, number
+    their position and the list's length, and are each listed once; `shards` other than that length. A manifest
+    of the old layout (no `files`) must name a shard count its folder holds (at most MAX_SHARDS)."""
+    if not isinstance(man, dict):
+        raise manifest_error(table_dir, f"is {_short(man)}, not a JSON object", man)
+    for key, kind in MANIFEST_FIELDS.items():
+        if man.get(key) is not None and not _typed(man[key], kind):
+            raise manifest_error(table_dir, f"has {key} = {_short(man[key])}, not a {_kind_name(kind)}", man)
+    if isinstance(man.get("rows"), dict):
+        bad = next((k for k, v in man["rows"].items() if not _typed(v, int)), None)
+        if bad is not None:
+            raise manifest_error(table_dir, f"has rows[{bad!r}] = {_short(man['rows'][bad])}, not a whole number",
+                                 man)
+    shards = man.get("shards")
+    if "files" in man:
+        files = man["files"]
+        if not isinstance(files, list):
+            raise manifest_error(table_dir, f"has files = {_short(files)}, not a list of shard files", man)
+        if len(files) > MAX_SHARDS:
+            raise manifest_error(table_dir, f"lists {len(files):,} files, more than a part name can number "
+                                            f"({MAX_SHARDS:,})", man)
+        if shards is not None and (not _typed(shards, int) or shards != len(files)):
+            raise manifest_error(table_dir, f"has shards = {_short(shards)} but lists {len(files)} files", man)
+        seen: set[str] = set()
+        for i, e in enumerate(files):
+            if not isinstance(e, dict):
+                raise manifest_error(table_dir, f"lists {_short(e)} at position {i}, not a shard file entry", man)
+            for key, kind in _ENTRY_FIELDS.items():
+                if e.get(key) is not None and not _typed(e[key], kind):
+                    raise manifest_error(table_dir, f"lists {key} = {_short(e[key])} at position {i}, not a "
+                                                    f"{_kind_name(kind)}", man)
+            name = e.get("file")
+            m = PART.fullmatch(name) if isinstance(name, str) else None
+            if m is None:  # a file list naming anything but a shard beside it is not ours: refuse, never follow
+                raise manifest_error(table_dir, f"lists {_short(name)} at position {i}, not a shard file name "
+                                                f"(part-<i>-of-<n>.<key>.parquet)", man)
+            if name in seen:
+                raise manifest_error(table_dir, f"lists {name} twice (its rows would be read twice)", man)
+            seen.add(name)
+            if (int(m.group(1)), int(m.group(2))) != (i, len(files)):
+                raise manifest_error(table_dir, f"lists {name} at position {i} of {len(files)} (shard i of n is "
+                                                f"part-<i>-of-<n>, in order)", man)
+        return
+    if not _typed(shards, int) or not 0 <= shards <= MAX_SHARDS:
+        raise manifest_error(table_dir, f"has no file list and shards = {_short(shards)}, not a shard count "
+                                        f"(0 to {MAX_SHARDS:,})", man)
+    try:  # the old layout's files are part-<i>-of-<n>.parquet: its count is bounded by what the folder holds
+        held = sum(1 for name in os.listdir(table_dir) if OLD_PART.fullmatch(name) and name.endswith(
+            f"-of-{shards:05d}.parquet"))
+    except OSError:
+        held = 0
+    if shards > held:
+        raise manifest_error(table_dir, f"names {shards:,} shards (no file list) and its folder holds {held} of them",
+                             man)
+
+
+def _short(value) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _kind_name(kind) -> str:
+    names = {str: "string", dict: "JSON object", int: "whole number", (int, float): "number"}
+    return names.get(kind, str(kind))
 
 
 def committed_files(table_dir: Path, manifest: dict | None = None) -> list[dict] | None:
     """The committed snapshot of a table: [{file, hash, rows, seconds}] in shard order, or None (not finished). A
     manifest without a file list (written before there were any): its layout's `part-<i>-of-<n>.parquet` files,
-    with what their sidecars say."""
+    with what their sidecars say. `manifest`, when given, has been read (and checked) by the caller."""
     man = manifest if manifest is not None else read_manifest(table_dir)
     if man is None:
         return None
     if "files" in man:
-        files = man["files"]
-        for e in files:  # a file list naming anything but a shard beside it is not ours: refuse, never follow
-            if not isinstance(e, dict) or not PART.match(str(e.get("file", ""))):
-                raise TableCorrupt(f"{Path(table_dir) / MANIFEST}: lists {e!r}, not a shard file name")
-        return files
-    n = int(man.get("shards", 0))
+        return man["files"]
+    n = man["shards"]
     out = []
     for i in range(n):
         name = shard_file(i, n)
         side = (Path(table_dir) / name).with_suffix(".json")
         try:
-            meta = json.loads(side.read_text()) if side.is_file() else {}
-        except json.JSONDecodeError:
+            meta = json.loads(side.read_text()) if side.is_file() and not side.is_symlink() else {}
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
             meta = {}
-        out.append({"file": name, "hash": meta.get("hash"), "rows": int(meta.get("rows", 0)),
-                    "seconds": float(meta.get("seconds", 0.0))})
+        meta = meta if isinstance(meta, dict) else {}
+        out.append({"file": name, "hash": meta.get("hash") if isinstance(meta.get("hash"), str) else None,
+                    "rows": meta["rows"] if _typed(meta.get("rows"), int) else 0,
+                    "seconds": float(meta["seconds"]) if _typed(meta.get("seconds"), (int, float)) else 0.0})
     return out
-
-
-class TableCorrupt(ValueError):
-    """A manifest that is not one (invalid JSON, a file list naming something else): one line naming it."""
 
 
 def file_hash(path: Path) -> str:
@@ -201,13 +323,14 @@ class Store:
         """Shard i under `key`: a file of its own name, never one a manifest lists with other bytes."""
         check_schema(table, data)
         path = self.shard_path(table, i, n, key)
-        with atomic_file(path) as tmp:
+        with atomic_file(path, root=self.root) as tmp:  # no folder below the run is a link (safe_paths.py)
             # Fixed writer options: the same table always gives the same bytes.
             pq.write_table(data, tmp, compression="zstd", row_group_size=64_000, write_statistics=True)
         info = ShardInfo(table, i, n, key, file_hash(path), data.num_rows, cached=False, file=path.name,
                          seconds=seconds)
         atomic_write_json(path.with_suffix(".json"),
-                          {"key": key, "hash": info.hash, "rows": info.rows, "seconds": round(seconds, 3)})
+                          {"key": key, "hash": info.hash, "rows": info.rows, "seconds": round(seconds, 3)},
+                          root=self.root)
         return info
 
     def cached_shard(self, table: str, i: int, n: int, key: str) -> ShardInfo | None:
@@ -235,18 +358,19 @@ class Store:
 
     def finish(self, table: str, n: int, manifest: dict, files: list[dict]) -> None:
         """Commit: the manifest naming exactly `files` replaces the last one in one rename; then every shard file
-        no longer listed (an older computation, another layout, a killed writer's temp file) is removed. Only the
-        run's one writer (lock.py) calls this, so no other writer's file is in flight."""
-        if len(files) != n or any(not PART.match(e["file"]) for e in files):
+        no longer listed (an older computation, another layout, a killed writer's temp file) is removed: only names
+        a writer of this module makes (OWN), never another file, a folder or a link's target. Only the run's one
+        writer (lock.py) calls this, so no other writer's file is in flight."""
+        if len(files) != n or any(not PART.fullmatch(e["file"]) for e in files):
             raise ValueError(f"table {table}: a commit needs {n} shard files, got {[e.get('file') for e in files]}")
-        atomic_write_json(self.dir(table) / MANIFEST, {**manifest, "table": table, "shards": n, "files": files})
+        atomic_write_json(self.dir(table) / MANIFEST, {**manifest, "table": table, "shards": n, "files": files},
+                          root=self.root)
         self.staged.pop(table, None)
         keep = {e["file"] for e in files} | {str(Path(e["file"]).with_suffix(".json")) for e in files}
-        for p in self.dir(table).glob("part-*"):
-            if p.name not in keep:
-                p.unlink(missing_ok=True)
-        for p in self.dir(table).glob(".part-*.tmp"):  # temp files of a killed writer
-            p.unlink(missing_ok=True)
+        with open_folder(self.root, self.dir(table)) as d:
+            for e in d.entries():
+                if e.name not in keep:
+                    d.unlink(e.name, OWN)
 
 
 def schema_of(table: str) -> pa.Schema | None:

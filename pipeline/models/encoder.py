@@ -9,6 +9,8 @@ Poolers (SimCSE's names):
 """
 from __future__ import annotations
 
+import copy
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -20,16 +22,18 @@ from tqdm.auto import tqdm
 from pipeline.engine.memo import row_key
 from pipeline.engine.resources import Resource, cuda_device
 from pipeline.engine.spec import Memo, package_versions
+from pipeline.models.encode_batches import MIN_ROWS, MIN_TOKENS  # noqa: F401  (their home was here)
+from pipeline.models.encode_batches import (Tokens, packed_batches, same_length_batches, token_arrays,
+                                            tokenize_threads, tokenized_chunks)
 from pipeline.models.hub import model_fingerprint, pick_device, resolve_model
 from pipeline.models.standin import StandInEncoder, is_standin
 from pipeline.schema import vectors_table
 
-MIN_ROWS = 8  # see Encoder.encode
-# ... and at least this many tokens (rows x length): below ~192 tokens per batch this machine's CPU GEMM takes
-# other kernels whose last bits differ (measured on MiniLM: 11 rows of 17 tokens differ from 12+, 32 of 6 from 33+)
-MIN_TOKENS = 256
 POOLERS = ("cls", "cls_before_pooler", "mean", "mask", "avg_first_last")
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+BATCH_TOKENS = 32768  # a GPU batch: rows x padded length (~1,300 rows of 25 tokens; bert-base: ~7 TFLOP a batch)
+FLUSH_ROWS = 32768  # vectors kept on the device before one copy back to the host
+_LOCK = threading.Lock()  # encoders' caches, shared HF tokenizers (not an attribute: copy.deepcopy(encoder) works)
 DEFAULT_PROMPT = 'This sentence : "{s}" means [MASK] .'  # PromptBERT's template, OssCSE's T1
 
 
@@ -43,9 +47,26 @@ def resolve_precision(setting: str, device: str) -> str:
     return "float32"
 
 
+def batching(kind: str) -> str:
+    """How `encode` batches on a device kind: "same_length" on a CPU (a row's vector does not depend on its batch),
+    "packed" elsewhere (lengths merged into token-budget batches: GPU kernels make no such promise)."""
+    return "same_length" if kind == "cpu" else "packed"
+
+
+def held_dtype(precision: str, kind: str) -> torch.dtype | None:
+    """The dtype `encode` holds the weights in: bf16 / fp16 on a GPU (cast once), None where it runs the float32
+    weights (a CPU's bf16 / fp16 is autocast, as before: its tables keep their bytes)."""
+    return AUTOCAST.get(precision) if kind != "cpu" else None
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """Half-precision hidden states in float32 for pooling; float32 (and a float64 test's) tensors as they are."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
 def pool(outputs, attention_mask: torch.Tensor, pooler: str, mask_positions: torch.Tensor | None = None) -> torch.Tensor:
     """Pool transformer outputs into one vector per sentence."""
-    last = outputs.last_hidden_state
+    last = _wide(outputs.last_hidden_state)
     if pooler == "cls_before_pooler":
         return last[:, 0]
     if pooler == "cls":
@@ -60,7 +81,7 @@ def pool(outputs, attention_mask: torch.Tensor, pooler: str, mask_positions: tor
         return (last * m).sum(1) / m.sum(1).clamp(min=1e-9)
     if pooler == "avg_first_last":
         hs = outputs.hidden_states
-        return (((hs[1] + hs[-1]) / 2.0) * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        return (((_wide(hs[1]) + _wide(hs[-1])) / 2.0) * m).sum(1) / m.sum(1).clamp(min=1e-9)
     raise ValueError(f"unknown pooler {pooler!r}; one of {', '.join(POOLERS)}")
 
 
@@ -68,17 +89,19 @@ class Encoder(torch.nn.Module):
     """AutoModel + tokenizer + pooler. `encode` for inference, `forward` (with grad) for training."""
 
     def __init__(self, model, tokenizer, pooler: str = "mean", max_length: int = 128,
-                 prompt: str = DEFAULT_PROMPT, precision: str = "float32"):
+                 prompt: str = DEFAULT_PROMPT, precision: str = "float32", batch_tokens: int = BATCH_TOKENS):
         super().__init__()
         if pooler not in POOLERS:
             raise ValueError(f"unknown pooler {pooler!r}; one of {', '.join(POOLERS)}")
         self.model, self.tokenizer, self.pooler, self.max_length, self.prompt = model, tokenizer, pooler, max_length, prompt
         self.precision = precision  # of `encode` (resolve_precision); the vectors are always float32
         self.unpad = False  # padding-free forward (pipeline/unpad.py); the trainer turns it on with train.unpad
+        self.batch_tokens = batch_tokens  # of a GPU's `encode` batch (rows x padded length)
+        self._cache: dict = {}  # `encode`'s tokenizer backends and weights held in bf16 / fp16 (_backend, _held)
 
     @classmethod
     def load(cls, name: str, pooler: str = "mean", max_length: int = 128, device: str = "auto",
-             prompt: str = DEFAULT_PROMPT, precision: str = "float32",
+             prompt: str = DEFAULT_PROMPT, precision: str = "float32", batch_tokens: int = BATCH_TOKENS,
              **model_kwargs) -> "Encoder":
         if is_standin(name):
             return StandInEncoder(name)  # same interface (encode, dim, device), no weights: `make scale`
@@ -90,7 +113,7 @@ class Encoder(torch.nn.Module):
         if _takes_pooling_layer(path):  # keep BERT's pooler (dense + tanh): the `cls` pooler reads it
             model_kwargs = {"add_pooling_layer": True, **model_kwargs}
         model = AutoModel.from_pretrained(path, **model_kwargs)
-        return cls(model, tok, pooler, max_length, prompt, precision).to(pick_device(device)).eval()
+        return cls(model, tok, pooler, max_length, prompt, precision, batch_tokens).to(pick_device(device)).eval()
 
     @property
     def device(self) -> torch.device:
@@ -114,70 +137,183 @@ class Encoder(torch.nn.Module):
 
     def forward(self, batch: dict) -> torch.Tensor:
         """Pooled vectors of a tokenized batch, with grad. With `self.unpad` (the trainer's `train.unpad`), BERT-family
-        models skip the pad tokens (pipeline/unpad.py): same outputs, ~25% less arithmetic on short sentences."""
-        batch = {k: v.to(self.device) for k, v in batch.items()}
+        models skip the pad tokens (pipeline/unpad.py): same outputs, ~25% less arithmetic on short sentences. A
+        training batch brings its packed layout from collate (`unpad_index`, `unpad_positions`: made on the host, so
+        the forward reads nothing back from the device); for one without, the layout is found here."""
+        return self._pooled(self.model, {k: v.to(self.device) for k, v in batch.items()})
+
+    def _pooled(self, model, batch: dict) -> torch.Tensor:
+        """`forward` through `model`: this encoder's own, or its weights held in bf16 / fp16 (`_held`)."""
+        batch = dict(batch)
         mask_positions = batch.pop("mask_positions", None)
+        # unpad.LAYOUT_KEYS, spelt out: importing unpad registers its attention with transformers, only where used
+        layout = {k: batch.pop(k) for k in ("unpad_index", "unpad_positions") if k in batch} or None
         hidden = self.pooler == "avg_first_last"
         if self.unpad:
-            from pipeline.models.unpad import can_unpad, unpadded_forward
-        if self.unpad and can_unpad(self.model, batch["attention_mask"]):
-            out = unpadded_forward(self.model, batch, output_hidden_states=hidden, output_pooler=self.pooler == "cls")
+            from pipeline.models.unpad import unpad_layout, unpadded_forward
+
+            if layout is None:  # host reads of the mask; a batch without pads has nothing to skip
+                layout = unpad_layout(model, batch["attention_mask"])
+                if layout is not None and len(layout["unpad_index"]) == batch["attention_mask"].numel():
+                    layout = None
+        if self.unpad and layout is not None:
+            out = unpadded_forward(model, batch, output_hidden_states=hidden, output_pooler=self.pooler == "cls",
+                                   layout=layout)
         else:
-            out = self.model(**batch, output_hidden_states=hidden, return_dict=True)
+            out = model(**batch, output_hidden_states=hidden, return_dict=True)
         return pool(out, batch["attention_mask"], self.pooler, mask_positions)
 
     def _prompted(self, texts: list[str], template: str | None, max_length: int) -> tuple[list[str], int]:
         """Texts wrapped in the prompt template (sentence truncated, never the template) and the token budget."""
+        pre, post, n_template = self._template(template)
+        budget = max(1, max_length - n_template)
+        clipped = [self.tokenizer.convert_tokens_to_string(self.tokenizer.tokenize(t)[:budget]) for t in texts]
+        return [pre + t + post for t in clipped], max_length + n_template
+
+    def _template(self, template: str | None) -> tuple[str, str, int]:
+        """The prompt template's text before and after the sentence, and the tokens it adds."""
         template = template or self.prompt
         mask_tok = self.tokenizer.mask_token
         if mask_tok is None:
             raise ValueError("pooler 'mask' needs a tokenizer with a mask token")
         pre, post = template.replace("[MASK]", mask_tok).split("{s}")
-        n_template = len(self.tokenizer(pre + post, add_special_tokens=True)["input_ids"])
-        budget = max(1, max_length - n_template)
-        clipped = [self.tokenizer.convert_tokens_to_string(self.tokenizer.tokenize(t)[:budget]) for t in texts]
-        return [pre + t + post for t in clipped], max_length + n_template
+        return pre, post, len(self.tokenizer(pre + post, add_special_tokens=True)["input_ids"])
 
     @torch.inference_mode()
     def encode(self, texts: list[str], batch_size: int = 128, normalize: bool = True, progress: bool | str = False,
-               template: str | None = None) -> np.ndarray:
+               template: str | None = None, batch_tokens: int | None = None) -> np.ndarray:
         """Embed texts as float32 rows (L2-normalised by default), in input order.
 
-        Texts are tokenised once, then batched only with texts of the SAME token length: no padding at all, and
-        a row's numbers do not depend on which other rows share its batch (with padding, ~30% of rows change in
-        the last bits with the batch composition) — so results are identical whatever the sharding. (Checked
-        on CPU; GPU kernels give no such promise.)"""
+        Worker threads tokenise the texts chunk by chunk ahead of the model (encode_batches.py); host arrays are
+        numpy, copied to a GPU from pinned memory without a sync, and the vectors come back once per FLUSH_ROWS
+        rows, not per batch. How rows are batched depends on the device (`batching`):
+        - a CPU: only texts of the SAME token length share a batch (at most `batch_size` rows; below MIN_ROWS rows
+          or MIN_TOKENS tokens the rows are repeated): no padding at all, and a row's numbers do not depend on which
+          other rows share its batch (with padding, ~30% of rows change in the last bits with the batch
+          composition), so results are identical whatever the sharding — the row memo relies on it;
+        - a GPU: lengths merged, rows sorted by length into batches of at most `batch_tokens` tokens (rows x
+          padded length; default `self.batch_tokens`). GPU kernels give no batch-independence promise anyway: a
+          float32 vector moved by 3e-8 with its batch on an H100, and bf16 ones move more.
+        `self.precision` "bf16" / "fp16" (resolve_precision) means autocast on a CPU and, on a GPU, a copy of the
+        weights held in that dtype (cast once, not per batch); pooling and normalising run in float32 either way."""
+        return self._encode(texts, batch_size, normalize, progress, template, batch_tokens, self.device.type)
+
+    def _encode(self, texts, batch_size: int, normalize: bool, progress: bool | str, template: str | None,
+                batch_tokens: int | None, kind: str) -> np.ndarray:
+        """`encode` under the batching and precision rules of device kind `kind` (tests run a GPU's rules on CPU
+        tensors: only pinning and the device copy follow the model's real device)."""
         was_training = self.training
         self.eval()
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        max_length = self.max_length
-        if self.pooler == "mask":
-            texts, max_length = self._prompted(texts, template, max_length)
-        enc = self.tokenizer(list(texts), truncation=True, max_length=max_length) if texts else {"input_ids": []}
-        keys = [k for k in enc.keys() if k in ("input_ids", "attention_mask", "token_type_ids")]
-        lengths = np.array([len(ids) for ids in enc["input_ids"]], dtype=np.int64)
-        order = np.lexsort((np.arange(len(lengths)), -lengths))  # longest first: memory peaks early
-        batches = []
-        for length in np.unique(lengths)[::-1]:
-            rows = order[lengths[order] == length]
-            batches += [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
         precision = resolve_precision(self.precision, str(self.device))
-        desc = progress if isinstance(progress, str) else "encode"
-        for idx in tqdm(batches, desc=desc, disable=not progress, unit="batch"):
-            real = len(idx)
-            # Small batches take other CPU kernels whose last bits differ: repeat rows up to MIN_ROWS rows and
-            # MIN_TOKENS tokens, so a row's numbers never depend on how many rows of its length share the shard.
-            idx_run = np.resize(idx, max(real, MIN_ROWS, -(-MIN_TOKENS // max(1, int(lengths[idx[0]])))))
-            batch = {k: torch.tensor([enc[k][i] for i in idx_run]) for k in keys}
-            if self.pooler == "mask":
-                batch["mask_positions"] = (batch["input_ids"] == self.tokenizer.mask_token_id).int().argmax(1)
-            with torch.autocast(self.device.type, dtype=AUTOCAST.get(precision), enabled=precision in AUTOCAST):
-                vec = self.forward(batch).float()
-            if normalize:
-                vec = torch.nn.functional.normalize(vec, dim=-1)
-            out[idx] = vec[:real].cpu().numpy()
-        self.train(was_training)
+        held = held_dtype(precision, kind)
+        model = self._held(held) if held is not None else self.model
+        with _LOCK:  # the prompt template's tokens widen the budget (_prompted)
+            max_length = self.max_length + (self._template(template)[2] if self.pooler == "mask" else 0)
+        chunks = tokenized_chunks(texts, lambda rows, part: self._token_arrays(rows, part, template, max_length),
+                                  tokenize_threads())
+        if batching(kind) == "same_length":
+            batches = same_length_batches(chunks, batch_size)
+        else:
+            batches = packed_batches(chunks, batch_tokens or self.batch_tokens)
+        autocast = torch.autocast(self.device.type, dtype=AUTOCAST.get(precision),
+                                  enabled=held is None and precision in AUTOCAST)
+        on_device: list[tuple[np.ndarray, torch.Tensor]] = []  # vectors wait on the device: one copy per flush
+        waiting = 0
+        bar = tqdm(total=len(texts), desc=progress if isinstance(progress, str) else "encode", disable=not progress,
+                   unit="text")
+
+        def flush():
+            nonlocal waiting
+            waiting = 0
+            if on_device:
+                rows = np.concatenate([r for r, _ in on_device])
+                out[rows] = torch.cat([v for _, v in on_device]).cpu().numpy()
+                on_device.clear()
+
+        try:
+            for batch in batches:
+                with autocast:
+                    vec = self._pooled(model, self._device_batch(batch)).float()
+                if normalize:
+                    vec = torch.nn.functional.normalize(vec, dim=-1)
+                on_device.append((batch.rows[:batch.real], vec[:batch.real]))
+                waiting += batch.real
+                if waiting >= FLUSH_ROWS:
+                    flush()
+                bar.update(batch.real)
+            flush()
+        finally:
+            chunks.close()  # an error mid-way: stop the tokenising threads now, not when the traceback is freed
+            bar.close()
+            self.train(was_training)
+            if was_training:  # a model in training changes its weights: no stale copy kept beside them
+                self._cache.pop("held", None)
         return out
+
+    def _token_arrays(self, rows: np.ndarray, texts: list[str], template: str | None, max_length: int) -> Tokens:
+        """One chunk tokenised as `self.tokenizer(texts, truncation=True, max_length=max_length)` would (with the
+        prompt template where the pooler is "mask"), into numpy arrays. Runs in the tokenising threads, on a private
+        copy of the fast tokenizer's backend that nothing reconfigures (HF's __call__ sets truncation and padding on
+        the shared one each call: a concurrent encode_batch would fail with "Already borrowed")."""
+        if self.pooler == "mask":
+            with _LOCK:  # _prompted calls the shared HF tokenizer
+                texts, _ = self._prompted(texts, template, self.max_length)
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        types = "token_type_ids" in self.tokenizer.model_input_names
+        backend = self._backend(max_length)
+        if backend is None:  # a slow (Python) tokenizer
+            with _LOCK:
+                enc = self.tokenizer(texts, truncation=True, max_length=max_length)
+            return token_arrays(rows, enc["input_ids"], enc["token_type_ids"] if types else None, pad_id)
+        encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)  # no offsets: tokenizers >= 0.20
+        encodings = encode_batch(texts)
+        return token_arrays(rows, [e.ids for e in encodings], [e.type_ids for e in encodings] if types else None,
+                            pad_id)
+
+    def _backend(self, max_length: int):
+        """This encoder's own copy of the fast tokenizer's backend, truncating at `max_length`, never padding."""
+        if not getattr(self.tokenizer, "is_fast", False):
+            return None
+        key = ("backend", max_length)
+        with _LOCK:
+            if key not in self._cache:
+                tok = self.tokenizer
+                backend = copy.deepcopy(tok.backend_tokenizer)
+                backend.no_padding()
+                backend.enable_truncation(max_length, stride=0, strategy="longest_first", direction=tok.truncation_side)
+                backend.encode_special_tokens = bool(getattr(tok, "split_special_tokens", False))
+                self._cache[key] = backend
+            return self._cache[key]
+
+    def _device_batch(self, batch: Tokens) -> dict:
+        """A batch as the model's tensors on its device: from numpy without a copy, through pinned memory and a
+        copy that does not wait (non_blocking) to a GPU."""
+        arrays = {"input_ids": batch.ids, "attention_mask": batch.attention_mask()}
+        if batch.types is not None:
+            arrays["token_type_ids"] = batch.types
+        tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+        if self.device.type == "cuda":
+            tensors = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in tensors.items()}
+        if self.pooler == "mask":
+            tensors["mask_positions"] = (tensors["input_ids"] == self.tokenizer.mask_token_id).int().argmax(1)
+        return tensors
+
+    def _held(self, dtype: torch.dtype) -> torch.nn.Module:
+        """The model with its floating weights cast to `dtype` once, for a GPU's bf16 / fp16 `encode` (autocast
+        re-casts every weight on every batch: 221 casts per bert-base forward). Kept while the weights are the same
+        tensors at the same version; the float32 model is left as it is (a training run keeps training it)."""
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        stamp = (dtype, tuple((id(t), t.data_ptr(), t._version) for t in tensors))
+        with _LOCK:
+            held = self._cache.get("held")
+            if held is None or held[0] != stamp:
+                self._cache.pop("held", None)  # the old copy goes before the new one is made
+                memo = {id(t): torch.nn.Parameter(t.detach().to(dtype), requires_grad=False)
+                        if isinstance(t, torch.nn.Parameter) and t.is_floating_point() else
+                        t.detach().to(dtype) if t.is_floating_point() else t for t in tensors}
+                held = self._cache["held"] = (stamp, copy.deepcopy(self.model, memo))
+            return held[1]
 
 
 def _takes_pooling_layer(path: str) -> bool:
@@ -198,7 +334,8 @@ def _takes_pooling_layer(path: str) -> bool:
 # ---- the encoder as a declared resource (pipeline/engine/resources.py) of `embeddings`, `pool_embeddings`, `scores`
 def encoder_plan(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
     """What decides the encoder's numbers besides its settings: its files, the device kind and precision it runs
-    at (a Dask worker takes its own GPU of that kind), or the content of the `embeddings.from` file."""
+    at (a Dask worker takes its own GPU of that kind) and the dtype `encode` holds its weights in there (a GPU's
+    bf16 is bf16 weights, a CPU's bf16 autocast over float32 ones), or the content of the `embeddings.from` file."""
     if cfg.embeddings.source is not None:
         from pipeline.engine.store import file_hash
 
@@ -207,9 +344,10 @@ def encoder_plan(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
         src = Path(cfg.embeddings.source)  # its rows are matched by text, through `normalise`: Unicode's tables too
         return {"precomputed": file_hash(src) if src.is_file() else f"missing:{src}", "unicode": unicode_facts()}
     device = pick_device(cfg.encoder.device)
-    return {"model": model_fingerprint(resolve_model(cfg.encoder.model, "encoder")), "device": device.split(":")[0],
-            "precision": resolve_precision(cfg.encoder.precision, device),
-            "versions": package_versions("torch", "transformers")}
+    kind, precision = device.split(":")[0], resolve_precision(cfg.encoder.precision, device)
+    weights = str(held_dtype(precision, kind) or torch.float32).removeprefix("torch.")
+    return {"model": model_fingerprint(resolve_model(cfg.encoder.model, "encoder")), "device": kind,
+            "precision": precision, "weights": weights, "versions": package_versions("torch", "transformers")}
 
 
 def load_encoder(cfg, store=None, n: int = 0, plan: dict | None = None) -> "Encoder":
@@ -222,7 +360,7 @@ def load_encoder(cfg, store=None, n: int = 0, plan: dict | None = None) -> "Enco
     e, plan = cfg.encoder, plan or encoder_plan(cfg)
     device = cuda_device(plan["device"], f"encoder {e.model}")
     return Encoder.load(e.model, pooler=e.pooler, max_length=e.max_length, device=device, prompt=e.prompt,
-                        precision=plan["precision"])
+                        precision=plan["precision"], batch_tokens=e.batch_tokens)
 
 
 ENCODER = Resource("encoder", encoder_plan, load_encoder, reads=("encoder", "embeddings"))

@@ -18,6 +18,11 @@ With dropout off, outputs equal the padded model's up to float summation order (
 dropout draws its masks over the real tokens only, so the random masks differ but follow the same distribution.
 Architectures outside UNPADDED_MODEL_TYPES, relative position embeddings, decoders and left-padded batches fall back
 to the padded forward (`can_unpad` says which).
+
+Where the layout comes from: finding the real tokens (nonzero over the mask, the right-padding check) reads the mask
+on the host. In training the objectives' collate makes it (`unpad_layout`, in the DataLoader workers) and the batch
+carries it, so the forward on a GPU never waits for the device to say where the tokens are; inference batches and
+the sentence-transformers losses, which carry none, have it made in the forward.
 """
 from __future__ import annotations
 
@@ -58,17 +63,41 @@ def unpadded_attention(module, query, key, value, attention_mask, dropout: float
 AttentionInterface.register(UNPADDED_ATTENTION, unpadded_attention)
 
 
-def can_unpad(model, attention_mask: torch.Tensor) -> bool:
-    """True when the padding-free forward gives this model's padded outputs for this batch and saves work."""
+def unpaddable_model(model) -> bool:
+    """Whether this architecture has a padding-free forward here (read from its config: no tensor is touched)."""
     cfg = model.config
     if UNPADDED_MODEL_TYPES.get(cfg.model_type) is None or getattr(cfg, "is_decoder", False):
         return False
-    if getattr(cfg, "position_embedding_type", "absolute") != "absolute":
-        return False
+    return getattr(cfg, "position_embedding_type", "absolute") == "absolute"
+
+
+# The keys `unpad_layout` adds to a batch (and Encoder.forward takes out of it before the model sees it).
+LAYOUT_KEYS = ("unpad_index", "unpad_positions")
+
+
+def unpad_layout(model, attention_mask: torch.Tensor) -> dict | None:
+    """The packed layout of a batch: {"unpad_index": the flat (row * L + column) position of every real token [T],
+    "unpad_positions": its position id, numbered as the model's embeddings number it in the padded batch [T]}; None
+    where the padding-free forward would not give the padded model's outputs (another architecture, left padding,
+    a row without tokens).
+
+    It reads the mask (nonzero, comparisons): the training collate calls it on the host, in the DataLoader workers,
+    and the batch carries the result to the device, so a training forward reads nothing back from the device. A
+    batch without it (inference, the sentence-transformers losses) has it computed in the forward instead."""
+    if not unpaddable_model(model):
+        return None
     lengths = attention_mask.sum(1)
     columns = torch.arange(attention_mask.shape[1], device=attention_mask.device)
     right_padded = bool(torch.equal(attention_mask.bool(), columns < lengths[:, None]))
-    return right_padded and bool((lengths > 0).all()) and int(lengths.sum()) < attention_mask.numel()
+    if not (right_padded and bool((lengths > 0).all())):
+        return None
+    return {"unpad_index": attention_mask.reshape(-1).nonzero().squeeze(1),
+            "unpad_positions": packed_position_ids(model, attention_mask)}
+
+
+def can_unpad(model, attention_mask: torch.Tensor) -> bool:
+    """True when the padding-free forward gives this model's padded outputs for this batch and saves work."""
+    return unpad_layout(model, attention_mask) is not None and int(attention_mask.sum()) < attention_mask.numel()
 
 
 def packed_position_ids(model, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -79,18 +108,22 @@ def packed_position_ids(model, attention_mask: torch.Tensor) -> torch.Tensor:
     return columns[attention_mask.bool()]
 
 
-def unpadded_forward(model, batch: dict, output_hidden_states: bool = False,
-                     output_pooler: bool = False) -> SimpleNamespace:
+def unpadded_forward(model, batch: dict, output_hidden_states: bool = False, output_pooler: bool = False,
+                     layout: dict | None = None) -> SimpleNamespace:
     """model(**batch) without arithmetic on pads; returns last_hidden_state [B, L, H] (zeros at pads) and, if asked,
     hidden_states in the padded layout and pooler_output (the model's pooler on the padded layout; the one the model
-    computes itself sees the packed row, so it is never used)."""
+    computes itself sees the packed row, so it is never used). `layout`: the batch's `unpad_layout`, made on the host
+    by the caller (then nothing here waits for the device); computed from the mask when absent."""
     mask = batch["attention_mask"]
     b, length = mask.shape
-    unpad_index = mask.reshape(-1).nonzero().squeeze(1)
+    if layout is None:
+        layout = {"unpad_index": mask.reshape(-1).nonzero().squeeze(1),
+                  "unpad_positions": packed_position_ids(model, mask)}
+    unpad_index = layout["unpad_index"]
     token_types = batch.get("token_type_ids")
     packed = {
         "input_ids": batch["input_ids"].reshape(-1)[unpad_index][None],
-        "position_ids": packed_position_ids(model, mask)[None],
+        "position_ids": layout["unpad_positions"][None],
         "token_type_ids": None if token_types is None else token_types.reshape(-1)[unpad_index][None],
     }
     cfg = model.config

@@ -9,19 +9,24 @@ because offline runs legitimately skip stages (e.g. back-translation). Large tab
 the page costs seconds on a 1M-sentence run; every sample size is written on the page.
 
 Run folders are shared, so the page and its PNGs each replace their path (pipeline/engine/atomic.py: a symlink
-planted at report/index.md is swapped out, its target untouched) and a `report/` folder that is itself a symlink is
-refused in one line (pipeline/engine/safe_paths.py) rather than written into.
+planted at report/index.md is swapped out, its target untouched), a `report/` folder that is itself a symlink is
+refused in one line (pipeline/engine/safe_paths.py) rather than written into, a rerun removes only the plots it
+draws (FIGURES), and report/.lock keeps two reports of one run from mixing. Corpus text is escaped on the page
+(pipeline/markdown.py): a sentence that holds Markdown or HTML reads as the characters it holds.
 """
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import matplotlib
 import numpy as np
 
 from pipeline.engine.atomic import atomic_file, atomic_write_bytes
-from pipeline.engine.safe_paths import UnsafePath, make_dirs
+from pipeline.engine.lock import RunBusy, run_lock
+from pipeline.engine.safe_paths import UnsafePath, open_folder
+from pipeline.hints import command
 from pipeline.markdown import cell, table
 from pipeline.report.queries import (TEXT_SAMPLE, Run, _sample_clause, chosen_cos, chosen_text_pairs,  # noqa: F401
                                      overlap_by_source, overlap_stats, pool_peakedness, random_pair_cosines)
@@ -39,7 +44,12 @@ PUBLISHED_OVERLAP = [("supervised NLI (published)", 0.38, 0.28), ("dropout-SimCS
                      ("DebCSE (published)", 0.56, 0.21)]
 
 
+FIGURES = ("rejected", "cosine_hist", "mer_vs_cos", "triplet_mer", "ipw_peakedness", "stage_seconds")
+PLOTS = re.compile("|".join(rf"{re.escape(f)}\.png" for f in FIGURES))  # what a rerun may remove from report/
+
+
 def _figure(out: Path, name: str, title: str, xlabel: str, ylabel: str, draw, counts: str = "") -> str:
+    assert name in FIGURES, name  # a new plot is named there, so that a rerun removes it when it no longer draws it
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
     draw(ax)
     ax.set_title(title)
@@ -318,24 +328,31 @@ def headline(run_dir: Path, seed: int = 0) -> str:
         seconds.setdefault(m.get("stage"), m.get("wall_seconds_last_run"))
     md += ([""] if md[-1] else []) + ["Seconds per stage (last run): " + ", ".join(f"{t} {cell(s)}" for t, s in seconds.items()
                                                           if s is not None),
-           "", f"The full audit page with plots: `make report RUN={Path(run_dir).name}`."]
+           "", f"The full audit page with plots: `{command('report', run=Path(run_dir).name)}`."]
     return "\n".join(md)
 
 
 def write_report(run_dir: Path, out_dir: Path | None = None, seed: int = 0) -> Path:
     run_dir = Path(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir / "report"
-    make_dirs(run_dir, out)  # no folder below the run may be a link (an --out outside the run is the user's own)
-    for old in out.glob("*.png"):  # a plot a rerun no longer draws must not linger next to the new page
-        old.unlink()  # a link among them: the link goes, not its target
-    run = Run(run_dir)
-    absent = [t for t in SCHEMAS if not run.present[t]]
-    md = [f"# Mining report: `{run_dir.name}`", "",
-          f"Run directory `{run_dir}`; sampling seed {seed}. Tables {ABSENT}: "
-          f"{', '.join(absent) if absent else 'none'}.", ""]
-    md += section_summary(run, out) + section_cosine(run, out, seed) + section_overlap(run, seed)
-    md += section_mer(run, out, seed) + section_ipw(run, out) + section_examples(run, seed) + section_timings(run, out)
-    return atomic_write_bytes(out / "index.md", ("\n".join(md) + "\n").encode())
+    # report/ below the run, reached without a link (an --out outside the run is the user's own, checked from itself
+    # down), locked so that two reports never mix their plots, and written through the folder as opened: every plot
+    # and the page land in it whatever happens to its path meanwhile
+    with run_lock(out, command("report", run=Path(run_dir).name), root=run_dir, hint="report again when it is done"), \
+            open_folder(run_dir, out) as folder:
+        for e in folder.entries():  # a plot a rerun no longer draws must not linger next to the new page
+            folder.unlink(e.name, PLOTS)  # only the plots this page draws; a link among them goes, not its target
+        here = folder.at()
+        run = Run(run_dir)
+        absent = [t for t in SCHEMAS if not run.present[t]]
+        md = [f"# Mining report: `{run_dir.name}`", "",
+              f"Run directory `{run_dir}`; sampling seed {seed}. Tables {ABSENT}: "
+              f"{', '.join(absent) if absent else 'none'}.", ""]
+        md += section_summary(run, here) + section_cosine(run, here, seed) + section_overlap(run, seed)
+        md += section_mer(run, here, seed) + section_ipw(run, here) + section_examples(run, seed)
+        md += section_timings(run, here)
+        atomic_write_bytes(here / "index.md", ("\n".join(md) + "\n").encode())
+    return out / "index.md"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -348,6 +365,6 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"run directory {a.run_dir} does not exist")
     try:
         print(write_report(a.run_dir, a.out, a.seed))
-    except UnsafePath as e:  # a link in the run folder: one line, as `make report` says it
+    except (UnsafePath, RunBusy) as e:  # a link in the run folder, a report being written: one line, as `make report`
         ap.exit(2, f"error: {e}\n")
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.config.base import section_constants
 from pipeline.engine.resources import Resource
+from pipeline.engine.safe_paths import UnsafePath, check_below, open_folder, readable
 from pipeline.engine.spec import package_versions
 from pipeline.schema import read_vectors
 from pipeline.search import faiss_index as fx
@@ -62,7 +65,9 @@ def tune_index(cfg, store, n: int, plan: dict) -> dict:
     them), mapped read-only by whoever searches, and measure its recall of the exact pool on a seeded sample of
     queries before any shard is searched. nprobe / ef_search = "auto": raised until the sample's recall reaches
     min_recall (`measure_recall`); a fixed value below min_recall stops the run here, in one line. Reused while
-    the base, the settings and the seed are the same (a rerun neither trains k-means nor builds the graph again)."""
+    the base, the settings and the seed are the same (a rerun neither trains k-means nor builds the graph again), and
+    only when its recorded plan checks out (`recorded_plan`): a plan is data in a run folder that may come from
+    someone else."""
     from pipeline.engine.atomic import atomic_file, atomic_write_json
     from pipeline.engine.store import combine
     from pipeline.errors import StageError
@@ -76,12 +81,11 @@ def tune_index(cfg, store, n: int, plan: dict) -> dict:
     key = combine(plan["base_hash"], kind, json.dumps(settings, sort_keys=True), str(cfg.run.seed), plan["versions"],
                   code_version(__name__))
     folder = _index_dir(store)
+    check_below(store.root, folder, final=True)  # a linked _index/ (or neighbours/): one line before any work
     done = folder / f"{kind}-{key}.json"
-    if done.is_file():
-        out = json.loads(done.read_text())
-        if all((folder / out[f]).is_file() for f in ("file", "vectors", "sids") if f in out):
-            return out
-    folder.mkdir(parents=True, exist_ok=True)
+    recorded = recorded_plan(store, done, key, kind, n, plan["base"])
+    if recorded is not None:
+        return recorded
     base_sids, base = read_vectors(store, plan["base"], n)
     index, _ = fx.build_index(base, kind, c, cfg.run.seed, gpu=False)
     if kind == "hnsw":  # the graph holds the vectors: search against its copy, and let the table's go
@@ -108,19 +112,69 @@ def tune_index(cfg, store, n: int, plan: dict) -> dict:
         out["file"] = f"{kind}-{key}.faiss"
     for name, arr in ((out.get("vectors"), base), (out["sids"], base_sids)):
         if name:
-            with atomic_file(folder / name) as tmp, open(tmp, "wb") as f:
+            with atomic_file(folder / name, root=store.root) as tmp, open(tmp, "wb") as f:
                 np.save(f, arr)
     if "file" in out:
-        with atomic_file(folder / out["file"]) as tmp:
+        with atomic_file(folder / out["file"], root=store.root) as tmp:
             fx.faiss.write_index(index, str(tmp))
-    atomic_write_json(done, out)
+    # the plan is data the next run checks before it trusts it (recorded_plan): the hashes of the files it names
+    hashes = {out[f]: _hash(store, folder / out[f]) for f in PLAN_FILES if f in out}
+    atomic_write_json(done, {**out, "hashes": hashes}, root=store.root)
     # another base's or other settings' index is no longer this run's: removed once this one is whole (a build killed
-    # half-way leaves the last complete index in place)
-    mine = {done.name, *(out[f] for f in ("file", "vectors", "sids") if f in out)}
-    for old in folder.iterdir():
-        if old.name not in mine:
-            old.unlink(missing_ok=True)
+    # half-way leaves the last complete index in place); only names this module writes, never a link's target
+    mine = {done.name, *hashes}
+    with open_folder(store.root, folder) as d:
+        for e in d.entries():
+            if e.name not in mine:
+                d.unlink(e.name, OWN)
     return out
+
+
+PLAN_FILES = ("file", "vectors", "sids")  # the keys of a plan that name a file in _index/
+_NAME = r"(?:(?:flat|ivf|hnsw)-[0-9a-f]{32}\.(?:json|faiss)|(?:sids|vectors)-[0-9a-f]{32}\.npy)"
+OWN = re.compile(rf"{_NAME}|\.{_NAME}\.[a-z0-9_]+\.tmp")  # what this module writes in _index/ (and its temp files)
+
+
+def _hash(store, path: Path) -> str:
+    from pipeline.engine.store import file_hash
+
+    with readable(store.root, path) as p:
+        return file_hash(p)
+
+
+def recorded_plan(store, done: Path, key: str, kind: str, n: int, base: str) -> dict | None:
+    """The plan an earlier run recorded at `done` for this key, when it is whole and what this module writes: the
+    files it names are exactly this key's names in _index/ (never a path elsewhere for faiss.read_index), plain
+    files, of the hashes it records, and its sids are the base table's (never ids no sentence has). Anything else
+    is named in one warning and built again; None then, or when there is none. A linked _index/ is UnsafePath."""
+    want = {"file": f"{kind}-{key}.faiss", "vectors": f"vectors-{key}.npy", "sids": f"sids-{key}.npy"}
+    try:
+        with readable(store.root, done) as p:
+            out = json.loads(Path(p).read_text())
+        if not isinstance(out, dict) or "sids" not in out or not isinstance(out.get("hashes"), dict):
+            raise ValueError("is not an index plan this version writes (no file hashes)")
+        for f in PLAN_FILES:
+            if f in out and out[f] != want[f]:
+                raise ValueError(f"names {out[f]!r} as its {f}, not {want[f]!r} in {done.parent}")
+            if f in out and out["hashes"].get(out[f]) != _hash(store, done.parent / out[f]):
+                raise ValueError(f"records another hash for {out[f]} than the file has")
+        with readable(store.root, done.parent / out["sids"]) as p:
+            sids = np.load(p, allow_pickle=False)
+        if not np.array_equal(sids, _base_sids(store, base, n)):
+            raise ValueError(f"has sids that are not the rows of `{base}`")
+    except FileNotFoundError:
+        return None
+    except (ValueError, UnsafePath, OSError) as e:  # json and numpy errors are ValueErrors
+        log.warning(f"neighbours: the index plan {done} {e}: building the index again")
+        return None
+    return {k: v for k, v in out.items() if k != "hashes"}
+
+
+def _base_sids(store, table: str, n: int) -> np.ndarray:
+    import pyarrow.parquet as pq
+
+    parts = [pq.read_table(store.shard_path(table, i, n), columns=["sid"]).column("sid").to_numpy() for i in range(n)]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def measure_recall(index, kind: str, base, base_sids, q, q_sids, c, seed: int) -> dict:
@@ -163,35 +217,43 @@ def measure_recall(index, kind: str, base, base_sids, q, q_sids, c, seed: int) -
 def load_index(cfg, store, n: int, plan: dict):
     """(base sids, base vectors, search index, CPU index) for the run's plan, once per process: a flat index is
     built from the table (exact; cheap); an approximate one is mapped read-only from the file the plan built, with
-    its vectors, so shard threads and the workers of a machine share one copy in the page cache."""
+    its vectors, so shard threads and the workers of a machine share one copy in the page cache. A file the plan
+    names must be one of _index/'s own names, opened without following a link (UnsafePath otherwise)."""
     if plan.get("engine") == "torch":  # exact, in torch matmuls on this process' device; no FAISS
         from pipeline.engine.resources import cuda_device
         from pipeline.search.torch_exact import TorchExact
 
         base_sids, base = read_vectors(store, plan["base"], n)
         device = cuda_device("cpu" if plan["device"] == "cpu" else "cuda", "the neighbours torch search")
-        exact = TorchExact(base, device) if len(base_sids) else None
+        precision = cfg.neighbours.score_precision if device.startswith("cuda") else "float32"
+        exact = TorchExact(base, device, precision=precision) if len(base_sids) else None
         return base_sids, base, exact, exact
-    folder = _index_dir(store)
-    if plan["kind"] == "flat" and "vectors" in plan:  # exact past exact_threshold: over the mapped vectors
-        base = np.load(folder / plan["vectors"], mmap_mode="r")
-        exact = fx.BruteForce(base)  # faiss.knn: the kernel IndexFlatIP.search runs, without a copy of the base
-        return np.load(folder / plan["sids"]), base, exact, exact
-    if plan["kind"] == "flat" or not plan["rows"]:
-        base_sids, base = read_vectors(store, plan["base"], n)
-        index, cpu_index = fx.build_index(base, plan["kind"], cfg.neighbours, cfg.run.seed,
-                                          gpu=fx.faiss_gpus_for_plan(plan) > 0) if len(base_sids) else (None, None)
-        return base_sids, base, index, cpu_index
-    # IVF's lists and HNSW's stored vectors are mapped, not read: one copy per machine, in the page cache
-    mapped = fx.faiss.IO_FLAG_MMAP if plan["kind"] == "ivf" else fx.faiss.IO_FLAG_MMAP_IFC  # (FAISS takes one or other)
-    index = fx.faiss.read_index(str(folder / plan["file"]), mapped)
-    if plan["kind"] == "ivf":
-        index.nprobe = plan["nprobe"]
-        base = np.load(folder / plan["vectors"], mmap_mode="r")
-    else:
-        index.hnsw.efSearch = plan["ef_search"]
-        base = fx.stored_vectors(index)  # a view of the mapped graph's vectors: no second copy
-    sids = np.load(folder / plan["sids"])
+    with ExitStack() as opened:
+        def path(f: str) -> str:  # the plan's file, checked to be one of _index/'s own names, opened without a link
+            if not isinstance(plan.get(f), str) or not OWN.fullmatch(plan[f]) or plan[f].startswith("."):
+                raise UnsafePath(f"the neighbours plan names {plan.get(f)!r} as its {f}: not a file of "
+                                 f"{_index_dir(store)}")
+            return str(opened.enter_context(readable(store.root, _index_dir(store) / plan[f])))
+
+        if plan["kind"] == "flat" and "vectors" in plan:  # exact past exact_threshold: over the mapped vectors
+            base = np.load(path("vectors"), mmap_mode="r")
+            exact = fx.BruteForce(base)  # faiss.knn: the kernel IndexFlatIP.search runs, without a copy of the base
+            return np.load(path("sids")), base, exact, exact
+        if plan["kind"] == "flat" or not plan["rows"]:
+            base_sids, base = read_vectors(store, plan["base"], n)
+            index, cpu_index = fx.build_index(base, plan["kind"], cfg.neighbours, cfg.run.seed,
+                                              gpu=fx.faiss_gpus_for_plan(plan) > 0) if len(base_sids) else (None, None)
+            return base_sids, base, index, cpu_index
+        # IVF's lists and HNSW's stored vectors are mapped, not read: one copy per machine, in the page cache
+        mapped = fx.faiss.IO_FLAG_MMAP if plan["kind"] == "ivf" else fx.faiss.IO_FLAG_MMAP_IFC  # (FAISS takes one)
+        index = fx.faiss.read_index(path("file"), mapped)
+        if plan["kind"] == "ivf":
+            index.nprobe = plan["nprobe"]
+            base = np.load(path("vectors"), mmap_mode="r")
+        else:
+            index.hnsw.efSearch = plan["ef_search"]
+            base = fx.stored_vectors(index)  # a view of the mapped graph's vectors: no second copy
+        sids = np.load(path("sids"))
     if plan["device"] == "gpu":  # IVF on a GPU (index = "ivf" there): this process' device holds its own copy
         return sids, base, fx.GpuIndex(fx.to_gpu(index, fx.faiss_gpus_for_plan(plan))), index
     return sids, base, index, index

@@ -1,30 +1,57 @@
-"""Exact inner-product k-NN in torch: what `band_neighbours` searches with on a CUDA GPU when FAISS has no GPU
+"""Exact inner-product search in torch: what `band_neighbours` searches with on a CUDA GPU when FAISS has no GPU
 support (`neighbours.engine`), and a FAISS-free flat search anywhere. No FAISS import: the GPU machine this project
 can use has torch but no faiss.
 
-`TorchExact(base).search(x, k)` is `faiss.knn(x, base, k, METRIC_INNER_PRODUCT)`: queries in row blocks, each block's
-scores one float32 matmul against the base (held once, on the device), then a top-k. The result is a function of
-the scores alone, whatever the block sizes: descending score, equal scores by ascending base row (the total order
-(-score, row)). FAISS has no such rule for ties: its heaps order equal scores by descending row and which of a tie
-that straddles the k-th place is returned depends on the order rows reached the heap. Only tied entries can differ,
-and band_neighbours' result does not depend on which of them come back (its stopping rules compare scores, not
-rows; it ranks by exact cosine, then sid). Rows past the base (k > n) are padded as FAISS pads them: score
--FLT_MAX, id -1.
+`TorchExact(base).band(...)` is the band search itself (pipeline/search/band.py calls it): for each block of queries
+the scores against the whole base (held once, on the device), their k largest per row (torch.topk), `resolve` on the
+device, and the rows not settled widened within the block, from the scores still in memory (scores that can be
+neither in band nor among the skipped top masked out), so no query is searched twice. The float64 cosines of the
+pairs the scores cannot decide are computed on the device too, by `tree_dot` (a fixed summation order: a pair's
+value does not depend on its block); on a CPU with band.py's `exact_cosines`, as the FAISS path computes them, so the
+torch and FAISS tables are the same byte for byte there. A GPU's table can differ from a CPU's only where the two
+float64 sums of a pair differ in their last bits: a stored float32 `cos` one bit apart (~1e-9 of pairs), and in
+membership or rank only for cosines within ~1e-16 of a band edge or of each other. Only the pools (padded
+[B, pool_size] arrays and counts) come back to the host, once a block. A block is as many queries as fit: on a GPU
+sized from its free memory (BAND_MEMORY_SHARE of it, at most BAND_MAX_ELEMS scores), on a CPU BAND_ELEMS_CPU scores
+and at least BAND_MIN_ROWS_CPU queries (what measured best on the CPUs here).
 
-Scores must be full float32 dot products (the band search's error bound, `score_tolerance`): with TF32 or bf16
-matmul passes switched on (`torch.set_float32_matmul_precision` not "highest") search refuses to run.
+Scores (`precision`): "float32" (the default) is full float32 dot products, the band search's error bound
+`score_tolerance(d)`; with TF32 / bf16 passes switched on in torch (`torch.set_float32_matmul_precision` not
+"highest") it refuses to run. "tf32" (the matmul with TF32 passes, torch's cuBLAS flag set for it under the search
+lock) and "bf16" (bf16 copies of queries and base, float32 accumulation and output: torch.mm's out_dtype) are faster
+on a GPU and round the inputs: `score_tolerance(d, precision=...)` bounds what that costs (~2e-3 / ~8e-3), every
+pair within it of a band edge or the pool's cut-off gets its float64 cosine, so the pools stay exact, the same as at
+float32. Before its first band search a TorchExact at tf32 / bf16 measures its scores against float64 on a sample of
+the base (`check_bound`) and refuses to search if the device breaks the bound. On a CPU the rounding is simulated
+(inputs rounded, then a float32 matmul): the test of the bound, no faster.
+
+`TorchExact(base).search(x, k)` is `faiss.knn(x, base, k, METRIC_INNER_PRODUCT)` in float32, whatever `precision`:
+queries in row blocks, each block's scores one float32 matmul against the base, then a top-k. The result is a
+function of the scores alone, whatever the block sizes: descending score, equal scores by ascending base row (the
+total order (-score, row)). FAISS has no such rule for ties: its heaps order equal scores by descending row and which
+of a tie that straddles the k-th place is returned depends on the order rows reached the heap. Only tied entries can
+differ, and band_neighbours' result does not depend on which of them come back (its stopping rules compare scores,
+not rows; it ranks by exact cosine, then sid): `band` uses torch.topk's ties as they come. Rows past the base
+(k > n) are padded as FAISS pads them: score -FLT_MAX, id -1.
 """
 from __future__ import annotations
 
 import threading
 import warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
 PAD_SCORE = float(np.finfo(np.float32).min)  # what faiss.knn returns for the places past the base (-FLT_MAX)
-BLOCK_ELEMS = {"cpu": 1 << 24, "cuda": 1 << 27}  # query block x base scores held at once (64 MiB / 512 MiB)
+BLOCK_ELEMS = {"cpu": 1 << 24, "cuda": 1 << 27}  # search(): query block x base scores held at once (64 MiB / 512 MiB)
+BAND_ELEMS_CPU = 1 << 22  # band(): query block x base scores on a CPU (16 MiB) ...
+BAND_MIN_ROWS_CPU = 64  # ... but at least this many queries, so the matmul reads the base once per 64 of them
+BAND_MAX_ELEMS = 1 << 31  # band(): at most this many scores a GPU block (8 GiB; past it some kernels index in int32)
+BAND_MEMORY_SHARE = 0.6  # band(): of the device's free memory, for a block's scores and twice that (widening, top-k)
+CHECK_QUERIES = 256  # check_bound: base rows scored against the whole base in float64
+EXACT_PAIRS = 1 << 16  # float64 cosines on the device: pairs a step (a step's rows: 2 x 64k x d x 8 bytes)
 SORT_SHARE = 8  # k >= n / SORT_SHARE: one stable sort of each row instead of topk + the tie fix-up
+PRECISIONS = ("float32", "tf32", "bf16")
 
 
 def _check_float32() -> None:
@@ -37,7 +64,38 @@ def _check_float32() -> None:
     if loose:
         raise RuntimeError("TorchExact: float32 matmuls run with TF32 / bf16 passes (torch float32 matmul precision "
                            "is not 'highest'): the band search's error bound needs full float32 dot products; "
-                           "call torch.set_float32_matmul_precision('highest') first")
+                           "call torch.set_float32_matmul_precision('highest') first, or search at "
+                           "neighbours.score_precision = 'tf32' / 'bf16' (bounded, exact pools)")
+
+
+@contextmanager
+def _tf32_matmuls():
+    """cuBLAS float32 matmuls with TF32 passes, for the duration (torch's process-wide flag: held under the lock)."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    try:
+        name, value, old = "allow_tf32", True, matmul.allow_tf32
+    except RuntimeError:  # set through torch >= 2.9's fp32_precision API: the legacy getter refuses; use that API
+        name, value, old = "fp32_precision", "tf32", matmul.fp32_precision
+    setattr(matmul, name, value)
+    try:
+        yield
+    finally:
+        setattr(matmul, name, old)
+
+
+def rounded(x, precision: str):
+    """x (float32 tensor) with each entry as a `precision` matmul reads it, as float32: bf16 rounded to nearest (torch's
+    cast); TF32 truncated to 10 mantissa bits (the worst a tensor core may do): the CPU's simulation of those
+    matmuls."""
+    import torch
+
+    if precision == "bf16":
+        return x.to(torch.bfloat16).to(torch.float32)
+    if precision == "tf32":
+        return (x.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+    return x
 
 
 def top_k(scores, k: int):
@@ -65,40 +123,81 @@ def top_k(scores, k: int):
     return vals.gather(1, order), idx.gather(1, order)
 
 
-class TorchExact:
-    """Exact inner-product search over `base` (float32 [n, d]) with torch: `search(x, k) -> (D float32 [m, k],
-    I int64 [m, k])` like `faiss.knn` / IndexFlatIP (module docstring: ties and padding). The base is copied once to
-    `device`; queries go in blocks of `block_rows` (default: as many as keep block x n scores within BLOCK_ELEMS),
-    so memory is the base plus one block's scores and its top-k. On a GPU one search runs at a time (shard threads
-    share the object; each would otherwise hold its own block)."""
 
-    def __init__(self, base: np.ndarray, device: str = "cpu", block_rows: int | None = None):
+def _tensor(x: np.ndarray):
+    """torch.from_numpy, also of a read-only (mapped) array: torch warns it could write to it; it never does."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(x)
+
+
+def _float32_at_least(x: float) -> float:
+    """The smallest float32 >= x: a float32 score above it is above x (torch compares a float32 tensor with a Python
+    float in float32, rounding the float to nearest, which could be below x)."""
+    f = np.float32(x)
+    return float(np.nextafter(f, np.float32(np.inf)) if f < x else f)
+
+
+def largest(scores, k: int):
+    """(values, columns) of the k largest entries of each row, descending, ties in any order (band() needs no more)."""
+    import torch
+
+    if k * SORT_SHARE >= scores.shape[1]:
+        vals, idx = torch.sort(scores, dim=1, descending=True)
+        return vals[:, :k], idx[:, :k]
+    return torch.topk(scores, k, dim=1, largest=True, sorted=True)
+
+
+class TorchExact:
+    """Exact inner-product search over `base` (float32 [n, d]) with torch: `band(...)` for band_neighbours, and
+    `search(x, k) -> (D float32 [m, k], I int64 [m, k])` like `faiss.knn` / IndexFlatIP (module docstring: ties,
+    padding, precision). The base is copied once to `device`; `block_rows` fixes the queries a block (default: as many
+    as fit, module docstring), so memory is the base plus one block's scores. On a GPU one search runs at a time
+    (shard threads share the object; each would otherwise hold its own block)."""
+
+    def __init__(self, base: np.ndarray, device: str = "cpu", block_rows: int | None = None,
+                 precision: str = "float32"):
         import torch
 
         if base.ndim != 2:
             raise ValueError(f"TorchExact: base must be 2-d, got shape {base.shape}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"TorchExact: precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
         self.n, self.d = base.shape
-        self.device = torch.device(device)
-        host = np.ascontiguousarray(base, dtype=np.float32)
-        if not np.isfinite(host).all():
+        self.device, self.precision = torch.device(device), precision
+        self.host = np.ascontiguousarray(base, dtype=np.float32)
+        if not np.isfinite(self.host).all():
             raise ValueError("TorchExact: the base has NaN or infinite values")
-        with warnings.catch_warnings():  # a read-only (mapped) base: torch warns it could write; it never does
-            warnings.simplefilter("ignore", UserWarning)
-            self.base = torch.from_numpy(host).to(self.device)
+        self.base = _tensor(self.host).to(self.device)
+        self.rows_asked = block_rows
         budget = BLOCK_ELEMS.get(self.device.type, BLOCK_ELEMS["cuda"])
         self.block_rows = block_rows or max(1, budget // max(self.n, 1))
         self.lock = threading.Lock() if self.device.type != "cpu" else None
+        self.base_scored = None  # the base as a tf32 / bf16 matmul reads it (made on first use)
+        self.observed_error = None  # check_bound's largest |score - float64 cosine| on its sample
+
+    def score_tolerance(self) -> float:
+        """The bound band_neighbours assumes on |score - exact cosine| for this precision (band.score_tolerance)."""
+        from pipeline.search.band import score_tolerance
+
+        return score_tolerance(self.d, np.float32, self.precision)
+
+    def _queries(self, x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != self.d:
+            raise ValueError(f"TorchExact: queries of shape {x.shape} against a base of dimension {self.d}")
+        if not np.isfinite(x).all():
+            raise ValueError("TorchExact: the queries have NaN or infinite values")
+        return x
 
     def search(self, x: np.ndarray, k: int):
         import torch
 
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        if x.ndim != 2 or x.shape[1] != self.d:
-            raise ValueError(f"TorchExact: queries of shape {x.shape} against a base of dimension {self.d}")
+        x = self._queries(x)
         if k < 0:
             raise ValueError(f"TorchExact: k = {k} < 0")
-        if not np.isfinite(x).all():
-            raise ValueError("TorchExact: the queries have NaN or infinite values")
         m, kk = len(x), min(k, self.n)
         D = np.full((m, k), PAD_SCORE, dtype=np.float32)
         I = np.full((m, k), -1, dtype=np.int64)
@@ -107,7 +206,7 @@ class TorchExact:
         _check_float32()
         with self.lock or nullcontext(), torch.inference_mode():
             for a in range(0, m, self.block_rows):
-                q = torch.from_numpy(x[a:a + self.block_rows]).to(self.device)
+                q = _tensor(x[a:a + self.block_rows]).to(self.device)
                 scores = q @ self.base.T
                 scores.add_(0.0)  # -0.0 -> +0.0: a GPU radix sort would order them apart
                 vals, idx = top_k(scores, kk)
@@ -116,3 +215,159 @@ class TorchExact:
                 del scores, vals, idx
         return D, I
 
+    def scores(self, q):
+        """q (float32 [B, d], on the device) against the whole base at this precision: float32 [B, n]."""
+        import torch
+
+        if self.precision == "float32":
+            _check_float32()
+            return q @ self.base.T
+        if self.device.type == "cuda":
+            if self.precision == "tf32":
+                with _tf32_matmuls():
+                    return q @ self.base.T
+            if self.base_scored is None:
+                self.base_scored = self.base.to(torch.bfloat16)
+            try:
+                return torch.mm(q.to(torch.bfloat16), self.base_scored.T, out_dtype=torch.float32)
+            except TypeError as e:  # float32 sums and output are what the bound assumes: nothing less will do
+                raise RuntimeError(f"TorchExact: bf16 scores need torch.mm's out_dtype (torch >= 2.8; this is "
+                                   f"{torch.__version__}): {e}") from e
+        _check_float32()  # the simulation's matmul must itself be float32
+        if self.base_scored is None:
+            self.base_scored = rounded(self.base, self.precision)
+        return rounded(q, self.precision) @ self.base_scored.T
+
+    def check_bound(self) -> float:
+        """The largest |score - float64 cosine| over CHECK_QUERIES base rows (evenly spaced) against the whole base;
+        RuntimeError where it passes score_tolerance (a device whose tf32 / bf16 matmul is looser than the bound
+        assumes: the pools could be wrong, so nothing is searched). Kept in observed_error."""
+        import torch
+
+        picks = torch.from_numpy(np.unique(np.linspace(0, self.n - 1, min(self.n, CHECK_QUERIES)).astype(np.int64)))
+        worst = 0.0
+        for a in range(0, len(picks), 16):
+            q = self.base[picks[a:a + 16].to(self.device)]
+            exact = q.to(torch.float64) @ self.base.to(torch.float64).T if self.n * self.d <= 1 << 26 else \
+                torch.cat([q.to(torch.float64) @ self.base[b:b + 65536].to(torch.float64).T
+                           for b in range(0, self.n, 65536)], dim=1)
+            worst = max(worst, float((self.scores(q).to(torch.float64) - exact).abs().max()))
+        self.observed_error = worst
+        if worst > self.score_tolerance():
+            raise RuntimeError(f"TorchExact: {self.precision} scores on {self.device} are off by up to {worst:.2e}, "
+                               f"more than the band search's bound {self.score_tolerance():.2e}: search at "
+                               f"neighbours.score_precision = 'float32'")
+        return worst
+
+    def band_rows(self) -> int:
+        """Queries a band() block: block_rows where given; on a GPU BAND_MEMORY_SHARE of the free memory over the
+        block's scores and twice that again (the widened rows' copies, top-k's workspace), at most BAND_MAX_ELEMS
+        scores; on a CPU BAND_ELEMS_CPU scores, at least BAND_MIN_ROWS_CPU queries."""
+        import torch
+
+        if self.rows_asked:
+            return self.rows_asked
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)  # + what torch's allocator holds unused (a past block's)
+            free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+            elems = min(BAND_MAX_ELEMS, int(free * BAND_MEMORY_SHARE) // (3 * 4))
+        else:
+            return max(BAND_MIN_ROWS_CPU, BAND_ELEMS_CPU // max(self.n, 1))
+        return max(1, elems // max(self.n, 1))
+
+    def band(self, x, q_sids, base_sids, lo: float, hi: float, pool_size: int, slack: int, skip_top: int,
+             eps: float, pools, progress=None) -> None:
+        """band_neighbours with this index (module docstring): the pools of queries x (sids q_sids; the base's sids
+        base_sids) written into `pools` (band.Pools), a block at a time; progress(queries) after each block."""
+        import torch
+
+        from pipeline.search.band import first_k
+
+        x = self._queries(x)
+        if len(base_sids) != self.n:
+            raise ValueError(f"TorchExact: {len(base_sids)} base sids for a base of {self.n} rows")
+        k0 = first_k(self.n, pool_size, skip_top, slack)
+        q_sids = np.asarray(q_sids, dtype=np.int64)
+        with self.lock or nullcontext(), torch.inference_mode():
+            if self.precision != "float32" and self.observed_error is None:
+                self.check_bound()
+            sids = torch.from_numpy(np.require(base_sids, np.int64, ["C", "W"])).to(self.device)
+            rows = self.band_rows()
+            for a in range(0, len(x), rows):
+                q = _tensor(x[a:a + rows]).to(self.device)
+                qs = torch.from_numpy(q_sids[a:a + rows]).to(self.device)
+                cand, cos, count = self._band_block(q, qs, sids, lo, hi, pool_size, k0, skip_top, eps)
+                pools.put(slice(a, a + len(q)), cand.cpu().numpy(), cos.cpu().numpy(), count.cpu().numpy())
+                if progress is not None:
+                    progress(len(q))
+
+    def _band_block(self, q, q_sids, sids, lo, hi, pool_size, k, skip_top, eps):
+        """One block's pools: (cand sids [B, pool_size], exact cos [B, pool_size], count [B]) on the device. The
+        first round takes the k largest of every row; a row not settled (band.resolve) is widened from its scores
+        (k doubled), with the scores in (hi + eps, t_r - 2 eps) masked out, in chunks of a quarter block."""
+        import torch
+
+        from pipeline.search.band import resolve
+
+        scores = self.scores(q)
+        n_q, dev = len(q), q.device
+        cand = torch.full((n_q, pool_size), -1, dtype=torch.int64, device=dev)
+        cos = torch.full((n_q, pool_size), float("nan"), dtype=torch.float64, device=dev)
+        count = torch.zeros(n_q, dtype=torch.int64, device=dev)
+        t_r = torch.empty(n_q, dtype=torch.float64, device=dev)
+        ceiling = _float32_at_least(hi + eps)  # scores above it are above the band (compared in float32)
+        pending, first = torch.arange(n_q, device=dev), True
+        while len(pending):
+            left = []
+            step = n_q if first else max(1, n_q // 4)
+            for c in range(0, len(pending), step):
+                rows = pending[c:c + step]
+                if first:
+                    sub = scores
+                else:
+                    sub = scores.index_select(0, rows)
+                    sub.masked_fill_((sub > ceiling) & (sub < t_r[rows, None] - 2 * eps), float("-inf"))
+                vals, idx = largest(sub, k)
+                del sub
+                ids = idx.masked_fill(vals == float("-inf"), -1)  # masked out: not returned
+                out = resolve(vals, ids, q_sids[rows], sids, lo, hi, pool_size, k >= self.n, skip_top, eps,
+                              lambda r, i, rows=rows: self.exact(q, rows[r], i))
+                fin = out.finished  # settled rows take their pools (no host read: where, not a mask index)
+                cand[rows] = torch.where(fin[:, None], out.cand, cand[rows])
+                cos[rows] = torch.where(fin[:, None], out.cos, cos[rows])
+                count[rows] = torch.where(fin, out.count, count[rows])
+                t_r[rows] = out.t_r
+                left.append(rows[~fin])
+            pending, first, k = torch.cat(left), False, min(self.n, 2 * k)
+        return cand, cos, count
+
+    def exact(self, q, q_rows, ids):
+        """float64 cos(q[q_rows[p]], base[ids[p]]) for each pair p. On a CPU band.exact_cosines (numpy), the FAISS
+        path's values to the bit; on a GPU `tree_dot`, on the device, EXACT_PAIRS pairs a step."""
+        import torch
+
+        from pipeline.search.band import exact_cosines
+
+        if self.device.type == "cpu":
+            return torch.from_numpy(exact_cosines(q.numpy(), q_rows.numpy(), self.host, ids.numpy()))
+        out = torch.empty(len(ids), dtype=torch.float64, device=q.device)
+        for a in range(0, len(ids), EXACT_PAIRS):
+            out[a:a + EXACT_PAIRS] = tree_dot(q[q_rows[a:a + EXACT_PAIRS]], self.base[ids[a:a + EXACT_PAIRS]])
+        return out.clamp_(-1.0, 1.0)
+
+
+def tree_dot(a, b):
+    """Row-wise dot products of float32 [P, d] tensors in float64, summed in one fixed pairwise tree: the products
+    are exact in float64 (24-bit x 24-bit significands), and each level of the tree is an elementwise add, which
+    IEEE 754 rounds the same on every device; so a pair's value depends on neither its batch nor the kernel's
+    reduction order (torch.sum's does, on a GPU). It can differ from numpy's einsum (the CPU's exact_cosines, other
+    order) in the last bits of the float64, hence, in rare pairs (~1e-9), in the last bit of the float32 `cos`."""
+    import torch
+
+    x = a.to(torch.float64) * b.to(torch.float64)
+    width = 1 << max(0, x.shape[1] - 1).bit_length()
+    if width != x.shape[1]:
+        x = torch.nn.functional.pad(x, (0, width - x.shape[1]))
+    while x.shape[1] > 1:
+        x = x[:, :x.shape[1] // 2] + x[:, x.shape[1] // 2:]
+    return x[:, 0]

@@ -1,33 +1,46 @@
-"""Stage `sentences`: corpus → sentences + rejected, every input line in exactly one of the two, split into the run's
-contiguous sid ranges. How lines are read, normalised, rejected and given a sid: pipeline/corpus.py."""
+"""Stage `sentences`: corpus → sentences + rejected, every input record in exactly one of the two, split into the
+run's contiguous sid ranges. How records are read (every corpus form) and filtered: pipeline/corpus_forms.py and
+pipeline/corpus.py."""
 from __future__ import annotations
-
-from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.corpus import check_corpus, shard_bounds, split_sentences
+from pipeline.corpus import corpus_of, shard_bounds, split_sentences
 from pipeline.engine.spec import Ctx, stage
-from pipeline.engine.store import file_hash
 from pipeline.identity import unicode_facts
 
 
 def corpus_facts(cfg) -> str:
-    """The corpus' content hash (a file edited in place, same name, size and mtime, is read again) and Python's
-    Unicode tables, which NFC follows (a Python upgrade that changes them normalises the corpus again)."""
-    return "corpus:" + file_hash(Path(cfg.data.corpus)) + ";" + unicode_facts()
+    """The corpus' identity (every part's name and content hash: a file edited in place, same name, size and mtime,
+    is read again; a hub dataset's resolved commit) and Python's Unicode tables, which NFC follows (a Python upgrade
+    that changes them normalises the corpus again)."""
+    return "corpus:" + corpus_of(cfg.data, cfg.data.corpus).identity() + ";" + unicode_facts()
 
 
 def corpus_manifest(cfg, store, n: int, plan=None) -> dict:
+    """The corpus, its records, and each part's records in reading order: a sentence's `line_no` L is in the part
+    whose range holds it, at line L - first_line_no + 1."""
     lines = sum(store.cached_rows(t, i, n) for t in ("sentences", "rejected") for i in range(n))
-    return {"corpus": str(cfg.data.corpus), "corpus_lines": lines}
+    sources = corpus_of(cfg.data, cfg.data.corpus).sources()
+    if len(sources) == 1:
+        sources = [(sources[0][0], lines)]  # one part (or a dataset, whose count is what was read): no recount
+    first, parts = 1, []
+    for name, records in sources:
+        parts.append({"source": name, "first_line_no": first, "lines": records})
+        first += records
+    return {"corpus": str(cfg.data.corpus), "corpus_lines": lines, "corpus_parts": parts}
+
+
+def check(cfg) -> None:
+    corpus_of(cfg.data, cfg.data.corpus).check()
 
 
 @stage(writes=("sentences", "rejected"), settings=("sentences",), facts=corpus_facts, manifest=corpus_manifest,
-       one_job=True, checks=(lambda cfg: check_corpus(cfg.data.corpus),))
+       one_job=True, checks=(check,))
 def sentences(ctx: Ctx) -> dict[str, list[pa.Table]]:
     """One pass over the corpus; both tables split into the run's contiguous sid ranges."""
     c = ctx.cfg.sentences
-    kept, rejected = split_sentences(Path(ctx.cfg.data.corpus), c.min_words, c.max_words, c.max_chars)
+    kept, rejected = split_sentences(corpus_of(ctx.cfg.data, ctx.cfg.data.corpus), c.min_words, c.max_words,
+                                     c.max_chars, c.rejected_chars)
     return {"sentences": [kept.slice(a, b - a) for a, b in shard_bounds(kept.num_rows, ctx.n)],
             "rejected": [rejected.slice(a, b - a) for a, b in shard_bounds(rejected.num_rows, ctx.n)]}

@@ -8,6 +8,8 @@ Adding an objective: a file here with its class (formula docstring, Settings, co
 OBJECTIVES below and its name in pipeline/config/training.py's OBJECTIVE_NAMES (and TrainCfg's [train.<name>] field).
 Keep its math in a module-level function of the encoded vectors (simcse_loss, debcse_loss, ...) that forward calls:
 its sentence-transformers loss (trainer/st_losses/) calls the same function.
+Encode in ONE forward: collate returns common.joined(encoder, [group, ...]) (every group the step encodes, stacked)
+and forward splits the vectors with self.encode_groups(batch); return metrics as detached tensors (no .item()).
 """
 from __future__ import annotations
 

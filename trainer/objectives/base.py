@@ -3,6 +3,14 @@
 The loop reads rows (dicts) from mined Parquet tables, hands lists of rows to `collate` (called in DataLoader
 workers, so tokenisation stays off the hot path), moves the returned tensors to the device and calls `forward`.
 
+One encoder forward per step: an objective that encodes several groups of sentences (two dropout views; anchors,
+positives, negatives; two prompt templates, paraphrases, negations) has collate stack them into one batch
+(common.joined, which also makes the padding-free layout on the host) and forward split the pooled vectors back
+(`encode_groups`). Statistics an objective defines per group (DebCSE's BatchNorm) are computed on the split groups.
+
+What forward returns stays on the device: the loss and the metrics are tensors; the loop reads them back every
+train.log_every steps (trainer/train.py), so a step never waits for the device to answer.
+
 Row keys the reader provides (None where the table has no value for that sentence):
     sid: int, text: str,
     positives: list[str] | None, negatives: list[str] | None          (from `pairs`)
@@ -19,6 +27,7 @@ from pydantic import ValidationError
 
 from pipeline.config import ConfigError, Section
 from pipeline.models.encoder import Encoder
+from trainer.objectives.common import sub_batch
 
 
 def settings_of(cls: type["Objective"], train_cfg):
@@ -76,8 +85,15 @@ class Objective(torch.nn.Module, abc.ABC):
         """Tokenise a list of rows into a dict of tensors (and plain values)."""
 
     @abc.abstractmethod
-    def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
-        """Return the scalar loss of this rank's rows and a few floats to log."""
+    def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Return the scalar loss of this rank's rows and a few numbers to log: detached 0-dim tensors on the
+        device (no host read in a step)."""
+
+    def encode_groups(self, batch: dict, head=None) -> tuple[torch.Tensor, ...]:
+        """The pooled vectors of every group `common.joined` stacked under "enc.", from ONE encoder forward (and one
+        pass of the training-only `head`, row by row, where given), split back into the groups in order."""
+        h = self.encoder(sub_batch(batch, "enc"))
+        return (h if head is None else head(h)).split(list(batch["groups"]))
 
     def export_encoder(self) -> Encoder:
         """The encoder to evaluate and save (training-only heads left out)."""

@@ -20,10 +20,38 @@ def sub_batch(batch: dict, prefix: str) -> dict:
     return {k[len(p):]: v for k, v in batch.items() if k.startswith(p)}
 
 
-def two_views(tokens: dict) -> dict:
-    """The batch stacked twice: one forward gives two dropout views (each row draws its own mask), and one
-    2B-row matmul is ~1.4x faster on CPU than two B-row ones."""
-    return {k: torch.cat([v, v]) for k, v in tokens.items()}
+def joined(encoder, groups: list[dict | None]) -> dict:
+    """Several tokenised groups of one training step (two dropout views; anchors, positives, negatives; a prompt's
+    two templates, paraphrases, negations) as ONE batch, so the step runs ONE encoder forward over all of them:
+    {"enc.<key>": the groups stacked in order, each padded (on the tokenizer's side) to the longest row of all,
+    "groups": (rows of each group, ...)}; a group that is None has 0 rows. `Objective.encode_groups` splits the
+    pooled vectors back. Nothing changes in what a row's vector is: every row is encoded on its own (attention sees
+    its own tokens only) and, with dropout on, draws its own dropout mask, as in a forward of its group alone.
+
+    Where the encoder runs padding-free (train.unpad), the packed layout of the joint batch is made here, on the host
+    in the DataLoader workers (pipeline/models/unpad.py unpad_layout), so the extra pad columns cost no arithmetic
+    in the linear layers and the forward reads nothing back from the device."""
+    tok = encoder.tokenizer
+    present = [g for g in groups if g is not None]
+    length = max(g["input_ids"].shape[1] for g in present)
+    left = getattr(tok, "padding_side", "right") == "left"
+    fill = {"input_ids": tok.pad_token_id or 0, "attention_mask": 0, "token_type_ids": tok.pad_token_type_id}
+    out = {}
+    for key in present[0]:
+        parts = []
+        for g in present:
+            v, extra = g[key], length - g["input_ids"].shape[1]
+            if key == "mask_positions":  # a column index: moves with left padding only
+                v = v + extra if left else v
+            elif extra:
+                v = F.pad(v, (extra, 0) if left else (0, extra), value=fill.get(key, 0))
+            parts.append(v)
+        out[key] = torch.cat(parts)
+    if encoder.unpad:
+        from pipeline.models.unpad import unpad_layout
+
+        out.update(unpad_layout(encoder.model, out["attention_mask"]) or {})
+    return {**prefixed("enc", out), "groups": tuple(0 if g is None else len(g["input_ids"]) for g in groups)}
 
 
 def cos_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

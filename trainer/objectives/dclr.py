@@ -18,9 +18,9 @@ SimCSE (two dropout views h, h', the same optional training-only MLP head as `si
     ℓ_i = −log  e^{cos(h_i,h'_i)/τ} / ( Σ_j w_ij e^{cos(h_i,h'_j)/τ} + Σ_{m=1..n} e^{cos(h_i,ĥ_m)/τ} )
     L = (1/B) Σ_i ℓ_i          (τ = cfg.temperature; noise negatives have weight 1)
 
-collate(rows) -> {"sent.*", "emb": FloatTensor[B, d_e] (zeros where missing; d_e = 0 when no row has one),
+collate(rows) -> {"enc.*", "groups": (B, B) (SimCSE's: the two views in one forward), "emb": FloatTensor[B, d_e] (zeros where missing; d_e = 0 when no row has one),
                   "emb_valid": BoolTensor[B]}
-forward(batch) -> (loss, {"acc", "removed": fraction of in-batch negatives weighted 0})
+forward(batch) -> (loss, {"acc", "removed": fraction of in-batch negatives weighted 0}; 0-dim tensors)
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import torch
 from pydantic import Field
 
 from trainer import dist
-from trainer.objectives.common import cos_matrix, cos_rows, info_nce_terms, sub_batch, two_views
+from trainer.objectives.common import cos_matrix, cos_rows, info_nce_terms
 from trainer.objectives.simcse import SimCSE
 
 
@@ -60,7 +60,7 @@ class DCLR(SimCSE):
         return out
 
     def forward(self, batch: dict):
-        h1, h2 = self.head(self.encoder(two_views(sub_batch(batch, "sent")))).chunk(2)
+        h1, h2 = self.encode_groups(batch, self.head)
         return dclr_loss(h1, h2, batch["emb"], batch["emb_valid"], self.settings, self.cfg.temperature)
 
 
@@ -84,7 +84,8 @@ def noise_negatives(H: torch.Tensor, HP: torch.Tensor, settings) -> torch.Tensor
 def dclr_loss(h1: torch.Tensor, h2: torch.Tensor, emb: torch.Tensor, valid: torch.Tensor, settings, tau: float):
     """ℓ of the module docstring on the two views h1, h2 [B, d] (after the head, if any), the rows' mined vectors
     emb [B, d_e] and which of them exist, valid [B]. Draws the noise from torch's global generator. Shared by the lean
-    objective and the sentence-transformers loss (trainer/st_losses/dclr.py). (loss, {"acc", "removed"})."""
+    objective and the sentence-transformers loss (trainer/st_losses/dclr.py). (loss, {"acc", "removed"}), the
+    metrics detached 0-dim tensors (no host read)."""
     (H1, H2), (sizes, _) = dist.gather_many([h1, h2])
     sl = dist.local_slice(sizes)
     targets = torch.arange(sl.start, sl.stop, device=h1.device)
@@ -112,7 +113,7 @@ def dclr_loss(h1: torch.Tensor, h2: torch.Tensor, emb: torch.Tensor, valid: torc
     per = info_nce_terms(h1, H2, targets, tau, keep=keep, extra_logits=extra)
     loss = dist.global_mean(per)
     with torch.no_grad():
-        acc = (cos_matrix(h1, H2).argmax(1) == targets).float().mean().item()
+        acc = (cos_matrix(h1, H2).argmax(1) == targets).float().mean()
         n_neg = max(1, removed.numel() - len(h1))
-        frac = removed.sum().item() / n_neg
+        frac = removed.sum() / n_neg
     return loss, {"acc": acc, "removed": frac}

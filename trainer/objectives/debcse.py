@@ -20,6 +20,13 @@ biased batch variance. Anchors, positives and negatives are three batches, each 
 statistics; the statistics are over the GLOBAL batch (gathered from all ranks; negatives: only the present ones),
 so the loss does not depend on the number of processes. No running statistics are kept (nothing is exported).
 
+One forward for the three: collate stacks anchors, positives and negatives into one batch (common.joined, padded to
+the longest row of all and laid out padding-free on the host), the encoder runs once, and the pooled vectors are
+split back into the three groups before anything mixes rows, so each BatchNorm above still sees its own group only.
+A row's vector is the one a forward of its own group gives (attention sees its own tokens; with dropout on, every
+row draws its own mask, as it would in a separate pass): the loss is unchanged (tests/test_one_forward.py: loss and
+gradients equal the three-pass form to 1e-6 in float64).
+
 With cos and τ = cfg.temperature, over a global batch of B rows:
 
     L(z_i, h_i⁺) = −log  e^{cos(z_i, h_i⁺)/τ} / ( e^{cos(z_i, h_i⁺)/τ} + Σ_k e^{cos(z_i, z_{i,k}⁻)/τ}
@@ -33,9 +40,10 @@ Two choices the paper leaves open, made here (METHODS §7):
 - The in-batch other rows j ≠ i use the OTHER side's representation (h_j⁺ for the first term, h_j for the
   second), i.e. the same kind of vector as the positive, as in SimCSE's in-batch logits.
 
-collate(rows) -> {"anc.*", "pos.*" (tokenizer tensors), "neg_index": LongTensor[B, m] (row into the flat
-negatives, −1 = missing), and "neg.*" only when the batch has at least one negative}
-forward(batch) -> (loss, {"acc": top-1 accuracy of the first term on this rank})
+collate(rows) -> {"enc.*": anchors, positives and the flat negatives stacked (tokenizer tensors), "groups": (B, B, n)
+                  (n = 0 when the batch has no negative), "neg_index": LongTensor[B, m] (row into the flat negatives,
+                  −1 = missing)}
+forward(batch) -> (loss, {"acc": top-1 accuracy of the first term on this rank, a 0-dim tensor})
 """
 from __future__ import annotations
 
@@ -46,7 +54,7 @@ from pydantic import Field
 from pipeline.config import Section
 from trainer import dist
 from trainer.objectives.base import Objective
-from trainer.objectives.common import cos_matrix, info_nce_terms, prefixed, sub_batch
+from trainer.objectives.common import cos_matrix, info_nce_terms, joined
 
 BN_EPS = 1e-5
 
@@ -77,23 +85,19 @@ class DebCSE(Objective):
             for k, t in enumerate([t for t in (r.get("negatives") or []) if t][:m]):
                 neg_index[i, k] = len(neg_texts)
                 neg_texts.append(t)
-        out = {**prefixed("anc", tok(anchors)), **prefixed("pos", tok(positives)), "neg_index": neg_index}
-        if neg_texts:
-            out.update(prefixed("neg", tok(neg_texts)))
-        return out
+        groups = [tok(anchors), tok(positives), tok(neg_texts) if neg_texts else None]
+        return {**joined(self.encoder, groups), "neg_index": neg_index}
 
     def forward(self, batch: dict):
-        h = self.encoder(sub_batch(batch, "anc"))
-        hp = self.encoder(sub_batch(batch, "pos"))
-        neg = sub_batch(batch, "neg")
-        hn = self.encoder(neg) if neg else h.new_zeros((0, h.shape[1]))
+        h, hp, hn = self.encode_groups(batch)  # one forward; BatchNorm per group in debcse_loss
         return debcse_loss(h, hp, hn, batch["neg_index"], self.cfg.temperature)
 
 
 def debcse_loss(h: torch.Tensor, hp: torch.Tensor, hn: torch.Tensor, neg_index: torch.Tensor, tau: float):
     """Eq. 8 (the module docstring) on encoded vectors: h anchors [B, d], hp positives [B, d], hn the flat negatives
     [n, d] and neg_index [B, m] (row into hn, −1 = missing). The lean objective and the sentence-transformers loss
-    (trainer/st_losses/debcse.py) both call this: one implementation. Returns (loss, {"acc"})."""
+    (trainer/st_losses/debcse.py) both call this: one implementation. Returns (loss, {"acc"}), the accuracy a
+    detached 0-dim tensor (no host read)."""
     (H, HP, HN), (sizes, _, nsizes) = dist.gather_many([h, hp, hn])  # one collective (trainer/dist.py)
     sl = dist.local_slice(sizes)
     z, zp = batch_norm(H)[sl], batch_norm(HP)[sl]
@@ -112,5 +116,5 @@ def debcse_loss(h: torch.Tensor, hp: torch.Tensor, hn: torch.Tensor, neg_index: 
     l2 = info_nce_terms(zp, H, targets, tau, extra_logits=extra2, extra_keep=keep)
     loss = dist.global_mean(l1 + l2)
     with torch.no_grad():
-        acc = (cos_matrix(z, HP).argmax(1) == targets).float().mean().item()
+        acc = (cos_matrix(z, HP).argmax(1) == targets).float().mean()
     return loss, {"acc": acc}

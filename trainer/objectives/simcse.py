@@ -15,13 +15,15 @@ mlp_train_only = False no head is added: training and evaluation both use the en
 Settings ([train.simcse]): mlp_train_only (True).
 
 Dropout is the encoder's own (the loop builds the model with cfg.dropout); the two views come from one forward
-pass in training mode over the batch stacked twice (2B rows, each with its own dropout mask).
+pass in training mode over the batch stacked twice (2B rows, each with its own dropout mask), stacked in collate
+(common.joined: in the DataLoader workers, with the padding-free layout) and split after the pooler and the head.
 
 Distributed: anchors are this rank's rows, candidates h'_j are gathered from all ranks with gradient, and the
 rank's loss is (W/B)·Σ_{local i} ℓ_i — see trainer/dist.py for why DDP then reproduces the single-process gradient.
 
-collate(rows) -> {"sent.input_ids", "sent.attention_mask", ["sent.token_type_ids"], ["sent.mask_positions"]}
-forward(batch) -> (loss, {"acc": top-1 in-batch accuracy of this rank's anchors})
+collate(rows) -> {"enc.input_ids", "enc.attention_mask", ["enc.token_type_ids"], ["enc.mask_positions"],
+                  ["enc.unpad_index", "enc.unpad_positions"]: the B rows twice; "groups": (B, B)}
+forward(batch) -> (loss, {"acc": top-1 in-batch accuracy of this rank's anchors, a 0-dim tensor})
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import torch
 from pipeline.config import Section
 from trainer import dist
 from trainer.objectives.base import Objective
-from trainer.objectives.common import MLPHead, cos_matrix, info_nce_terms, prefixed, sub_batch, two_views
+from trainer.objectives.common import MLPHead, cos_matrix, info_nce_terms, joined
 
 
 # ------------------------------------------------------------------------------------------------- objective
@@ -46,13 +48,14 @@ class SimCSE(Objective):
         self.mlp = MLPHead(encoder.dim) if self.settings.mlp_train_only else None
 
     def collate(self, rows: list[dict]) -> dict:
-        return prefixed("sent", self.encoder.tokenize([r["text"] for r in rows], max_length=self.cfg.max_length))
+        tokens = self.encoder.tokenize([r["text"] for r in rows], max_length=self.cfg.max_length)
+        return joined(self.encoder, [tokens, tokens])  # the two dropout views: the batch twice, one forward
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         return self.mlp(h) if self.mlp is not None else h
 
     def forward(self, batch: dict):
-        h1, h2 = self.head(self.encoder(two_views(sub_batch(batch, "sent")))).chunk(2)
+        h1, h2 = self.encode_groups(batch, self.head)
         return simcse_loss(h1, h2, self.cfg.temperature)
 
     def export_encoder(self):
@@ -61,11 +64,12 @@ class SimCSE(Objective):
 
 def simcse_loss(h1: torch.Tensor, h2: torch.Tensor, tau: float):
     """In-batch InfoNCE of the module docstring on two views h1, h2 [B, d] (after the head, if any); shared by the
-    lean objective, DCLR's base and the sentence-transformers loss (trainer/st_losses/simcse.py). (loss, {"acc"})."""
+    lean objective, DCLR's base and the sentence-transformers loss (trainer/st_losses/simcse.py). (loss, {"acc"}),
+    the accuracy a detached 0-dim tensor (no host read)."""
     (g2,), (sizes,) = dist.gather_many([h2])
     sl = dist.local_slice(sizes)
     targets = torch.arange(sl.start, sl.stop, device=h1.device)
     loss = dist.global_mean(info_nce_terms(h1, g2, targets, tau))
     with torch.no_grad():
-        acc = (cos_matrix(h1, g2).argmax(1) == targets).float().mean().item()
+        acc = (cos_matrix(h1, g2).argmax(1) == targets).float().mean()
     return loss, {"acc": acc}

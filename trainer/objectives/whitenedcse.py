@@ -23,7 +23,11 @@ Distributed: the covariance is that of the GLOBAL batch (every rank whitens the 
 permutations are drawn once (torch's global generator on rank 0) and broadcast, so the loss does not depend on
 the process count; the loss of this rank's anchors is scaled as in trainer/dist.py.
 
-collate(rows) -> {"sent.*"}        forward(batch) -> (loss, {"acc": top-1 accuracy for the first positive})
+The two dropout views H, H' come from ONE encoder forward over the batch stacked twice (common.joined in collate;
+each row draws its own dropout mask), split after pooling.
+
+collate(rows) -> {"enc.*", "groups": (B, B)}
+forward(batch) -> (loss, {"acc": top-1 accuracy for the first positive, a 0-dim tensor})
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ from pydantic import Field
 from pipeline.config import Section
 from trainer import dist
 from trainer.objectives.base import Objective
-from trainer.objectives.common import cos_matrix, info_nce_terms, prefixed, sub_batch, two_views
+from trainer.objectives.common import cos_matrix, info_nce_terms, joined
 
 
 def group_zca(x: torch.Tensor, groups: int, eps: float) -> torch.Tensor:
@@ -83,13 +87,14 @@ class WhitenedCSE(Objective):
         self.act = torch.nn.Tanh()
 
     def collate(self, rows: list[dict]) -> dict:
-        return prefixed("sent", self.encoder.tokenize([r["text"] for r in rows], max_length=self.cfg.max_length))
+        tokens = self.encoder.tokenize([r["text"] for r in rows], max_length=self.cfg.max_length)
+        return joined(self.encoder, [tokens, tokens])  # the two dropout views: the batch twice, one forward
 
     def view(self, H: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
         return self.act(self.proj(self.sgw(H, perm)))
 
     def forward(self, batch: dict):
-        h1, h2 = self.encoder(two_views(sub_batch(batch, "sent"))).chunk(2)
+        h1, h2 = self.encode_groups(batch)
         return whitenedcse_loss(h1, h2, self.view, self.sgw.dim, self.settings, self.cfg.temperature)
 
     def export_encoder(self):
@@ -105,7 +110,8 @@ def permutations(n: int, dim: int, device) -> torch.Tensor:
 def whitenedcse_loss(h1: torch.Tensor, h2: torch.Tensor, view, dim: int, settings, tau: float):
     """The multi-positive loss of the module docstring on the two dropout views h1, h2 [B, d]; `view(H, perm)` is
     φ_π (SGW, projection, Tanh). Draws P + 1 permutations from torch's global generator. Shared by the lean objective
-    and the sentence-transformers loss (trainer/st_losses/whitenedcse.py). Returns (loss, {"acc"})."""
+    and the sentence-transformers loss (trainer/st_losses/whitenedcse.py). Returns (loss, {"acc"}), the accuracy a
+    detached 0-dim tensor (no host read; on a GPU the eigendecomposition still checks its result on the host)."""
     (H1, H2), (sizes, _) = dist.gather_many([h1, h2])
     sl = dist.local_slice(sizes)
     targets = torch.arange(sl.start, sl.stop, device=h1.device)
@@ -120,5 +126,5 @@ def whitenedcse_loss(h1: torch.Tensor, h2: torch.Tensor, view, dim: int, setting
         first = cand if first is None else first
     loss = settings.loss_weight * dist.global_mean(per)
     with torch.no_grad():
-        acc = (cos_matrix(anchors, first).argmax(1) == targets).float().mean().item()
+        acc = (cos_matrix(anchors, first).argmax(1) == targets).float().mean()
     return loss, {"acc": acc}

@@ -13,8 +13,8 @@ def embed(model, features: dict) -> torch.Tensor:
 
 
 def two_views(model, features: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two dropout views of one column in ONE forward over the batch stacked twice (the lean trainer's two_views):
-    each row draws its own dropout mask."""
+    """Two dropout views of one column in ONE forward over the batch stacked twice (as the lean trainer's collate
+    stacks them, trainer/objectives/common.py joined): each row draws its own dropout mask."""
     doubled = {k: torch.cat([v, v]) if torch.is_tensor(v) else v for k, v in features.items()}
     return embed(model, doubled).chunk(2)
 
