@@ -60,7 +60,7 @@ def run(n: int = 512) -> list[dict]:
     peer = n / (time.perf_counter() - start)
     results = []
     for bs in BATCH_SIZES:
-        chain = load_chain(names, BacktranslateCfg(**{**SETTINGS, "batch_size": bs}))
+        chain = load_chain(names, BacktranslateCfg(**{**SETTINGS, "batch_size": bs, "batch_tokens": 0}))
         start = time.perf_counter()
         table = backtranslate(rows, chain_name(names), chain)
         ours = n / (time.perf_counter() - start)

@@ -25,7 +25,7 @@ import os
 import tempfile
 import time
 
-SETTINGS = dict(batch_size=32)  # caps: BacktranslateCfg's defaults
+SETTINGS = dict(batch_size=32, batch_tokens=0)  # batches of 32 rows on both engines; caps: the defaults
 ENGINES = {"hf": dict(engine="hf"), "float32": dict(engine="ctranslate2", compute_type="float32"),
            "int8": dict(engine="ctranslate2", compute_type="int8")}
 

@@ -18,7 +18,8 @@ from bench.gpu_sections import (BAND, Models, apply_settings, mem_unit, peak_mib
 ENCODE_ROWS = {"encode_float32": {"precision": "float32"}, "encode_bf16": {"precision": "bf16"},
                "encode_bf16_tokens65536": {"precision": "bf16", "batch_tokens": 65536}}
 SEARCH_ROWS = {"band_search": {}, "band_search_tf32": {"precision": "tf32"}, "band_search_bf16": {"precision": "bf16"}}
-GENERATE_ROWS = {"generate_ours": {}}
+GENERATE_ROWS = {"generate_ours": {}, "generate_rows32": {"batch_tokens": 0}, "generate_static": {"kv_cache": "static"},
+                 "generate_static_compile": {"kv_cache": "static", "compile": True}}
 TRAIN_ROWS = {f"train_{o}": {"objective": o} for o in ("simcse", "debcse", "osscse", "whitenedcse", "dclr")}
 PRECISION = {"float32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "bf16"}  # a row's precision -> its gemm_* row
 
@@ -312,7 +313,7 @@ def generate_pipeline_and_user(models: Models, device: str, sizes: dict, prec: s
     random model never ends a row itself: every row decodes to its cap, the same target tokens on both sides."""
     import torch
 
-    from pipeline.models.translation import row_limit
+    from pipeline.models.translation import batch_token_budget, row_limit
 
     _, _, shape = models.marian()
     texts = marian_texts(models, sizes["gen_n"], seed=1)
@@ -320,7 +321,10 @@ def generate_pipeline_and_user(models: Models, device: str, sizes: dict, prec: s
     for name, settings in GENERATE_ROWS.items():
         tr = translator(models, device, settings)
         src = [len(x) for x in tr.tokenizer(texts, truncation=True, max_length=tr.cfg.max_length)["input_ids"]]
-        tr.translate(texts[:tr.cfg.batch_size])  # warm-up
+        budget = batch_token_budget(getattr(tr.cfg, "batch_tokens", 0), device, "hf")
+        batching = f"batch_tokens {budget}" if budget else f"batch_size {tr.cfg.batch_size}"
+        # warm-up; a compiled step compiles for each batch shape: every shape of the timed pass, compiled here
+        tr.translate(texts if settings.get("compile") else texts[:tr.cfg.batch_size])
         reset_peak(device)
         sync(device)
         t0 = time.perf_counter()
@@ -330,7 +334,7 @@ def generate_pipeline_and_user(models: Models, device: str, sizes: dict, prec: s
         made = [len(o[0].split()) for o in out]
         rows.append(row(f"{name}_tokens_per_s", device, round(sum(made) / s, 1), "tokens/s", None,
                         f"Translator.translate, {len(texts)} rows of {sum(src) / len(src):.1f} tokens, {settings}: "
-                        f"batch_size {tr.cfg.batch_size}, {sum(made)} target tokens in {s:.2f} s, "
+                        f"{batching}, {sum(made)} target tokens in {s:.2f} s, "
                         f"{len(texts) / s:.1f} sentences/s; peak {peak_mib(device)} {mem_unit(device)}",
                         job="generate", flop=marian_flop(shape, src, made), seconds=s, precision=prec))
         first = first or (tr, src, rows[-1])

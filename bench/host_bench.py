@@ -4,7 +4,7 @@ do in each job of the 1M path, measured without a GPU, on today's code and on th
     python -m bench.host_bench                          # base = a git export of BASE_COMMIT, new = this checkout
     python -m bench.host_bench --base /tmp/hostbench-base   # base = another checkout (e.g. `git worktree add`)
     python -m bench.host_bench --base-commit HEAD~3 --reps 3 --jobs encode train
-    python -m bench.host_bench --set new:generate.batch_size=64   # a setting of one job on one side (or both: no side)
+    python -m bench.host_bench --set new:generate.batch_tokens=262144   # a setting of one job on one side (or both)
     BENCH_SMOKE=1 python -m bench.host_bench            # toy sizes (tests/test_bench_modules.py)
 
 On a GPU a job runs at the pace of its host when the host's work per batch outlasts the card's: the check on an
@@ -16,8 +16,9 @@ GPU could do with this host code however fast its arithmetic (sentences/s, targe
 
 - encode: `Encoder.encode` over wiki1m lines (the file, repeated), at the encoder's default batch size and bf16
   (a GPU's precision); tokenising alone is reported apart (it can run on another core: this box has two).
-- generate: `Translator.translate`, greedy, at the stage's defaults (its batch size), each row emitting as many
-  tokens as its source has; host time per target token and per decode step.
+- generate: `Translator.translate`, greedy, at the stage's defaults (its batching on a CPU: 32 rows before issue
+  46, batch_tokens "auto" = 8,192 tokens after; a GPU's budget: --set new:generate.batch_tokens=262144), each row
+  emitting as many tokens as its source has; host time per target token and per decode step.
 - search: `band_neighbours` with the torch engine as it runs on an 80 GB GPU against a 1M base, in two measured
   parts (bench/host_search_jobs.py job_search): the host's cost of a block (its ops and Python, timed on 8-query
   blocks of a 128-row base where the arithmetic is negligible) divided by the queries a GPU block holds in that
@@ -275,8 +276,9 @@ def details(best: dict, sizes: dict) -> list[str]:
                        f"rest {rest * 1e6:.1f} us: with tokenising on the other core, <= "
                        f"{1 / max(rest, tok, 1e-12):,.0f} sentences/s")
         elif job == "generate":
-            out.append(f"generate: {n['rows']} rows, {n['units']} target tokens, batch_size "
-                       f"{n['batch_size']} (base {b['batch_size']}): {n['steps']} decode steps (base {b['steps']}), "
+            out.append(f"generate: {n['rows']} rows, {n['units']} target tokens, batch_size / batch_tokens "
+                       f"{n['batch_size']} / {n.get('batch_tokens', 0)} (base {b['batch_size']} / "
+                       f"{b.get('batch_tokens', 0)}): {n['steps']} decode steps (base {b['steps']}), "
                        f"{n['seconds'] / max(1, n['steps']) * 1e3:.2f} ms a step (base "
                        f"{b['seconds'] / max(1, b['steps']) * 1e3:.2f})")
         elif job == "search":

@@ -72,7 +72,7 @@ def job_generate(data: Path, sizes: dict, settings: dict) -> dict:
     sample_target = sum(len(ids) for ids in tok(sample, truncation=True, max_length=cfg.max_length)["input_ids"])
     counts = count_ops(lambda: tr.translate(sample), sample_target, sizes)
     return {"units": target, **timing, "steps": steps, "rows": len(texts), "batch_size": cfg.batch_size,
-            **counts}
+            "batch_tokens": getattr(cfg, "batch_tokens", 0), **counts}
 
 
 def job_train(data: Path, sizes: dict, settings: dict) -> dict:

@@ -24,7 +24,7 @@ import traceback
 from pipeline.config import ROOT
 
 MODULES = ["embeddings", "mer", "neighbours", "ivf", "hardneg", "scaling", "growth", "memo_index", "negate",
-           "backtranslate", "bergamot", "ct2", "marian", "train", "st_debcse", "eval", "host"]
+           "backtranslate", "bergamot", "ct2", "marian", "translate", "train", "st_debcse", "eval", "host"]
 OUT = ROOT / "artifacts" / "bench"
 DOC = ROOT / "BENCHMARKS.md"
 BEGIN, END = "<!-- bench:results:begin (written by `python -m bench.run`) -->", "<!-- bench:results:end -->"

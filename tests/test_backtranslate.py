@@ -24,7 +24,8 @@ LINES = corpus_lines(120)[:40] + ["  The   cat\tsat on\n the mat.  ", "Short.", 
 
 
 def cfg(**kw) -> BacktranslateCfg:
-    return BacktranslateCfg(**{**SMALL, **kw})
+    """SMALL settings; a batch_size given means batches of that many rows (batch_tokens = 0)."""
+    return BacktranslateCfg(**{**SMALL, **({"batch_tokens": 0} if "batch_size" in kw else {}), **kw})
 
 
 @pytest.fixture(scope="module")

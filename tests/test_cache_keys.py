@@ -150,3 +150,18 @@ def test_library_versions_are_part_of_the_key(tmp_path):
     assert f"faiss-cpu={version('faiss-cpu')}" in extra_key(STAGES["neighbours"], cfg)
     assert f"spacy={version('spacy')}" in extra_key(STAGES["negate"], cfg)
     assert f"torch={version('torch')}" in extra_key(STAGES["embeddings"], cfg)
+
+
+def test_hf_static_cache_and_compile_are_in_the_key_where_hf_runs():
+    """kv_cache / compile stay out of the section hash; the chains' plan records them where HF generate runs and
+    they depart from the plain dynamic cache (a run with the defaults keeps the key it had). Bergamot ignores them."""
+    base = load_config("default", STANDIN)
+    static = load_config("default", STANDIN + ["backtranslate.kv_cache=static"])
+    compiled = load_config("default", STANDIN + ["backtranslate.kv_cache=static", "backtranslate.compile=true"])
+    assert base.section_hash("backtranslate") == static.section_hash("backtranslate") == \
+        compiled.section_hash("backtranslate")
+    keys = [extra_key(STAGES["backtranslate"], c) for c in (base, static, compiled)]
+    assert len(set(keys)) == 3 and "decoding" not in keys[0] and '"kv_cache":"static"' in keys[1]
+    bergamot = [extra_key(STAGES["backtranslate"], load_config("default", BERGAMOT + sets))
+                for sets in ([], ["backtranslate.kv_cache=static", "backtranslate.compile=true"])]
+    assert bergamot[0] == bergamot[1]

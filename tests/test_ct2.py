@@ -187,8 +187,9 @@ def test_engine_settings_that_cannot_work_are_refused(tiny):
     with pytest.raises(ConfigError, match="do_sample with engine = 'ctranslate2'"):
         load_config("default", ["backtranslate.chains=[]", "backtranslate.engine=ctranslate2",
                                 "backtranslate.do_sample=true"])
-    with pytest.raises(ConfigError, match="CTranslate2 settings and engine = 'hf'"):
+    with pytest.raises(ConfigError, match="compute_type is a CTranslate2 setting and engine = 'hf'"):
         load_config("default", ["backtranslate.compute_type=int8"])
+    assert load_config("default", ["backtranslate.batch_tokens=4096"]).backtranslate.batch_tokens == 4096  # both
     fsmt_chain = f'backtranslate.chains=[["{tiny["en-xx"]}", "{tiny["fsmt"]}"]]'
     strict = load_config("default", [fsmt_chain, "backtranslate.engine=ctranslate2"])
     with pytest.raises(ConfigError, match=r"fsmt.*cannot be converted by CTranslate2.*engine = 'auto'"):
@@ -244,3 +245,64 @@ def test_on_a_gpu_without_cuda_12_auto_takes_hf_and_ctranslate2_is_refused(tiny,
         chains.engine_for("en-xx", tiny["en-xx"], cfg(engine="ctranslate2"))
     monkeypatch.setattr(chains, "CT2_CUDA_LIBRARY", "libc.so.6")  # a library that loads: CTranslate2 it is
     assert chains.engine_for("en-xx", tiny["en-xx"], cfg(engine="auto")) == "ctranslate2"
+
+
+def test_cuda_12_cublas_is_looked_for_on_the_loader_path_then_in_the_pip_package(tmp_path):
+    """pipeline/models/cublas.py: the loader's own search first; else each site folder's nvidia/cublas/lib (where
+    `pip install nvidia-cublas-cu12` puts it), cuBLASLt before cuBLAS; a folder that fails to load gives way to the
+    next; None when no folder has it (then ct2_cuda_problem says so)."""
+    from pipeline.models.cublas import load_cublas, pip_cublas_folders
+
+    sites = [tmp_path / name for name in ("empty", "broken", "good")]
+    for site in sites[1:]:
+        (site / "nvidia" / "cublas" / "lib").mkdir(parents=True)
+        for lib in ("libcublas.so.12", "libcublasLt.so.12"):
+            (site / "nvidia" / "cublas" / "lib" / lib).write_bytes(b"")
+    loads = []
+
+    def loader(name, mode):
+        loads.append(name)
+        if "/" not in name or "broken" in name:
+            raise OSError(f"{name}: cannot open shared object file")
+
+    paths = [str(s) for s in sites]
+    assert pip_cublas_folders(paths) == [s / "nvidia" / "cublas" / "lib" for s in sites[1:]]
+    assert load_cublas(paths=paths, load=loader) == str(sites[2] / "nvidia" / "cublas" / "lib")
+    assert [n.split(str(tmp_path))[-1] for n in loads] == [
+        "libcublas.so.12", "/broken/nvidia/cublas/lib/libcublasLt.so.12", "/good/nvidia/cublas/lib/libcublasLt.so.12",
+        "/good/nvidia/cublas/lib/libcublas.so.12"]
+    assert load_cublas(paths=paths[:1], load=loader) is None
+    assert load_cublas(load=lambda name, mode: None) == "the loader path"
+
+
+def test_a_pip_installed_cublas_answers_ctranslate2s_dlopen_by_name(tmp_path):
+    """The loader mechanism cublas.py relies on, with real shared objects: stand-ins built here with cuBLAS's
+    sonames (libcublas.so.12 needing libcublasLt.so.12, no search path to it), in a fresh process without
+    LD_LIBRARY_PATH. Before load_cublas a dlopen of "libcublas.so.12" by name fails, as CTranslate2's does on a
+    CUDA-13-only machine; after it, the same dlopen succeeds and calls into both."""
+    import shutil
+    import subprocess
+    import sys
+
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler here to build the stand-in libraries")
+    lib = tmp_path / "site" / "nvidia" / "cublas" / "lib"
+    lib.mkdir(parents=True)
+    (tmp_path / "lt.c").write_text("int ltVersion(void) { return 12; }\n")
+    (tmp_path / "blas.c").write_text("int ltVersion(void);\nint cublasVersion(void) { return 100 + ltVersion(); }\n")
+    for src, name, extra in (("lt.c", "libcublasLt.so.12", []), ("blas.c", "libcublas.so.12",
+                                                                   [f"-L{lib}", "-l:libcublasLt.so.12"])):
+        subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib / name), f"-Wl,-soname,{name}", str(tmp_path / src),
+                        *extra], check=True, capture_output=True)
+    code = ("import ctypes, sys\n"
+            "try:\n    ctypes.CDLL('libcublas.so.12')\n    sys.exit(3)\nexcept OSError:\n    pass\n"
+            "from pipeline.models.cublas import load_cublas\n"
+            f"print(load_cublas(paths=[{str(tmp_path / 'site')!r}]))\n"
+            "print(ctypes.CDLL('libcublas.so.12').cublasVersion())\n")
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if done.returncode == 3:
+        pytest.skip("this machine has a libcublas.so.12 on its loader path")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(lib), "112"]

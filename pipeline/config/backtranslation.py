@@ -79,7 +79,6 @@ class BacktranslateCfg(Section):
     fallback: bool = False  # when a model cannot be loaded: skip that chain (said once, loudly) instead of failing
     include_variants: bool | None = Field(None, description="deprecated: set include_variants per chain; when "
                                                             "set, it applies to every chain that does not set its own")
-    batch_size: int = Field(32, ge=1)
     num_beams: int = Field(1, ge=1)
     do_sample: bool = False
     num_return_sequences: int = Field(1, ge=1)
@@ -99,8 +98,24 @@ class BacktranslateCfg(Section):
     # CTranslate2's weights and arithmetic: "auto" = int8 on CPU, float16 on a GPU.
     compute_type: Literal["auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16", "bfloat16",
                           "float32"] = "auto"
-    # CTranslate2 only: > 0 batches by this many source tokens (batch_type="tokens") instead of batch_size rows.
-    batch_tokens: int = Field(0, ge=0)
+    # Rows per batch where batches are not sized by tokens: batch_tokens = 0 (or "auto" on CTranslate2 on a CPU).
+    batch_size: int = Field(32, ge=1)
+    # Batches sized by tokens (rows sorted longest first; a row's output does not depend on its batch). A batch takes
+    # inputs while, on HF generate, its decoder rows (inputs x num_beams, or x num_return_sequences when sampling)
+    # times its longest input plus that input's length cap (the tokens its caches hold at the end) stay within this
+    # budget; on CTranslate2, its padded source tokens (CTranslate2's batch_type = "tokens"). 0 = batch_size rows.
+    # "auto" = sized for the device: on a GPU 262,144 on HF (~2,700 rows of 32-token inputs) and 65,536 on
+    # CTranslate2; on a CPU 8,192 on HF (~85 such rows: what measured best there, docs/backtranslation.md) and
+    # batch_size rows on CTranslate2.
+    batch_tokens: int | Literal["auto"] = "auto"
+    # HF generate's key/value cache: "static" preallocates it once per batch for max_length + 2 tokens (one length
+    # for every batch, so a row's output still does not depend on its batch; the shape torch.compile needs);
+    # models without static-cache support (FSMT, the wmt19 models) keep "dynamic". Slower on a CPU
+    # (docs/backtranslation.md); not yet measured on a GPU.
+    kv_cache: Literal["dynamic", "static"] = "dynamic"
+    # torch.compile HF generate's decoding step (needs kv_cache = "static"; on a GPU with CUDA graphs, as transformers
+    # does). Compiles for each new batch shape; on a CPU it measured no faster. Not yet measured on a GPU.
+    compile: bool = False
     # Bergamot models (pipeline/models/bergamot.py): Python threads sharing one loaded direction. An execution
     # setting: a row's text does not depend on it, so it is left out of the cache key.
     threads: int = Field(2, ge=1)
@@ -112,11 +127,13 @@ class BacktranslateCfg(Section):
     degenerate_min_words: int = Field(6, ge=1)
 
     # how fast, not what (never in a key): a row's output does not depend on its batch (tests/test_backtranslate.py,
-    # tests/test_ct2.py: each row alone equals the batch) nor on the threads sharing a Bergamot direction
+    # tests/test_translate_device.py, tests/test_ct2.py: each row alone equals the batch) nor on the threads sharing
+    # a Bergamot direction
     EXECUTION: ClassVar[frozenset[str]] = frozenset({"threads", "batch_size", "batch_tokens"})
     # the chains' plan records each model's engine (with its compute type) and, where an engine runs on torch, the
-    # device kind and dtype (pipeline/models/chains.py): Bergamot always runs on the CPU, whatever these say
-    RESOLVED: ClassVar[frozenset[str]] = frozenset({"device", "dtype", "compute_type", "engine"})
+    # device kind and dtype, and HF generate's cache and compilation where they are not the plain dynamic cache
+    # (pipeline/models/chains.py): Bergamot always runs on the CPU, whatever these say
+    RESOLVED: ClassVar[frozenset[str]] = frozenset({"device", "dtype", "compute_type", "engine", "kv_cache", "compile"})
 
     @model_validator(mode="after")
     def _bergamot_greedy(self):
@@ -143,9 +160,15 @@ class BacktranslateCfg(Section):
 
     @model_validator(mode="after")
     def _engine_settings(self):
-        if self.engine == "hf" and (self.compute_type != "auto" or self.batch_tokens):
-            raise ValueError("backtranslate.compute_type / batch_tokens are CTranslate2 settings and engine = 'hf': "
-                             "set backtranslate.engine = 'ctranslate2' or 'auto' (the HF engine's is `dtype`)")
+        if self.engine == "hf" and self.compute_type != "auto":
+            raise ValueError("backtranslate.compute_type is a CTranslate2 setting and engine = 'hf': set "
+                             "backtranslate.engine = 'ctranslate2' or 'auto' (the HF engine's is `dtype`)")
+        if self.compile and self.kv_cache != "static":
+            raise ValueError("backtranslate.compile = true needs backtranslate.kv_cache = 'static' (transformers "
+                             "compiles the decoding step of a static cache only)")
+        if isinstance(self.batch_tokens, int) and self.batch_tokens < 0:
+            raise ValueError(f"backtranslate.batch_tokens must be 'auto', 0 (batch_size rows) or a positive number "
+                             f"of tokens, not {self.batch_tokens}")
         if self.engine == "ctranslate2" and self.do_sample:
             raise ValueError("backtranslate.do_sample with engine = 'ctranslate2': its sampler draws from per-thread "
                              "generators that per-row seeds cannot reach, so rows would not be reproducible; use "

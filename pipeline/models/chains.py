@@ -27,6 +27,7 @@ from pipeline.engine.codeversion import code_version
 from pipeline.engine.resources import Resource, cuda_device
 from pipeline.engine.spec import package_versions
 from pipeline.models.bergamot_files import is_bergamot_folder
+from pipeline.models.cublas import load_cublas
 from pipeline.models.hub import ModelUnavailable, model_fingerprint, pick_device, resolve_model
 from pipeline.models.standin import StandInTranslator, is_standin
 from pipeline.models.translation import model_type, target_language_problem
@@ -64,7 +65,7 @@ def engine_for(name: str, path, cfg: BacktranslateCfg) -> str:
                      f"by CTranslate2 (it converts {', '.join(sorted(CONVERTIBLE))}); use engine = 'auto' to run it on HF")
 
 
-CT2_CUDA_LIBRARY = "libcublas.so.12"  # what the ctranslate2 4.x wheels dlopen on a GPU (they link CUDA 12)
+CT2_CUDA_LIBRARY = "libcublas.so.12"  # what the ctranslate2 4.x wheels dlopen on a GPU (cublas.py)
 _said: set[str] = set()
 
 
@@ -77,21 +78,19 @@ def _say_once(line: str) -> None:
 def ct2_cuda_problem(device: str) -> str | None:
     """None when CTranslate2 can translate on `device`; else one line why not. On a CPU: None. On a GPU: its wheels
     load CUDA 12's cuBLAS when a translator starts, and a machine with only CUDA 13 (the lent H100, torch cu130)
-    fails there ("Library libcublas.so.12 is not found"): the same loader probe, before any model loads."""
+    fails there ("Library libcublas.so.12 is not found") unless the nvidia-cublas-cu12 pip package is installed: the
+    same load (pipeline/models/cublas.py), before any model loads."""
     if not device.startswith("cuda"):
         return None
-    import ctypes
-
     try:
         import ctranslate2
     except ImportError as e:
         return f"ctranslate2 is not installed ({e})"
     if ctranslate2.get_cuda_device_count() == 0:
         return "ctranslate2 sees no CUDA device (a CPU-only build, or no driver)"
-    try:
-        ctypes.CDLL(CT2_CUDA_LIBRARY)
-    except OSError:
-        return f"{CT2_CUDA_LIBRARY} cannot be loaded (CTranslate2's wheels need CUDA 12's cuBLAS on the loader path)"
+    if load_cublas(CT2_CUDA_LIBRARY) is None:
+        return (f"{CT2_CUDA_LIBRARY} cannot be loaded (CTranslate2's wheels need CUDA 12's cuBLAS: pip install "
+                f"nvidia-cublas-cu12, or a CUDA 12 toolkit on the loader path)")
     return None
 
 
@@ -149,7 +148,8 @@ def _availability(bt: BacktranslateCfg) -> tuple[list[str], list[tuple[str, str,
 def chains_plan(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
     """The run's translation decisions: the chains that run and those skipped; each used model's files and engine
     (with its compute type on CTranslate2); the device kind and dtype generation runs at (the CPU when every model
-    runs on Bergamot); the code version of each engine module that runs; library versions."""
+    runs on Bergamot); HF generate's static cache and compilation where asked for; the code version of each engine
+    module that runs; library versions."""
     bt = cfg.backtranslate
     used, skipped, engines = _availability(bt)
     models = sorted({m for c in bt.chains if c.name in used for m in c.models})
@@ -163,6 +163,8 @@ def chains_plan(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
            "versions": package_versions(*dict.fromkeys(p for k in kinds for p in ENGINE_PACKAGES[k]))}
     if "hf" in kinds:
         out["dtype"] = resolve_dtype(bt.dtype, device)
+        if bt.kv_cache != "dynamic" or bt.compile:  # only where it departs from the plain path: keys stay as they were
+            out["decoding"] = {"kv_cache": bt.kv_cache, "compile": bt.compile}
     return out
 
 

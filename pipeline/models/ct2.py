@@ -43,8 +43,9 @@ import time
 from pathlib import Path
 
 from pipeline.config.backtranslation import BacktranslateCfg, chain_name
+from pipeline.models.cublas import load_cublas
 from pipeline.models.hub import hub_cache_dir, model_fingerprint
-from pipeline.models.translation import language_settings, model_type, row_limit
+from pipeline.models.translation import batch_token_budget, language_settings, model_type, row_limit
 
 def converted_dir(name: str, path: str | Path, compute_type: str) -> Path:
     """Where the converted model lives: keyed by model id, its files (hub commit or content), compute type and the
@@ -107,9 +108,10 @@ def convert(name: str, path: str | Path, compute_type: str) -> Path:
 class CT2Translator:
     """One converted model with the generation settings of a BacktranslateCfg (greedy or beam, k returns)."""
 
-    def __init__(self, name: str, tokenizer, translator, cfg: BacktranslateCfg, compute_type: str):
+    def __init__(self, name: str, tokenizer, translator, cfg: BacktranslateCfg, compute_type: str,
+                 device: str = "cpu"):
         self.name, self.tokenizer, self.translator, self.cfg = name, tokenizer, translator, cfg
-        self.compute_type = compute_type
+        self.compute_type, self.device = compute_type, device
         self.prefix, target_token = language_settings(name, tokenizer, cfg, model_type(tokenizer.name_or_path))
         self.target_prefix = [target_token] if target_token else None  # M2M100 / NLLB: the decoder's first token
 
@@ -141,7 +143,8 @@ class CT2Translator:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(todo), unit="sent", desc=f"translate {chain_name([self.name])} (ctranslate2)")
-        batching = dict(max_batch_size=c.batch_tokens, batch_type="tokens") if c.batch_tokens else \
+        budget = batch_token_budget(c.batch_tokens, self.device, "ctranslate2")
+        batching = dict(max_batch_size=budget, batch_type="tokens") if budget else \
             dict(max_batch_size=c.batch_size, batch_type="examples")
         for part in calls:
             results = self.translator.translate_batch(
@@ -175,10 +178,12 @@ def load_engine(name: str, path: str | Path, cfg: BacktranslateCfg, device: str,
     kind, _, index = device.partition(":")
     import torch
 
+    if kind == "cuda":  # CUDA 12's cuBLAS, from the pip package where the machine has CUDA 13 only (cublas.py)
+        load_cublas()
     # CPU: as many workers as torch has threads, each decoding its own batches on one thread (module doc: OpenMP)
     torch_threads = torch.get_num_threads()
     threads = dict(inter_threads=torch_threads, intra_threads=1) if kind == "cpu" else {}
     translator = ctranslate2.Translator(str(folder), device=kind, device_index=int(index or 0),
                                         compute_type=compute_type, **threads)
     torch.set_num_threads(torch_threads)  # the shared libgomp took intra_threads as this thread's count: torch's again
-    return CT2Translator(name, AutoTokenizer.from_pretrained(path), translator, cfg, compute_type)
+    return CT2Translator(name, AutoTokenizer.from_pretrained(path), translator, cfg, compute_type, kind)

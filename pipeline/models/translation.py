@@ -1,8 +1,9 @@
-"""What every back-translation engine shares: length caps, target-language settings, the model's type.
+"""What every back-translation engine shares: length caps, batch budgets, target-language settings, the model's type.
 
-    row_limit(n_tokens, cfg)                        # a row's cap in generated tokens
-    language_settings(name, tokenizer, cfg, type)   # (input prefix, forced first decoder token)
-    target_language_problem(name, path, cfg)        # why a model cannot run with these settings, or None
+    row_limit(n_tokens, cfg)                              # a row's cap in generated tokens
+    batch_token_budget(cfg.batch_tokens, device, engine)  # a batch's token budget there (0: batch_size rows)
+    language_settings(name, tokenizer, cfg, type)         # (input prefix, forced first decoder token)
+    target_language_problem(name, path, cfg)              # why a model cannot run with these settings, or None
 
 The engines (translator.py: HF generate; ct2.py: CTranslate2) import from here, and this module imports neither,
 so either engine loads without the other. translator.py re-exports these names for the code that imports them
@@ -62,6 +63,21 @@ def target_language_problem(name: str, path: str | Path, cfg: BacktranslateCfg) 
 def row_limit(n_tokens: int, cfg: BacktranslateCfg) -> int:
     """A row's length cap in generated tokens (a language token the decoder must start with counts)."""
     return min(cfg.max_length, max(cfg.max_new_tokens_min, math.ceil(cfg.max_new_tokens_factor * n_tokens)))
+
+
+# backtranslate.batch_tokens = "auto": (engine, device kind) -> budget, each engine counting its own way
+# (config/backtranslation.py). HF on a CPU: 8,192 measured best of 32 rows and budgets of 4,096-32,768 tokens on an
+# opus-mt-shaped and a toy Marian (docs/backtranslation.md); CTranslate2 on a CPU keeps batch_size rows (0).
+AUTO_BATCH_TOKENS = {("hf", "cuda"): 262_144, ("hf", "cpu"): 8_192, ("ctranslate2", "cuda"): 65_536,
+                     ("ctranslate2", "cpu"): 0}
+
+
+def batch_token_budget(setting: int | str, device: str, engine: str) -> int:
+    """A batch's token budget on `engine` ("hf" or "ctranslate2") on `device`: the setting, or for "auto" the
+    device's (thousands of rows on a GPU). 0: batch_size rows."""
+    if setting != "auto":
+        return int(setting)
+    return AUTO_BATCH_TOKENS[engine, "cuda" if device.startswith("cuda") else "cpu"]
 
 
 def language_settings(name: str, tok, cfg: BacktranslateCfg, model_type: str | None) -> tuple[str, str | None]:

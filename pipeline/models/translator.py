@@ -5,7 +5,21 @@
 
 Outputs never depend on how rows are batched: batches are sorted by length and restored to input order, each row
 gets its own length limit (forced eos), and sampling draws its noise from a per-row generator, so the same row
-gives the same text alone, in a batch of 3 or of 64, on any shard or worker.
+gives the same text alone, in a batch of 3, of 64 or of thousands, on any shard or worker (on a CPU: tested; a GPU's
+kernels may round differently with the batch's shape, so there a bf16 decode may pick another token at a near-tie,
+and `runner.memo = "auto"` stays off).
+
+Batches: filled to `batch_tokens` (the budget counts each input's decoder rows times its batch's longest input plus
+that input's cap), or `batch_size` rows where it is 0; "auto" is thousands of rows on a GPU (262,144 tokens) and
+8,192 tokens on a CPU (what measured best there: docs/backtranslation.md).
+The decoding loop keeps its work on the device: the length limits are decided from the host's list (no device read
+per step), sampling's noise is computed where the scores are (mt19937.py), and a banned token (opus-mt's <pad>) is
+one column set in place, not a bias tensor added to every score (tests/test_translate_device.py: no processor of
+ours reads a value back). What transformers still reads per step: "is every row done" (its DeferredStopCheck, which
+avoids the wait, is used on mps only in transformers 5.23) and, in Marian's forward, two SDPA mask-skip checks that a
+compiled step skips. `kv_cache = "static"` preallocates the cache for max_length + 2 tokens (the same length for every
+batch) and `compile = true` compiles the decoding step (CUDA graphs on a GPU); both measured slower on a CPU and are
+off by default until a GPU measures them (docs/backtranslation.md).
 
 Sampling (do_sample) is plain ancestral sampling at temperature 1 from the model's (processed) scores; the model's
 own temperature / top-k / top-p settings are not applied. Each hop's length cap is
@@ -13,47 +27,85 @@ min(max_length, max(max_new_tokens_min, ceil(max_new_tokens_factor x input token
 """
 from __future__ import annotations
 
+import bisect
 import copy
 
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
 from pipeline.config.backtranslation import BacktranslateCfg, chain_name
+from pipeline.models.mt19937 import mt19937_uniform
 from pipeline.seeding import row_seed
 
-from pipeline.models.translation import language_settings, row_limit
+from pipeline.models.translation import batch_token_budget, language_settings, row_limit
 
 
 class GumbelSampler(LogitsProcessor):
     """Exact sampling from softmax(scores) as argmax(scores + Gumbel noise), the noise of score row r at decoding
-    step t drawn from a CPU generator seeded by (seeds[r], t): independent of batch composition and device."""
+    step t being -log(-log(u)) of the uniforms torch's CPU generator draws when seeded by (seeds[r], t): independent
+    of batch composition and device.
 
-    def __init__(self, seeds: list[int]):
-        self.seeds = seeds
+    On a CPU each row draws from its own generator. Elsewhere (a GPU) the same uniforms are computed on the device
+    for every row at once (pipeline/models/mt19937.py: bit for bit; the GPU's log may round the noise's last bit
+    otherwise), so the noise never crosses from the host: only the rows' step seeds do, hashed on the host
+    (row_seed, tens of microseconds a row) and copied without waiting. The device path is the slower one on a CPU
+    (~7x here), the host path the slower one at a GPU's batch sizes (a generator per row and step, 1-5 ms each
+    for a 58k vocabulary on this box)."""
+
+    def __init__(self, seeds: list[int], on_device: bool | None = None):
+        self.seeds, self.on_device = seeds, on_device  # on_device: None = wherever the scores are not on a CPU
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         step, vocab = input_ids.shape[1], scores.shape[1]
+        step_seeds = [row_seed(s, "gumbel", step) for s in self.seeds]
+        if self.on_device if self.on_device is not None else scores.device.type != "cpu":
+            pinned = scores.device.type == "cuda"
+            seeds = torch.tensor(step_seeds, pin_memory=pinned).to(scores.device, non_blocking=pinned)
+            u = mt19937_uniform(seeds, vocab)
+            return scores + (-torch.log(-torch.log(u.clamp_min(1e-20)))).to(scores.dtype)
         noise = torch.empty((len(self.seeds), vocab))
-        for r, s in enumerate(self.seeds):
-            u = torch.rand(vocab, generator=torch.Generator().manual_seed(row_seed(s, "gumbel", step)))
+        for r, s in enumerate(step_seeds):
+            u = torch.rand(vocab, generator=torch.Generator().manual_seed(s))
             noise[r] = -torch.log(-torch.log(u.clamp_min(1e-20)))
         return scores + noise.to(scores.device, scores.dtype)
 
 
-class RowLengthLimit(LogitsProcessor):
-    """Force eos once score row r has generated limits[r] tokens: the row keeps exactly the text that generate()
-    with max_new_tokens = limits[r] gives it alone, whatever the longest input sharing its batch."""
+class BannedTokens(LogitsProcessor):
+    """Tokens the model must never generate (one-token entries of its generation_config.bad_words_ids, e.g.
+    opus-mt's <pad>): their scores set to -inf in place, a column each. transformers' NoBadWordsLogitsProcessor
+    gives the same scores by adding a bias tensor: three passes over rows x vocabulary every step, on a GPU's
+    thousands of rows ~0.6 GB each for a 58k vocabulary."""
 
-    def __init__(self, limits: list[int], eos_id: int):
-        self.limits, self.eos_id = torch.tensor(limits), eos_id
+    def __init__(self, token_ids: list[int]):
+        self.token_ids = token_ids
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        done = (self.limits <= input_ids.shape[1] - 1).to(scores.device)  # minus the decoder start token
-        if done.any():
-            eos = scores[:, self.eos_id].clone()
-            eos = torch.where(torch.isfinite(eos), eos, torch.zeros_like(eos))
-            scores = scores.masked_fill(done[:, None], float("-inf"))
-            scores[done, self.eos_id] = eos[done]
+        for t in self.token_ids:
+            scores[:, t] = float("-inf")
+        return scores
+
+
+class RowLengthLimit(LogitsProcessor):
+    """Force eos once score row r has generated limits[r] tokens: the row keeps exactly the text that generate()
+    with max_new_tokens = limits[r] gives it alone, whatever the longest input sharing its batch.
+
+    The limits must not increase along the batch (translate() sorts each batch longest first), so the rows done at
+    a step are its last rows, counted here from the host's list: the device is never read, and a step before the
+    first row is done does nothing. A done row's scores become -inf but for eos, which keeps its own (0 if it was
+    not finite); changed in place (generate hands each step its own scores)."""
+
+    def __init__(self, limits: list[int], eos_id: int):
+        if any(a < b for a, b in zip(limits, limits[1:])):
+            raise ValueError("RowLengthLimit: the limits must not increase along the batch (sort it longest first)")
+        self.negated, self.eos_id = [-n for n in limits], eos_id
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        live = bisect.bisect_left(self.negated, -(input_ids.shape[1] - 1))  # rows whose limit is above the step
+        if live < len(self.negated):  # (input_ids holds the decoder start token too)
+            done = scores[live:]
+            eos = done[:, self.eos_id].clone()
+            done.fill_(float("-inf"))
+            done[:, self.eos_id] = torch.where(torch.isfinite(eos), eos, torch.zeros_like(eos))
         return scores
 
 
@@ -69,6 +121,18 @@ class Translator:
         self.eos_id = eos[0] if isinstance(eos, (list, tuple)) else eos
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model.config.pad_token_id
         self.pad_id = pad if pad is not None else self.eos_id
+        bad = self.gen.bad_words_ids or []  # one-token bans as a column each (BannedTokens), longer ones stay with HF
+        self.banned = [w[0] for w in bad if len(w) == 1]
+        self.gen.bad_words_ids = [w for w in bad if len(w) > 1] or None
+        # a static cache where the model supports one (FSMT does not: it keeps the dynamic cache)
+        self.static_cache = cfg.kv_cache == "static" and bool(getattr(model, "_can_compile_fullgraph", False))
+        self.compile_config = None
+        if cfg.compile and self.static_cache:
+            from transformers import CompileConfig
+
+            cuda = device.startswith("cuda")
+            self.compile_config = CompileConfig(mode="reduce-overhead" if cuda else "default")  # CUDA graphs on a GPU
+            self.compile_config._compile_all_devices = not cuda  # transformers compiles on a GPU only, unless told
 
     def _set_languages(self) -> None:
         self.prefix, target = language_settings(self.name, self.tokenizer, self.cfg, self.model.config.model_type)
@@ -92,8 +156,8 @@ class Translator:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(order), desc=f"translate {chain_name([self.name])}", unit="sent")
-        for b in range(0, len(order), c.batch_size):
-            idx = order[b:b + c.batch_size]
+        for part in self.batches([len(ids[i]) for i in order], k):
+            idx = [order[j] for j in part]
             for i, hyps in zip(idx, self._generate([ids[i] for i in idx], [seeds[i] for i in idx], k)):
                 out[i] = hyps
             if bar is not None:
@@ -102,19 +166,42 @@ class Translator:
             bar.close()
         return out
 
+    def batches(self, lengths: list[int], k: int) -> list[range]:
+        """Batches of rows sorted longest first (`lengths` in tokens): `batch_size` rows each, or with a token
+        budget as many rows as fit in it, counting each input's decoder rows (num_beams, or k when sampling) times
+        the tokens its batch's longest input and that input's length cap hold."""
+        budget = batch_token_budget(self.cfg.batch_tokens, self.device, "hf")
+        if not budget:
+            step = self.cfg.batch_size
+            return [range(b, min(b + step, len(lengths))) for b in range(0, len(lengths), step)]
+        rows_per_input = k if self.cfg.do_sample else self.cfg.num_beams
+        out, start = [], 0
+        while start < len(lengths):
+            first = lengths[start]  # the batch's longest input: its width and the largest cap
+            n = max(1, budget // (rows_per_input * (first + row_limit(first, self.cfg))))
+            out.append(range(start, min(start + n, len(lengths))))
+            start = out[-1].stop
+        return out
+
     @torch.inference_mode()
     def _generate(self, batch: list[list[int]], seeds: list[int], k: int) -> list[list[str]]:
-        c, width = self.cfg, max(len(x) for x in batch)
-        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for r, x in enumerate(batch):
-            input_ids[r, :len(x)], mask[r, :len(x)] = torch.tensor(x), 1
+        c = self.cfg
+        lengths = torch.tensor([len(x) for x in batch])
+        mask = (torch.arange(int(lengths.max())) < lengths[:, None]).long()  # right padding, built in one piece
+        input_ids = torch.full(mask.shape, self.pad_id, dtype=torch.long).masked_scatter(
+            mask.bool(), torch.tensor([t for x in batch for t in x], dtype=torch.long))
         limits = [row_limit(len(x), c) for x in batch]
         gen = copy.deepcopy(self.gen)
         # one step past the longest cap: every row, the longest too, then ends on the eos we force, so beam scores
         # (which count that eos) do not depend on whether the row was the longest of its batch
         gen.update(do_sample=False, max_new_tokens=max(limits) + 1, min_new_tokens=None, pad_token_id=self.pad_id)
-        procs = []
+        if self.static_cache:  # one length for every batch (c.max_length + 2 covers any cap): no batch sets it
+            gen.update(cache_implementation="static", max_cache_len=c.max_length + 2)
+        if self.compile_config is not None:
+            gen.compile_config = self.compile_config
+        else:
+            gen.disable_compile = True
+        procs = [BannedTokens(self.banned)] if self.banned else []  # first, where transformers' own ban ran
         if c.do_sample:  # k independent rows per input, greedy over Gumbel-perturbed scores = exact sampling
             input_ids, mask = input_ids.repeat_interleave(k, 0), mask.repeat_interleave(k, 0)
             limits = [n for n in limits for _ in range(k)]
