@@ -27,7 +27,11 @@ def hollow_bert(vocab_size: int, dropout: float = 0.1, layers: int = 12):
     from transformers import BertConfig, BertModel, BertPreTrainedModel
     from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
 
+    counter = [0]  # forward calls, shared with copies (a GPU's encode holds a bf16 copy of the model)
+
     class HollowBert(BertPreTrainedModel):
+        calls = property(lambda self: counter[0], lambda self, n: counter.__setitem__(0, n))
+
         def __init__(self, config: BertConfig):
             super().__init__(config)
             thin = BertConfig(vocab_size=8, hidden_size=THIN, num_hidden_layers=config.num_hidden_layers,

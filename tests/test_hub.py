@@ -75,12 +75,15 @@ def test_paper_profiles_mine_train_eval_through_the_makefile(hub, tmp_path):
     assert pos.num_rows > 0 and set(pos.column("source").to_pylist()) == {"bt:opus-mt-en-zh>opus-mt-zh-en"}
     assert deb.read("pairs").num_rows == n
 
-    r = make("mine", "PROFILE=osscse-paper", f"CORPUS={corpus}", f"SET=run.root={runs}", env=env)
+    # OssCSE is mined only (no training here): a shorter corpus, its two wmt19 chains cost the most a line
+    short = tmp_path / "short.txt"
+    short.write_text("".join(corpus.read_text(encoding="utf-8").splitlines(keepends=True)[:24]), encoding="utf-8")
+    r = make("mine", "PROFILE=osscse-paper", f"CORPUS={short}", f"SET=run.root={runs}", env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     oss = RunTables(runs / "osscse-paper")
     bt = oss.read("backtranslations")
     # OssCSE's two wmt19 chains translate the clean sentence only: no compute on variants it throws away
-    assert bt.num_rows == 2 * n and set(bt.column("variant").to_pylist()) == {0}
+    assert bt.num_rows == 2 * oss.read("sentences").num_rows > 0 and set(bt.column("variant").to_pylist()) == {0}
     assert set(bt.column("role").to_pylist()) == {"paraphrases"}
     assert oss.manifest("backtranslations")["chains_used"] == ["wmt19-en-de>wmt19-de-en", "wmt19-en-ru>wmt19-ru-en"]
 

@@ -188,6 +188,20 @@ def test_a_linked_compare_folder_is_refused_before_anything_trains(tiny_run, tmp
     assert tree(victim) == before
 
 
+@pytest.mark.parametrize("where", ["train", "objective", "best"])
+def test_a_linked_training_folder_is_refused_before_anything_trains(tiny_run, tmp_path, where):
+    """`<run>/train`, `<run>/train/<objective>` or its `best/` a link: refused in one line, nothing written there."""
+    profile, run, out = tiny_run
+    victim, before = _victim(tmp_path)
+    link = {"train": run / "train", "objective": out, "best": out / "best"}[where]
+    link.parent.mkdir(parents=True, exist_ok=True)
+    plant(link, victim)
+    with pytest.raises(UnsafePath) as e:
+        train(load_config(str(profile)))
+    assert "\n" not in str(e.value) and " is a symbolic link inside " in str(e.value), str(e.value)
+    assert tree(victim) == before
+
+
 def _hold(folder: Path, root: Path, what: str):
     """Another process holding `folder`'s lock until killed (started, and holding, when this returns)."""
     code = ("import sys, time; from pipeline.engine.lock import run_lock\n"
