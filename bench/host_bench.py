@@ -21,7 +21,8 @@ GPU could do with this host code however fast its arithmetic (sentences/s, targe
 - generate: `Translator.translate`, greedy, at the stage's defaults under a GPU's batching (32 rows a batch before
   issue 46; after it `batch_tokens = "auto"`, which on a GPU is 262,144 tokens: bench/host_model_jobs.py gpu_batch;
   `--set new:generate.batch_tokens=8192` times the CPU's budget instead), each row emitting as many tokens as its
-  source has; host time per target token and per decode step.
+  source has. Its ceiling: the decode steps at the GPU's batching x the host's cost a step, + rows x its cost a row,
+  both fitted at 8 and 16 rows a batch where the hollow model's CPU work is nil (host_model_jobs.py host_costs).
 - search: `band_neighbours` with the torch engine as it runs on an 80 GB GPU against a 1M base, in two measured
   parts (bench/host_search_jobs.py job_search): the host's cost of a block (its ops and Python, timed on 8-query
   blocks of a 128-row base where the arithmetic is negligible) divided by the queries a GPU block holds in that
@@ -237,8 +238,9 @@ def rows_for(best: dict) -> list[dict]:
     rows = []
     for job in (j for j in JOBS if j in best["new"]):
         b, n = best["base"][job], best["new"][job]
-        # encode's ceiling with tokenising apart (it runs on the GPU machine's other cores), reported on its own row
-        cb, cn = (m["units"] / m["untokenised_s"] if "untokenised_s" in m else 1 / m["per_unit_s"] for m in (b, n))
+        # a job's ceiling_s where it has one (encode: tokenising apart, on the GPU machine's other cores; generate:
+        # the host's fitted cost a step and a row at the GPU's step count), else its wall time
+        cb, cn = (m["units"] / m["ceiling_s"] if m.get("ceiling_s") else 1 / m["per_unit_s"] for m in (b, n))
         unit = UNIT[job].replace("target token", "token")
         rows.append(dict(name=f"host_{job}_ceiling", ours=round(cn, 2), peer=round(cb, 2), unit=CEILING[job],
                          ratio=round(cn / cb, 3), goal=RATIO_GOAL if GOALS[job] else None))
@@ -256,7 +258,7 @@ def rows_for(best: dict) -> list[dict]:
             rows.append(dict(name=f"host_{job}_untokenised_us", ours=round(f(n), 3), peer=round(f(b), 3),
                              unit=f"us/{unit}", ratio=round(ratio(f(n), f(b)), 3), goal=None, better="lower"))
         extra = {"encode": ("tokenise_cpu_us", "us/sentence", lambda m: m["tokenise_s"] / m["units"] * 1e6),
-                 "generate": ("us_per_step", "us/step", lambda m: m["seconds"] / max(1, m["steps"]) * 1e6),
+                 "generate": ("host_us_per_step", "us/step", lambda m: m.get("per_step_s", 0.0) * 1e6),
                  "train": ("collate_ms", "ms/step", lambda m: m["collate_s"] * 1e3)}.get(job)
         if extra:
             name, u, f = extra
@@ -290,8 +292,11 @@ def details(best: dict, sizes: dict) -> list[str]:
             out.append(f"generate: {n['rows']} rows, {n['units']} target tokens, batch_size / batch_tokens "
                        f"{n['batch_size']} / {n.get('batch_tokens', 0)} (base {b['batch_size']} / "
                        f"{b.get('batch_tokens', 0)}): {n['steps']} decode steps (base {b['steps']}), "
-                       f"{n['seconds'] / max(1, n['steps']) * 1e3:.2f} ms a step (base "
-                       f"{b['seconds'] / max(1, b['steps']) * 1e3:.2f})")
+                       f"{n['seconds'] / max(1, n['steps']) * 1e3:.2f} ms a step with the hollow model's CPU work "
+                       f"(base {b['seconds'] / max(1, b['steps']) * 1e3:.2f}); the host's own, fitted at 8 and 16 rows "
+                       f"a batch: {n.get('per_step_s', 0) * 1e3:.2f} ms a step + {n.get('per_row_s', 0) * 1e3:.2f} ms "
+                       f"a row (base {b.get('per_step_s', 0) * 1e3:.2f} + {b.get('per_row_s', 0) * 1e3:.2f}): the "
+                       f"ceiling row")
         elif job == "search":
             out.append(f"search: the torch engine as on an 80 GB GPU against a 1M base: blocks of {n['block_rows']} "
                        f"queries (base {b['block_rows']}), {n['block_ms']:.2f} ms of host a block (base "

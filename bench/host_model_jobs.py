@@ -38,13 +38,14 @@ def job_encode(data: Path, sizes: dict, settings: dict) -> dict:
     else:
         enc.tokenizer = Remembered(tok)
     encode(texts, **call)
-    untokenised = best_of(lambda: encode(texts, **call), sizes["repeats"])["seconds"]
+    untokenised = best_of(lambda: encode(texts, **call), sizes["repeats"])["seconds"]  # the ceiling's time
     enc.tokenizer = tok
     if arrays is not None:
         del enc._token_arrays
     sample = texts[: max(64, len(texts) // 10)]
     counts = count_ops(lambda: encode(sample, **call), len(sample), sizes)
     return {"units": len(texts), **timing, "tokenise_s": tokenise, "untokenised_s": untokenised,
+            "ceiling_s": untokenised,
             "model_calls": calls, "call": repr(call),
             "rules": "gpu" if rules else "device", **counts}
 
@@ -114,8 +115,34 @@ def job_generate(data: Path, sizes: dict, settings: dict) -> dict:
     sample = texts[: max(8, len(texts) // 8)]
     sample_target = sum(len(ids) for ids in tok(sample, truncation=True, max_length=cfg.max_length)["input_ids"])
     counts = count_ops(lambda: tr.translate(sample), sample_target, sizes)
+    per_step, per_row = host_costs(tok, model, settings, texts, sizes["repeats"])
     return {"units": target, **timing, "steps": steps, "rows": len(texts), "batch_size": cfg.batch_size,
-            "batch_tokens": getattr(cfg, "batch_tokens", 0), **counts}
+            "batch_tokens": getattr(cfg, "batch_tokens", 0), "per_step_s": per_step, "per_row_s": per_row,
+            "ceiling_s": steps * per_step + len(texts) * per_row, **counts}
+
+
+SMALL_ROWS = 8  # host_costs' batches: SMALL_ROWS and twice that rows, where the hollow model's arithmetic is nil
+
+
+def host_costs(tok, model, settings: dict, texts: list[str], repeats: int) -> tuple[float, float]:
+    """(host seconds a decode step, a row), fitted as t = a * steps + b * rows on the same rows decoded SMALL_ROWS
+    and 2 x SMALL_ROWS rows a batch. At the GPU's batching the hollow model's own CPU work grows with the rows a step
+    carries (its KV cache and attention: a GPU's work), so the time of that run is not the host's; its step count
+    is. The ceiling is the rows over steps x a + rows x b, as the search job's is its blocks' host cost."""
+    from pipeline.config.backtranslation import BacktranslateCfg
+    from pipeline.models.translator import Translator
+
+    rows_only = {"batch_tokens": 0} if "batch_tokens" in BacktranslateCfg.model_fields else {}
+    points = []
+    for rows in (SMALL_ROWS, 2 * SMALL_ROWS):
+        cfg = BacktranslateCfg(**{**settings, **rows_only, "batch_size": rows})
+        tr = Translator("Helsinki-NLP/opus-mt-en-de", tok, model, cfg, "cpu")
+        model.steps = 0
+        seconds = best_of(lambda: tr.translate(texts), repeats)["seconds"]
+        points.append((seconds, model.steps // repeats))
+    (t1, s1), (t2, s2) = points
+    a = (t1 - t2) / (s1 - s2) if s1 > s2 and t1 > t2 else t1 / max(1, s1)  # noise: all of it a step's
+    return a, max(0.0, (t1 - a * s1) / len(texts))
 
 
 def job_train(data: Path, sizes: dict, settings: dict) -> dict:
