@@ -179,8 +179,8 @@ def run_worker(checkout: Path, data: Path, sizes: dict, jobs: list[str], setting
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env |= {"PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "false")}
-    cmd = [sys.executable, "-P", str(WORKER), "--checkout", str(checkout), "--data", str(data),
-           "--sizes", json.dumps(sizes), *(["--set", *settings] if settings else []), *jobs]
+    cmd = [sys.executable, "-P", str(WORKER), "--checkout", str(checkout), "--data", str(data),  # jobs before --set,
+           "--sizes", json.dumps(sizes), *jobs, *(["--set", *settings] if settings else [])]  # which takes the rest
     r = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
     found = [line for line in r.stdout.splitlines() if line.startswith("HOSTBENCH ")]
     if r.returncode != 0 or not found:

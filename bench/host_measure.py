@@ -60,21 +60,14 @@ def best_of(fn, repeats: int) -> dict:
 
 
 def apply_settings(obj, fn, settings: dict) -> dict:
-    """Settings of a job: a keyword of `fn` goes to the call (returned), any other key must be an attribute of
-    `obj`, set there (a misspelt key stops the bench). The rule of bench/gpu_sections.py's apply_settings, written
-    again: the worker imports only its own modules (bench/host_*.py), loaded from this checkout on both sides."""
-    import inspect
+    """bench/gpu_sections.py's rule for a job's settings (a keyword of `fn` goes to the call, any other key must be
+    an attribute of `obj`); a misspelt key stops the bench in one line."""
+    from bench.gpu_sections import apply_settings as apply
 
-    params = set(inspect.signature(fn).parameters)
-    call = {}
-    for key, value in settings.items():
-        if key in params:
-            call[key] = value
-        elif hasattr(obj, key):
-            setattr(obj, key, value)
-        else:
-            raise SystemExit(f"host bench: unknown setting {key!r} for {type(obj).__name__} / {fn.__name__}")
-    return call
+    try:
+        return apply(obj, fn, settings)
+    except ValueError as e:
+        raise SystemExit(f"host bench: {e}") from None
 
 
 def lines(data: Path, n: int) -> list[str]:
