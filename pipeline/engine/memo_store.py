@@ -85,17 +85,17 @@ def quarantine(root: Path, pack: Path) -> Path | None:
 
 
 def write_pack(root: Path, folder: Path, stage: str, memo: str, facts: dict, keys: list[bytes],
-               values: pa.Table) -> Path | None:
+               values: pa.Table, key: bytes | None = None) -> Path | None:
     """Write one pack of rows into the namespace `folder` of the memo at `root` (atomically, with its writer record
-    and values hash); its name is the hash of its keys, so two writers of the same rows write the same file. None
-    when nothing was written (no rows, a read-only memo: said once)."""
+    and values hash, keyed with the team's `key` when given); its name is the hash of its keys, so two writers of the
+    same rows write the same file. None when nothing was written (no rows, a read-only memo: said once)."""
     if not keys or root in _READ_ONLY:
         return None
     name = hashlib.blake2b(b"".join(keys), digest_size=16).hexdigest() + ".parquet"
     key_col = pa.FixedSizeBinaryArray.from_buffers(KEY, len(keys), [None, pa.py_buffer(b"".join(keys))])
     values = values.replace_schema_metadata(None)
-    record = {"format": FORMAT, "writer": writer_record(facts), "values": values_hash(values),
-              "rows": len(keys)}
+    record = {"format": FORMAT, "writer": writer_record(facts), "values": values_hash(values, key),
+              "rows": len(keys), **({"keyed": True} if key else {})}
     table = values.add_column(0, pa.field("key", KEY, nullable=False), key_col) \
         .replace_schema_metadata({RECORD: json.dumps(record, sort_keys=True)})
     # vectors (fixed-size binary) do not compress: written plain, they write and read at disk speed
