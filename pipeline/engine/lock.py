@@ -93,7 +93,11 @@ def _take(folder: Path, what: str, root: Path | str | None, name: str, hint: str
                 old = os.open(name, _OPEN, dir_fd=d.fd)
             except FileNotFoundError:
                 old = None
-            except OSError as e:  # a planted symlink (O_NOFOLLOW) or a folder in its place
+            except OSError as e:  # a planted symlink (O_NOFOLLOW), a folder, a socket (ENXIO) in its place
+                st = _lstat(d, name)
+                if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                    raise RunBusy(f"{where}: the lock file is {kind_of(st.st_mode)}, not a regular file: remove it "
+                                  f"and run again") from None
                 raise RunBusy(f"{where}: cannot open the {'run' if root is None else 'folder'}'s lock file "
                               f"({e.strerror}): remove it") from None
             if old is not None:
@@ -146,6 +150,13 @@ def _flock(fd: int, st: os.stat_result, d) -> bool:
                 return True  # held for another folder that shares this file: we replace our name, never it
             time.sleep(0.02)
     return False
+
+
+def _lstat(d, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=d.fd, follow_symlinks=False)
+    except OSError:
+        return None
 
 
 def _names(d, name: str, st: os.stat_result) -> bool:

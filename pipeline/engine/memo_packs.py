@@ -22,7 +22,7 @@ from pipeline.engine.safe_paths import UnsafePath, kind_of, open_regular, read_r
 FORMAT = 2  # 2: packs carry their writer and values hash; in every namespace's facts, so format 1 is never read
 NAMESPACE = "_namespace.json"
 QUARANTINE = ".quarantine"
-RECORD = b"contramine.memo"  # the pack's key-value metadata: {format, writer, values, rows[, keyed]}
+RECORD = b"contramine.memo"  # the pack's key-value metadata: {format, writer, values, rows[, mac]}
 KEY = pa.binary(16)
 # The only names the memo writes in a namespace, so the only ones it reads or removes (fullmatch):
 PACK = re.compile(r"[0-9a-f]{32}\.parquet")
@@ -34,12 +34,30 @@ OWN = re.compile(rf"{PACK.pattern}|{TEMP.pattern}|{re.escape(NAMESPACE)}")  # al
 def values_hash(values: pa.Table, key: bytes | None = None) -> str:
     """blake2b-128 of a table's values, from their logical content (not their Arrow layout: a slice, a chunking or a
     validity buffer does not change it), column by column with names and types. With the team's `key`
-    (runner.memo_key), HMAC-SHA256 of the same bytes: only a holder of the key can make a pack's record match."""
-    h = hmac.new(key, digestmod=hashlib.sha256) if key else hashlib.blake2b(digest_size=16)
+    (runner.memo_key), HMAC-SHA256 of the same bytes: only a holder of the key can make a pack's `mac` match."""
+    return values_hashes(values, key)[1 if key else 0]
+
+
+def values_hashes(values: pa.Table, key: bytes | None = None) -> tuple[str, str | None]:
+    """(the plain hash, the keyed one or None), from one pass over the values."""
+    plain = hashlib.blake2b(digest_size=16)
+    keyed = hmac.new(key, digestmod=hashlib.sha256) if key else None
+    h = _Both(plain, keyed) if keyed else plain
     for name, col in zip(values.column_names, values.columns):
         h.update(f"{name}:{_type_text(col.type)}:{len(col)}\0".encode())
         _hash_array(h, col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
-    return h.hexdigest()
+    return plain.hexdigest(), keyed.hexdigest() if keyed else None
+
+
+class _Both:
+    """Two hashes fed the same bytes."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def update(self, data) -> None:
+        self.a.update(data)
+        self.b.update(data)
 
 
 def _hash_array(h, arr: pa.Array) -> None:
@@ -145,17 +163,19 @@ def pack_problem(table_schema: pa.Schema, expected: str | None) -> str | None:
 
 
 def values_problem(table: pa.Table, key: bytes | None = None) -> str | None:
-    """Why a whole pack's values are not what its record says (rows, values hash; with the team's `key`, the keyed
-    hash: a pack written without the key, or rewritten with its hash recomputed, fails), or None."""
+    """Why a whole pack's values are not what its record says (rows, values hash; with the team's `key`, also the
+    keyed hash `mac`: a pack written without the key, or rewritten with its hashes recomputed, fails), or None."""
     record = pack_record(table.schema)
     values = table.drop_columns(["key"])
     if record.get("rows") != table.num_rows:
         return f"{table.num_rows} rows where its record says {record.get('rows')}"
-    if key and not record.get("keyed"):
-        return "no keyed values hash (written without the team's runner.memo_key, or forged)"
-    if not hmac.compare_digest(str(record.get("values")), values_hash(values, key if record.get("keyed") else None)):
-        return "values that do not hash to its record's hash (changed after they were written" + \
-            (", or written with another runner.memo_key)" if key else ")")
+    plain, mac = values_hashes(values, key)
+    if record.get("values") != plain:
+        return "values that do not hash to its record's hash (changed after they were written)"
+    if key and not isinstance(record.get("mac"), str):
+        return "no keyed values hash (written without the team's runner.memo_key)"
+    if key and not hmac.compare_digest(record["mac"], mac):
+        return "values whose keyed hash is not the team key's (forged, or written with another runner.memo_key)"
     return None
 
 

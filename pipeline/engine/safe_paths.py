@@ -135,6 +135,8 @@ class Folder:
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.EMLINK):
                 raise linked(self.path / name, self.root, os.readlink(name, dir_fd=self.fd)) from None
+            if e.errno == errno.ENXIO:  # a socket
+                raise not_regular(self.path / name, self.lstat(name).st_mode) from None
             raise
         return _regular(fd, self.path / name)
 
@@ -220,8 +222,8 @@ def open_regular(path: Path | str, follow: bool = False) -> int:
         if e.errno in (errno.ELOOP, errno.EMLINK) and not follow:
             raise UnsafePath(f"{path} is a symbolic link (to {os.readlink(path)}): contramine does not read "
                              f"through links there; remove it and run again") from None
-        if e.errno == errno.EISDIR:
-            raise not_regular(path, stat.S_IFDIR) from None
+        if e.errno in (errno.EISDIR, errno.ENXIO):  # a folder opened for writing; a socket
+            raise not_regular(path, os.lstat(path).st_mode) from None
         raise
     return _regular(fd, path)
 
