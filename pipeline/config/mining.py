@@ -54,7 +54,7 @@ class RunnerCfg(Section):
                                   "folder on a shared filesystem serves a team or a cluster")
     memo_verify: float = Field(0.001, ge=0, le=1, description="the memo's audit: this share of the rows a run takes "
                                "from the memo, and at least one row of every pack it reads, is computed again and "
-                               "compared; a pack with a differing row is quarantined, named with its writer, and its "
+                               "compared; a pack with a differing row is quarantined, named with its file's owner, and its "
                                "rows recomputed (docs/mining.md, \"Whom a shared memo trusts\"); 0 = off")
     memo_key: SecretStr | None = Field(None, exclude=True, repr=False, validate_default=True, description="the team's memo key: packs' "
                                        "values hashes become HMAC-SHA256 under it, and a pack without the keyed "

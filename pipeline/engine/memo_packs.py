@@ -106,14 +106,6 @@ def pack_record(schema: pa.Schema) -> dict | None:
     return record if isinstance(record, dict) and record.get("format") == FORMAT else None
 
 
-def writer_of(record: dict | None) -> str:
-    """What a pack's own record claims of its writer: self-declared, so only for a pack that passed its checks."""
-    w = (record or {}).get("writer")
-    if not isinstance(w, dict):
-        return "writer unknown"
-    return f"written by {w.get('user')}@{w.get('host')} (pid {w.get('pid')}) at {w.get('time')}, code {w.get('code')}"
-
-
 def owner_of(st: os.stat_result | None) -> str:
     """Who the filesystem says wrote a file: its owner's uid (and name, where this host knows it) and its mtime, from
     fstat of the file as opened. A pack's own writer record is the writer's claim, forged as easily as its values."""
