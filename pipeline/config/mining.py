@@ -54,14 +54,14 @@ class RunnerCfg(Section):
                                   "folder on a shared filesystem serves a team or a cluster")
     memo_verify: float = Field(0.001, ge=0, le=1, description="the memo's audit: this share of the rows a run takes "
                                "from the memo, and at least one row of every pack it reads, is computed again and "
-                               "compared; a pack with a differing row is quarantined, named with its file's owner, and its "
-                               "rows recomputed (docs/mining.md, \"Whom a shared memo trusts\"); 0 = off")
-    memo_key: SecretStr | None = Field(None, exclude=True, repr=False, validate_default=True, description="the team's memo key: packs' "
-                                       "values hashes become HMAC-SHA256 under it, and a pack without the keyed "
-                                       "hash is refused, so a writer without the key cannot forge one others "
-                                       f"accept; unset, it is taken from ${MEMO_KEY_ENV}; never written into a "
-                                       "run's config record, manifests or logs (docs/mining.md, \"Whom a shared "
-                                       "memo trusts\")")
+                               "compared; a pack with a differing row is quarantined, named with its file's owner, "
+                               "and its rows recomputed (docs/mining.md, \"Whom a shared memo trusts\"); 0 = off")
+    memo_key: SecretStr | None = Field(None, exclude=True, repr=False, validate_default=True,
+                                       description="the team's memo key: packs' values hashes become "
+                                       "HMAC-SHA256 under it, and a pack without the keyed hash is refused, so a "
+                                       "writer without the key cannot forge one others accept; unset, it is taken "
+                                       f"from ${MEMO_KEY_ENV}; never written into a run's config record, manifests "
+                                       "or logs (docs/mining.md, \"Whom a shared memo trusts\")")
 
     @field_validator("memo_key", mode="after")
     @classmethod

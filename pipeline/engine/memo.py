@@ -30,9 +30,10 @@ What is served, and what is not. A row is served only when its whole 16-byte key
 (page checksums), whose values have the namespace's schema (the stage's, or the one `_namespace.json` records:
 another vector width is another schema) and hash to what its record says (with a team key, also to its `mac`: a
 pack without one is refused). A pack that fails any of these (or is a FIFO, socket or device named like one: opened
-non-blocking, checked with fstat) is named once in the log with its file's owner uid and mtime, moved aside to `<memo root>/.quarantine/<stage>/<namespace>/` (never deleted), and
-its rows are computed again. On top, the audit (`runner.memo_verify`): a share of the reused rows, and at least one
-row of every pack a lookup reads, is computed again and compared; a pack with a differing row is quarantined the
+non-blocking, checked with fstat) is named once in the log with its file's owner uid and mtime, moved aside to
+`<memo root>/.quarantine/<stage>/<namespace>/` (never deleted), and its rows are computed again. On top, the
+audit (`runner.memo_verify`): a share of the reused rows, and at least one row of every pack a lookup reads, is
+computed again and compared; a pack with a differing row is quarantined the
 same way and all its rows are recomputed, so a run's tables equal a fresh run's even when a writer of a shared memo
 (or a bug in a namespace key) stored wrong values. A memo the run cannot write (another user's) is used read-only,
 said once; a folder under the memo root that is a symbolic link is neither read nor written, said once. Deletes

@@ -145,7 +145,8 @@ def prune(root: Path, runs_root: Path, older_than_days: float | None = None, unr
 
 
 class MemoUnverified(ExpectedError, RuntimeError):
-    """`contramine cache --verify` found packs that fail: one line (each pack and its file's owner are listed above it)."""
+    """`contramine cache --verify` found packs that fail: one line (each pack and its file's
+    owner are listed above it)."""
 
 
 def verify(root: Path, dry_run: bool = False, key: bytes | None = None) -> tuple[int, list[tuple[Path, str]]]:

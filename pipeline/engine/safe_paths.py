@@ -186,7 +186,8 @@ class Folder:
 def kind_of(mode: int) -> str:
     """What a non-regular entry is, in words (for the one line that refuses it)."""
     for test, words in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                        (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link")):
+                        (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"),
+                        (stat.S_ISLNK, "a symbolic link")):
         if test(mode):
             return words
     return "not a regular file"
