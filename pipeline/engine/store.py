@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.engine.atomic import atomic_file, atomic_write_json
-from pipeline.engine.safe_paths import open_folder
+from pipeline.engine.safe_paths import UnsafePath, kind_of, open_folder, read_regular
 from pipeline.errors import ExpectedError
 from pipeline.schema import SCHEMAS
 
@@ -53,9 +53,13 @@ def shard_file(i: int, n: int, key: str | None = None) -> str:
 def read_manifest(table_dir: Path) -> dict | None:
     """The table's committed manifest, checked (`check_manifest`), or None when the table has none."""
     p = Path(table_dir) / MANIFEST
-    if not p.is_file():
+    try:  # non-blocking, fstat-checked (safe_paths.open_regular): a FIFO or device there is one line, never a hang
+        raw = read_regular(p, follow=True)
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    return parse_manifest(table_dir, p.read_bytes())
+    except UnsafePath:
+        raise manifest_error(table_dir, f"is {kind_of(p.lstat().st_mode)}, not a regular file") from None
+    return parse_manifest(table_dir, raw)
 
 
 def parse_manifest(table_dir: Path, raw: bytes) -> dict:
