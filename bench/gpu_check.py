@@ -117,27 +117,28 @@ SIZES = {
     "gpu": dict(bert="base", marian="opus-mt", encode_n=20_000, encode_batch=256, max_length=128,
                 search_n=1_000_000, search_queries=1_000_000, search_d=384,
                 train_batch=64, train_max_length=32, train_warmup=2, train_steps=10,
-                gen_n=1024, gen_batch=64, gen_src=32, gen_tokens=64, check_n=2000, stage_lines=300,
-                gemm_peak=8192, profile_batches=2),
+                gen_n=8192, gen_batch=64, gen_fixed_n=1024, gen_src=32, gen_tokens=64, gen_compile_n=1024,
+                check_n=2000, stage_lines=300, gemm_peak=8192, profile_batches=2),
     "twin": dict(bert="toy", marian="toy", encode_n=64, encode_batch=16, max_length=64,
                  search_n=3000, search_queries=3000, search_d=384,
                  train_batch=8, train_max_length=16, train_warmup=1, train_steps=2,
-                 gen_n=8, gen_batch=4, gen_src=8, gen_tokens=8, check_n=500, stage_lines=120,
-                 gemm_peak=256, profile_batches=1),
+                 gen_n=8, gen_batch=4, gen_fixed_n=8, gen_src=8, gen_tokens=8, gen_compile_n=4,
+                 check_n=500, stage_lines=120, gemm_peak=256, profile_batches=1),
 }
 
 # ------------------------------------------------------------------------------------------------------ driver
 def sections() -> list:
+    from bench.gpu_generate import section_compiled, section_generate
     from bench.gpu_limits import section_gemm, section_profile
     from bench.gpu_sections import section_checks, section_stages
-    from bench.gpu_speeds import section_encode, section_generate, section_search, section_train
+    from bench.gpu_speeds import section_encode, section_search, section_train
 
     return [("checks", section_checks), ("gemm", section_gemm), ("encode", section_encode),
             ("search", section_search), ("generate", section_generate), ("stages", section_stages),
-            ("train", section_train), ("profile", section_profile)]
+            ("train", section_train), ("profile", section_profile), ("compiled", section_compiled)]
 
 
-SECTION_NAMES = ("checks", "gemm", "encode", "search", "generate", "stages", "train", "profile")
+SECTION_NAMES = ("checks", "gemm", "encode", "search", "generate", "stages", "train", "profile", "compiled")
 
 
 def _where(exc: BaseException) -> str:
@@ -195,6 +196,12 @@ def machine(device: str) -> dict:
             facts[name] = __import__(name).__version__
         except ImportError:
             pass
+    try:  # the projection's CPU stages run on `runner.workers` cores (the default profile's), not on every core
+        from pipeline.config.mining import RunnerCfg
+
+        facts["workers"] = RunnerCfg().workers
+    except ImportError:  # no pydantic: the same default, written here
+        facts["workers"] = 1
     if device.startswith("cuda"):
         p = torch.cuda.get_device_properties(device)
         facts |= {"gpu": p.name, "gpu_memory_gib": round(p.total_memory / 2**30, 1),
@@ -296,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         return result
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        os.environ["HF_HUB_CACHE"] = str(Path(tmp) / "hub")  # CTranslate2's conversions (ct2.py) go beside it
         models = Models(sizes, Path(tmp), out)
         for name, fn in sections():
             if args.only is not None and name not in args.only:
