@@ -172,62 +172,69 @@ def section_train(models: Models, device: str, sizes: dict) -> list[dict]:
         bert = config_of(models.bert())
         dim = bert["hidden_size"]
         for row_name, settings in TRAIN_ROWS.items():
-            name = settings.get("objective", "debcse")
-            cls = OBJECTIVES[name]
-            own = {"groups": 128 if dim % 128 == 0 else 8} if name == "whitenedcse" else {}
-            tc = TrainCfg(**{"batch_size": sizes["train_batch"], "max_length": sizes["train_max_length"],
-                             **({name: own} if own else {}), **settings})
-            reset_peak(device)
-            torch.manual_seed(0)
-            enc = Encoder.load(str(models.bert()), pooler=cls.pooler or "cls_before_pooler", max_length=64,
-                               device=device, hidden_dropout_prob=tc.dropout, attention_probs_dropout_prob=tc.dropout)
-            enc.unpad = tc.unpad
-            obj = cls(enc, tc).to(device).train()
-            params = [p for p in obj.parameters() if p.requires_grad]
-            opt = torch.optim.AdamW(params, lr=tc.lr, fused=True)
-            scaler = torch.amp.GradScaler(device.split(":")[0], enabled=amp is torch.float16)
-            bs = sizes["train_batch"]
-            n_batches = sizes["train_warmup"] + sizes["train_steps"]
-            batches = [obj.collate(data[i * bs:(i + 1) * bs]) for i in range(n_batches)]
-            tokens = [0]  # real tokens through the encoder in the timed steps (packed: exact; padded: with pads)
 
-            def count(module, args, kwargs):
-                ids = kwargs.get("input_ids", args[0] if args else None)
-                if t0 is not None and ids is not None:
-                    tokens[0] += ids.numel()
+            def measure(row_name=row_name, settings=settings):
+                name = settings.get("objective", "debcse")
+                cls = OBJECTIVES[name]
+                own = {"groups": 128 if dim % 128 == 0 else 8} if name == "whitenedcse" else {}
+                tc = TrainCfg(**{"batch_size": sizes["train_batch"], "max_length": sizes["train_max_length"],
+                                 **({name: own} if own else {}), **settings})
+                reset_peak(device)
+                torch.manual_seed(0)
+                enc = Encoder.load(str(models.bert()), pooler=cls.pooler or "cls_before_pooler", max_length=64,
+                                   device=device, hidden_dropout_prob=tc.dropout,
+                                   attention_probs_dropout_prob=tc.dropout)
+                enc.unpad = tc.unpad
+                obj = cls(enc, tc).to(device).train()
+                params = [p for p in obj.parameters() if p.requires_grad]
+                opt = torch.optim.AdamW(params, lr=tc.lr, fused=True)
+                scaler = torch.amp.GradScaler(device.split(":")[0], enabled=amp is torch.float16)
+                bs = sizes["train_batch"]
+                n_batches = sizes["train_warmup"] + sizes["train_steps"]
+                batches = [obj.collate(data[i * bs:(i + 1) * bs]) for i in range(n_batches)]
+                tokens = [0]  # real tokens through the encoder in the timed steps (packed: exact; padded: with pads)
 
-            hook = enc.model.register_forward_pre_hook(count, with_kwargs=True)
-            t0, window, last = None, MetricWindow(), {}
-            for step, batch in enumerate(batches):
-                if step == sizes["train_warmup"]:
-                    sync(device)
-                    t0 = time.perf_counter()
-                batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
-                with torch.autocast(device.split(":")[0], dtype=amp, enabled=amp is not None):
-                    loss, metrics = obj(batch)
-                scaler.scale(loss).backward()
-                scaler.unscale_(opt)
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-                scaler.step(opt)
-                scaler.update()
-                opt.zero_grad(set_to_none=True)
-                window.add({"loss": loss.detach(), "grad_norm": grad_norm, **metrics})  # on the device, as
-                if (step + 1) % tc.log_every == 0:                                     # trainer/train.py keeps
-                    last = window.read()[0]                                            # them: one read a row
-            sync(device)
-            last = window.read()[0] if window.steps else last
-            s = time.perf_counter() - t0
-            hook.remove()
-            note = (f"{sizes['bert']} BERT, batch {bs} x <= {sizes['train_max_length']} tokens, "
-                    f"{'bf16' if amp is torch.bfloat16 else 'fp16' if amp else 'float32'}"
-                    f"{' + TF32' if cuda else ''}, {settings}, {sizes['train_steps']} steps after "
-                    f"{sizes['train_warmup']}, {tokens[0] / sizes['train_steps']:.0f} tokens a step through the "
-                    f"encoder; loss {last.get('loss', float('nan')):.3f}, grad norm {last.get('grad_norm', float('nan')):.3g} "
-                    f"(the last row's means); the step's numbers read once every {tc.log_every} steps, as "
-                    f"trainer/train.py reads them")
-            rows.append(row(f"{row_name}_steps_per_s", device, round(sizes["train_steps"] / s, 3), "steps/s", None,
-                            note, job="encode", flop=bert_flop(bert, tokens[0], passes=3), seconds=s,
-                            precision="bf16" if amp is not None else "fp32"))  # job "encode": its matmuls' shapes
-            rows.append(row(f"{row_name}_peak_memory", device, peak_mib(device), mem_unit(device), None, note))
-            del obj, enc, opt, batches, params
+                def count(module, args, kwargs):
+                    ids = kwargs.get("input_ids", args[0] if args else None)
+                    if t0 is not None and ids is not None:
+                        tokens[0] += ids.numel()
+
+                hook = enc.model.register_forward_pre_hook(count, with_kwargs=True)
+                t0, window, last = None, MetricWindow(), {}
+                for step, batch in enumerate(batches):
+                    if step == sizes["train_warmup"]:
+                        sync(device)
+                        t0 = time.perf_counter()
+                    batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+                    with torch.autocast(device.split(":")[0], dtype=amp, enabled=amp is not None):
+                        loss, metrics = obj(batch)
+                    scaler.scale(loss).backward()
+                    scaler.unscale_(opt)
+                    grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
+                    scaler.step(opt)
+                    scaler.update()
+                    opt.zero_grad(set_to_none=True)
+                    window.add({"loss": loss.detach(), "grad_norm": grad_norm, **metrics})  # on the device, as
+                    if (step + 1) % tc.log_every == 0:                                     # trainer/train.py keeps
+                        last = window.read()[0]                                            # them: one read a row
+                sync(device)
+                last = window.read()[0] if window.steps else last
+                s = time.perf_counter() - t0
+                hook.remove()
+                note = (f"{sizes['bert']} BERT, batch {bs} x <= {sizes['train_max_length']} tokens, "
+                        f"{'bf16' if amp is torch.bfloat16 else 'fp16' if amp else 'float32'}"
+                        f"{' + TF32' if cuda else ''}, {settings}, {sizes['train_steps']} steps after "
+                        f"{sizes['train_warmup']}, {tokens[0] / sizes['train_steps']:.0f} tokens a step through the "
+                        f"encoder; loss {last.get('loss', float('nan')):.3f}, grad norm "
+                        f"{last.get('grad_norm', float('nan')):.3g} "
+                        f"(the last row's means); the step's numbers read once every {tc.log_every} steps, as "
+                        f"trainer/train.py reads them")
+                out = [row(f"{row_name}_steps_per_s", device, round(sizes["train_steps"] / s, 3), "steps/s", None,
+                           note, job="encode", flop=bert_flop(bert, tokens[0], passes=3), seconds=s,
+                           precision="bf16" if amp is not None else "fp32"),  # job "encode": its matmuls' shapes
+                       row(f"{row_name}_peak_memory", device, peak_mib(device), mem_unit(device), None, note)]
+                del obj, enc, opt, batches, params
+                return out
+
+            rows += guarded(f"{row_name}_steps_per_s", "steps/s", device, measure)
     return rows

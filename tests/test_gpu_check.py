@@ -85,7 +85,7 @@ def test_twin_exits_0_with_every_row(twin):
             assert r["value"] is None and r["ok"] is None and r["note"].startswith(NOT_IN_CHECKOUT), r
             continue
         assert isinstance(r["value"], (int, float)) and r["value"] == r["value"], r  # measured, not skipped
-    assert result["seconds"] < 180, result["section_seconds"]  # ~30 s on a quiet 2-core box
+    assert result["seconds"] < 300, result["section_seconds"]  # ~1 min on a quiet 2-core box (the CPU compile)
 
 
 def test_twin_checks_all_hold(twin):
