@@ -15,11 +15,9 @@ the models' own op dispatch (run on one token), the objective, the optimiser. It
 GPU could do with this host code however fast its arithmetic (sentences/s, target tokens/s, queries/s, steps/s).
 
 - encode: `Encoder.encode` over wiki1m lines (the file, repeated), at the encoder's default batch size and bf16
-  (a GPU's precision). Its ceiling is the host's work with tokenising apart (it runs on other cores: this box has
-  two): a second timing with tokenising answered from a memo (bench/host_model_jobs.py Remembered: the background
-  threads' token arrays now, the tokenizer call before); tokenising alone is reported on its own row, measured
-  through the path `encode` takes (host_model_jobs.py pipeline_tokenising: the tokenising threads over the
-  encoder's `_token_arrays` now, its one tokenizer call before).
+  (a GPU's precision). Its ceiling is the host's work with tokenising apart (other cores: this box has two): a
+  second timing with tokenising answered from a memo (host_model_jobs.py Remembered: the background threads' token
+  arrays now, the tokenizer call before); tokenising alone on its own row, through encode's path (pipeline_tokenising).
 - generate: `Translator.translate`, greedy, at the stage's defaults under a GPU's batching (32 rows a batch before
   issue 46; after it `batch_tokens = "auto"`, which on a GPU is 262,144 tokens: bench/host_model_jobs.py gpu_batch;
   `--set new:generate.batch_tokens=8192` times the CPU's budget instead), each row emitting as many tokens as its
@@ -27,9 +25,9 @@ GPU could do with this host code however fast its arithmetic (sentences/s, targe
   both fitted at 8 and 16 rows a batch where the hollow model's CPU work is nil (host_model_jobs.py host_costs).
 - search: `band_neighbours` with the torch engine as it runs on an 80 GB GPU against a 1M base, in two measured
   parts (bench/host_search_jobs.py job_search): the host's cost of a block (its ops and Python, timed on blocks of
-  the queries a GPU block holds in that checkout, against a 128-row base: a 1M base's scores are a GPU's work)
-  divided by those queries, plus the host's work per query (before issue 46: numpy's resolve of each block's top-k
-  on the real 384-d queries; now: copying the finished pools back and building the table).
+  a GPU block's queries against a 128-row base: a 1M base's scores are a GPU's work) over those queries, plus the
+  host's work per query (before issue 46: numpy's resolve of each block's top-k on the real 384-d queries; now:
+  copying the finished pools back and building the table).
 - resolve (context, no goal): the same queries through an index that has only `search(x, k)` (FAISS, CPU or GPU),
   its GEMM and top-k done beforehand: the host's resolve per query, which does not depend on the base size.
 - train: one DebCSE step (batch 64 x <= 32 tokens) as trainer/train.py's loop runs it on a GPU, the batch collated
@@ -302,10 +300,9 @@ def details(best: dict, sizes: dict) -> list[str]:
         elif job == "search":
             out.append(f"search: the torch engine as on an 80 GB GPU against a 1M base: blocks of {n['block_rows']} "
                        f"queries (base {b['block_rows']}), {n['block_ms']:.2f} ms of host a block (base "
-                       f"{b['block_ms']:.2f}; timed on blocks of {n.get('probe_rows', '?')} queries (base "
-                       f"{b.get('probe_rows', '?')}) on a {n['base']}-row base of 8 coordinates: a 1M base's block "
-                       f"of scores is a GPU's arithmetic), "
-                       f"plus {n['host_query_us']:.1f} us a query for {n['host_part']} (base {b['host_query_us']:.1f} "
+                       f"{b['block_ms']:.2f}; timed on blocks of {n['probe_rows']} queries (base {b['probe_rows']}) on "
+                       f"a {n['base']}-row base of 8 coordinates: a 1M base's scores are a GPU's), plus "
+                       f"{n['host_query_us']:.1f} us a query for {n['host_part']} (base {b['host_query_us']:.1f} "
                        f"us for {b['host_part']})")
         elif job == "resolve":
             out.append(f"resolve: an index with only search(x, k) (FAISS), {n['units']} queries x {n['base']} base x "
