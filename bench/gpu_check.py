@@ -88,11 +88,13 @@ And the summary, from the rows above (bench/gpu_limits.py's docstring says how a
 BUDGET on a bare H100 (estimates from the 2026-11-26 run, BENCHMARKS.md, and the issue's figures; not measured):
 carried wheels' install ~15 s, imports ~10 s; checks ~10 s; gemm ~5 s; encode ~25 s (20,000 sentences x 3 rows + 2
 peers, the BERT's vocabulary built first); search ~75 s (1M x 768 vectors ~10 s, the d = 768 float32 search
-~45 s, TF32 / bf16 at an eighth ~10 s, d = 384 at an eighth ~5 s with its vectors, GEMM rows ~3 s); generate ~80 s
-(model ~5 s, generate_hf ~5 s, three Translator rows on 8,192 rows ~5-10 s each, the user's batch-64 generate
-~40 s: 128 batches of ~80 steps, CTranslate2 ~10 s where it loads); stages ~15 s; train ~20 s; profile ~10 s;
-compiled ~60 s (one batch shape compiled). About 6.5 minutes; a `--size` or the results' `section_seconds` shows
+~45 s, TF32 / bf16 at an eighth ~10 s, d = 384 at an eighth ~5 s with its vectors, GEMM rows ~3 s); generate
+~110 s (model ~5 s, generate_hf ~5 s; three Translator rows on 8,192 rows, ~22 tokens each, in 4 budget batches of
+682-7,281 rows and 412 decode steps in all, ~8 s each; the user's batch-64 generate ~65 s: 128 batches, 16,192
+decode steps at the ~4 ms a step measured on 2026-11-26; CTranslate2 ~10 s where it loads); stages ~15 s; train
+~20 s; profile ~10 s; compiled ~60 s (512 rows: one budget batch, one shape compiled). About 6 minutes; the results' `section_seconds` show
 each section's own time.
+
 And checks, on tiny models built here (float32, TF32 off):
 - check_encoder_cpu_vs_<device>: the same 64 sentences encoded on the CPU and on the device: max |difference|.
 - check_batch_<precision>: one row's vector encoded alone, in a batch of 7 and of 64 sentences of its token
@@ -145,7 +147,7 @@ SIZES = {
     "gpu": dict(bert="base", marian="opus-mt", encode_n=20_000, encode_batch=256, max_length=128,
                 search_n=1_000_000, search_queries=1_000_000, search_d=384,
                 train_batch=64, train_max_length=32, train_warmup=2, train_steps=10,
-                gen_n=8192, gen_batch=64, gen_fixed_n=1024, gen_src=32, gen_tokens=64, gen_compile_n=1024,
+                gen_n=8192, gen_batch=64, gen_fixed_n=1024, gen_src=32, gen_tokens=64, gen_compile_n=512,
                 check_n=2000, stage_lines=300, gemm_peak=8192, profile_batches=2),
     "twin": dict(bert="toy", marian="toy", encode_n=64, encode_batch=16, max_length=64,
                  search_n=3000, search_queries=3000, search_d=384,
