@@ -38,21 +38,27 @@ def section_encode(models: Models, device: str, sizes: dict) -> list[dict]:
     what = f"{sizes['bert']} BERT, {len(texts)} sentences ({sum(lengths) / len(texts):.1f} tokens each)"
     rows, ours = [], {}
     for name, settings in ENCODE_ROWS.items():
-        before = {k: getattr(enc, k) for k in settings if hasattr(enc, k)}  # put back after the row
-        call = {"batch_size": sizes["encode_batch"], **apply_settings(enc, enc.encode, settings)}
-        enc.encode(texts[: max(64, len(texts) // 20)], **call)  # warm-up: kernels, caches
-        reset_peak(device)
-        sync(device)
-        t0 = time.perf_counter()
-        ours[name] = enc.encode(texts, **call)
-        sync(device)
-        s = time.perf_counter() - t0
-        rows.append(row(name, device, round(len(texts) / s, 1), "sentences/s", None,
-                        f"{what}, {settings} {call}, {s:.2f} s, peak {peak_mib(device)} {mem_unit(device)}",
-                        job="encode", flop=flop, seconds=s,
-                        precision=PRECISION.get(resolve_precision(enc.precision, device), "fp32")))
-        for k, v in before.items():
-            setattr(enc, k, v)
+
+        def measure(name=name, settings=settings):
+            before = {k: getattr(enc, k) for k in settings if hasattr(enc, k)}  # put back after the row
+            try:
+                call = {"batch_size": sizes["encode_batch"], **apply_settings(enc, enc.encode, settings)}
+                enc.encode(texts[: max(64, len(texts) // 20)], **call)  # warm-up: kernels, caches
+                reset_peak(device)
+                sync(device)
+                t0 = time.perf_counter()
+                ours[name] = enc.encode(texts, **call)
+                sync(device)
+                s = time.perf_counter() - t0
+                return [row(name, device, round(len(texts) / s, 1), "sentences/s", None,
+                            f"{what}, {settings} {call}, {s:.2f} s, peak {peak_mib(device)} {mem_unit(device)}",
+                            job="encode", flop=flop, seconds=s,
+                            precision=PRECISION.get(resolve_precision(enc.precision, device), "fp32"))]
+            finally:
+                for k, v in before.items():
+                    setattr(enc, k, v)
+
+        rows += guarded(name, "sentences/s", device, measure)
     del enc
     import sentence_transformers
     import torch
@@ -60,23 +66,27 @@ def section_encode(models: Models, device: str, sizes: dict) -> list[dict]:
     st = sentence_transformers.SentenceTransformer(str(models.bert()), device=device)
     st.max_seq_length = sizes["max_length"]
     for precision, dtype in (("float32", torch.float32), ("bf16", torch.bfloat16)):
-        st.to(dtype)
-        kw = dict(batch_size=sizes["encode_batch"], normalize_embeddings=True, convert_to_numpy=True,
-                  show_progress_bar=False)
-        st.encode(texts[: max(64, len(texts) // 20)], **kw)
-        reset_peak(device)
-        sync(device)
-        t0 = time.perf_counter()
-        vecs = st.encode(texts, **kw)
-        sync(device)
-        s = time.perf_counter() - t0
-        same = f"encode_{precision}"
-        diff = float(abs(vecs.astype("float32") - ours[same]).max()) if same in ours else float("nan")
-        rows.append(row(f"encode_st_{precision}", device, round(len(texts) / s, 1), "sentences/s", None,
+
+        def peer(precision=precision, dtype=dtype):
+            st.to(dtype)
+            kw = dict(batch_size=sizes["encode_batch"], normalize_embeddings=True, convert_to_numpy=True,
+                      show_progress_bar=False)
+            st.encode(texts[: max(64, len(texts) // 20)], **kw)
+            reset_peak(device)
+            sync(device)
+            t0 = time.perf_counter()
+            vecs = st.encode(texts, **kw)
+            sync(device)
+            s = time.perf_counter() - t0
+            same = f"encode_{precision}"
+            diff = float(abs(vecs.astype("float32") - ours[same]).max()) if same in ours else float("nan")
+            return [row(f"encode_st_{precision}", device, round(len(texts) / s, 1), "sentences/s", None,
                         f"sentence-transformers {sentence_transformers.__version__} encode, same model "
                         f"and sentences, batch {sizes['encode_batch']}, {precision} weights, {s:.2f} s; max |vector "
                         f"diff| vs {same}: {diff:.2g}", job="encode", flop=flop, seconds=s,
-                        precision=PRECISION[precision], peer_of=same))
+                        precision=PRECISION[precision], peer_of=same)]
+
+        rows += guarded(f"encode_st_{precision}", "sentences/s", device, peer)
     del st
     return rows
 
