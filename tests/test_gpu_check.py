@@ -262,3 +262,17 @@ def test_the_machines_versions_live_in_one_place():
     assert f"torch=={pins['torch']}" in here and "transformers==5.17.0" in here and "sentence-transformers==6.0.1" in here
     assert not set(gpu_machine.CARRIED) & set(gpu_machine.PREINSTALLED) - set(gpu_machine.ALSO_THERE)
     assert "bench/gpu_machine.py" in gpu_check.__doc__ and "make gpu-rehearsal" in gpu_check.__doc__
+
+
+def test_the_gpu_machine_gets_real_sentences_from_the_carried_sample(monkeypatch, tmp_path):
+    """Without ../shared (the GPU machine gets the working tree only) the check's sentences are the carried wiki1m
+    sample's, the same lines as the shared file's first 8,192, not the seeded fallback words."""
+    from bench import shapes
+
+    here = shapes.sentences(shapes.SAMPLE_LINES)
+    monkeypatch.setattr(shapes, "WIKI", tmp_path / "absent.txt")
+    there = shapes.sentences(shapes.SAMPLE_LINES)
+    assert len(there) == shapes.SAMPLE_LINES and len(set(there)) == len(there)
+    if (ROOT.parent / "shared" / "data" / "wiki1m_head.txt").is_file():
+        assert there == here
+    assert shapes.sentences(10, skip=5) == there[5:15]
