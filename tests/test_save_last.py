@@ -68,6 +68,29 @@ def test_a_failed_save_is_raised_in_the_training_thread(tmp_path, monkeypatch):
     saver.join_quietly()  # the caller's own error wins
 
 
+def test_best_is_written_from_its_copy_before_last(tmp_path, monkeypatch):
+    from tiny_bert import tiny_encoder
+    from trainer.save_last import host_encoder
+
+    enc = tiny_encoder(pooler="mean", seed=1)
+    copy = host_encoder(enc)
+    order, real_best, real_last = [], ckpt.save_encoder, ckpt.save_state
+    monkeypatch.setattr(ckpt, "save_encoder", lambda *a: (order.append("best"), real_best(*a))[1])
+    monkeypatch.setattr(ckpt, "save_state", lambda *a: (order.append("last"), real_last(*a))[1])
+    want = {k: v.clone() for k, v in enc.model.state_dict().items()}
+    saver = LastSaver()
+    saver.save(tmp_path / "last", {"step": 2}, {"step": 2}, best=(tmp_path / "best", copy, {"step": 2}))
+    with torch.no_grad():
+        for p in enc.model.parameters():  # training goes on in place
+            p.add_(1.0)
+    saver.join()
+    assert order == ["best", "last"]
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "best" / "model.safetensors"))
+    assert all(torch.equal(saved[k], want[k]) for k in saved) and saved
+
+
 def test_host_snapshot_copies_tensors_and_keeps_the_structure():
     t = torch.arange(3.0, requires_grad=True)
     snap = host_snapshot({"a": [t, (t, 2)], "b": None, "c": "x"})

@@ -1,4 +1,4 @@
-"""last/ written off the training step: `LastSaver.save(dst, state, meta)` takes a snapshot of the state (every
+"""last/ (and best/) written off the training step: `LastSaver.save(dst, state, meta)` takes a snapshot of the state (every
 tensor copied to host memory, so the steps that follow cannot change what is written) and hands it to one background
 thread, which writes it with `checkpoint.save_state` (atomic: a kill leaves the old last/ or the new one). One save
 at a time: a save waits for the one before it. `join()` waits for the one in flight and raises what it raised; the
@@ -9,10 +9,11 @@ trainer joins before it returns or fails, so a finished run's last/ is its last 
     ...
     saver.join()
 
-What the step still pays: the snapshot (a memory copy of the weights and optimiser state; on a GPU the copy to the
-host), not the serialisation, the write and the fsyncs. best/ is written by the training thread as before: its
-folder shares no file with last/ (atomic_dir's temporary folders are named after each), so neither waits for the
-other.
+A new best encoder goes the same way: `save(..., best=(best_dir, host_encoder(encoder), meta))` writes best/ first
+and then last/, on the one thread (their folders share no file; the order keeps last/'s best score on disk in best/).
+
+What the step still pays: the snapshots (memory copies of the weights and optimiser state; on a GPU the copies to
+the host), not the serialisation, the writes and the fsyncs.
 """
 from __future__ import annotations
 
@@ -35,6 +36,15 @@ def host_snapshot(obj):
     return obj
 
 
+def host_encoder(encoder):
+    """A copy of `encoder` (model, tokenizer, pooling settings) in host memory, for best/ to be written from while
+    training changes the original."""
+    import copy
+
+    with torch.no_grad():
+        return copy.deepcopy(encoder).to("cpu")
+
+
 class LastSaver:
     """Writes last/ on a background thread, one save at a time (module docstring)."""
 
@@ -42,17 +52,22 @@ class LastSaver:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def save(self, dst: Path | str, state: dict, train_config: dict) -> None:
-        """Snapshot `state` now, write it to `dst` in the background (after the save before it, if any, is done)."""
+    def save(self, dst: Path | str, state: dict, train_config: dict, best: tuple | None = None) -> None:
+        """Snapshot `state` now, write it to `dst` in the background (after the save before it, if any, is done).
+        best = (best_dir, encoder, train_config): that encoder (a host copy: `host_encoder`) written to best_dir
+        first, by the same thread, so last/ never records a best that best/ does not hold yet."""
         self.join()
         snapshot = host_snapshot(state)
-        self._thread = threading.Thread(target=self._write, args=(dst, snapshot, train_config), name="save-last")
+        self._thread = threading.Thread(target=self._write, args=(dst, snapshot, train_config, best),
+                                        name="save-last")
         self._thread.start()
 
-    def _write(self, dst, state, train_config) -> None:
+    def _write(self, dst, state, train_config, best) -> None:
         from trainer import checkpoint as ckpt  # looked up at call time: tests wrap ckpt.save_state
 
         try:
+            if best is not None:
+                ckpt.save_encoder(*best)
             ckpt.save_state(dst, state, train_config)
         except BaseException as e:  # raised in the training thread by the next save or join
             self._error = e

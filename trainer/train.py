@@ -10,7 +10,7 @@ A step reads nothing back from the device (on one process; under DDP the ranks' 
 once per step, trainer/dist.py): the loss, the grad norm and the objective's numbers are summed there and read once
 per metrics.jsonl row, every `log_every` steps (trainer/metrics_log.py MetricWindow). Every
 `eval_every` steps (and at the last step) rank 0 scores STS-B dev (+ SICK trial), keeps the best encoder in
-best/ and the full training state in last/ (trainer/checkpoint.py; last/ is a snapshot written on a background
+best/ and the full training state in last/ (trainer/checkpoint.py; both are snapshots written on a background
 thread while the steps go on, trainer/save_last.py, joined before the run returns). A restart with the same configuration (the
 settings, and by content the start weights, the mined tables and the dev files: trainer/keys.py) resumes from
 last/ and ends at the same weights as an uninterrupted run (float32, same machine). Outputs, under
@@ -41,7 +41,7 @@ from pipeline.models.encoder import Encoder
 from pipeline.models.hub import pick_device, resolve_model
 from trainer import checkpoint as ckpt
 from trainer import dist, metrics_log
-from trainer.save_last import LastSaver
+from trainer.save_last import LastSaver, host_encoder
 from trainer.data import MinedRows, batches_per_epoch, fingerprint, make_loader
 from trainer.train_setup import config_hash, dev_score, eval_max_length, linear_schedule, load_encoder, run_pooling, \
     seed_all
@@ -232,10 +232,11 @@ def _train(cfg: Config, resume: bool, saver: "LastSaver") -> dict:
                 if master:
                     dev = evaluate_dev_scores(objective, cfg)
                     score = dev_score(dev)
+                    new_best = None
                     if score > best:
                         best, best_step = score, step
-                        ckpt.save_encoder(best_dir, objective.export_encoder(),
-                                          {**meta, "step": step, "dev": dev, "dev_score": score})
+                        new_best = (best_dir, host_encoder(objective.export_encoder()),
+                                    {**meta, "step": step, "dev": dev, "dev_score": score})
                     log.record({"step": step, "epoch": epoch, "dev": dev, "dev_score": score, "best": best,
                                 "best_step": best_step, "t": round(time.perf_counter() - t0, 4)})
                     bar.write(f"[train] step {step}: dev {dev} (best {best:.2f} at step {best_step})")
@@ -245,7 +246,7 @@ def _train(cfg: Config, resume: bool, saver: "LastSaver") -> dict:
                         "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch,
                         "best": best, "best_step": best_step, "config_hash": chash,
                         "rng": rngs if dist.is_dist() else [rng_state()],
-                    }, {**meta, "step": step})
+                    }, {**meta, "step": step}, best=new_best)
                 if dist.is_dist():
                     torch.distributed.barrier()
             if step >= total:
