@@ -165,3 +165,34 @@ def test_hf_static_cache_and_compile_are_in_the_key_where_hf_runs():
     bergamot = [extra_key(STAGES["backtranslate"], load_config("default", BERGAMOT + sets))
                 for sets in ([], ["backtranslate.kv_cache=static", "backtranslate.compile=true"])]
     assert bergamot[0] == bergamot[1]
+
+
+def test_on_a_gpu_the_batch_budgets_are_keyed_and_on_a_cpu_they_are_not(monkeypatch):
+    """encoder.batch_tokens and backtranslate's budgets are execution settings (out of the section hash): on a CPU a
+    row's bytes never depend on its batch (tests/test_execution_settings.py), so the key ignores them there; on a GPU
+    they may, so the plans record them and another budget recomputes the shards (the precision is keyed already)."""
+    stages = ("embeddings", "scores", "backtranslate")
+    sets = {"default": [], "other": ["encoder.batch_tokens=4096", "backtranslate.batch_tokens=65536"],
+            "rows": ["backtranslate.batch_tokens=0", "backtranslate.batch_size=16"]}
+    configs = {name: load_config("default", STANDIN + extra) for name, extra in sets.items()}
+    cpu = {name: {s: extra_key(STAGES[s], c) for s in stages} for name, c in configs.items()}
+    assert cpu["default"] == cpu["other"] == cpu["rows"]  # a CPU: the keys of today
+    assert all("batch" not in k for k in cpu["default"].values())
+    cuda = lambda setting="auto": "cuda" if setting == "auto" else setting  # noqa: E731
+    monkeypatch.setattr(encoder_resource, "pick_device", cuda)
+    monkeypatch.setattr(chains, "pick_device", cuda)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    gpu = {name: {s: extra_key(STAGES[s], c) for s in stages} for name, c in configs.items()}
+    assert '"batch_tokens":32768' in gpu["default"]["embeddings"] and '"batch_tokens":4096' in gpu["other"]["scores"]
+    assert '"batching":{"hf":{"tokens":262144}}' in gpu["default"]["backtranslate"]
+    assert '"batching":{"hf":{"tokens":65536}}' in gpu["other"]["backtranslate"]
+    assert '"batching":{"hf":{"rows":16}}' in gpu["rows"]["backtranslate"]
+    for s in stages:
+        assert gpu["default"][s] != gpu["other"][s], s
+    assert gpu["default"]["backtranslate"] != gpu["rows"]["backtranslate"]
+    assert gpu["default"]["embeddings"] == gpu["rows"]["embeddings"]  # translation's budget is not the encoder's
+    assert configs["default"].section_hash("encoder", "backtranslate") == \
+        configs["other"].section_hash("encoder", "backtranslate")  # still execution settings in the hash
+    # the row memo of vectors on a GPU is keyed with the plan too
+    plan = {"encoder": encoder_resource.encoder_plan(configs["other"])}
+    assert encoder_resource.encode_memo_facts(configs["other"], plan)["encoder"]["batch_tokens"] == 4096

@@ -155,17 +155,21 @@ class Killed(BaseException):
 
 
 def _train_killed_after_first_checkpoint(profile: Path, monkeypatch) -> None:
-    """Train, dying right after last/ is saved at step 2 (of 4): a same-configuration rerun resumes at step 2."""
-    real = ckpt.save_state
+    """Train, dying right after last/ is saved at step 2 (of 4): a same-configuration rerun resumes at step 2. (last/
+    is written on a background thread: the training thread dies once that write is done.)"""
+    from trainer.save_last import LastSaver
 
-    def save_then_die(*a, **k):
-        real(*a, **k)
+    real = LastSaver.save
+
+    def save_then_die(self, *a, **k):
+        real(self, *a, **k)
+        self.join()
         raise Killed
 
-    monkeypatch.setattr(ckpt, "save_state", save_then_die)
+    monkeypatch.setattr(LastSaver, "save", save_then_die)
     with pytest.raises(Killed):
         train(load_config(str(profile)))
-    monkeypatch.setattr(ckpt, "save_state", real)
+    monkeypatch.setattr(LastSaver, "save", real)
 
 
 def test_metrics_log_never_writes_through_a_symlink(tiny_run, tmp_path, monkeypatch, capsys):

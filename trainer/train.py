@@ -10,7 +10,8 @@ A step reads nothing back from the device (on one process; under DDP the ranks' 
 once per step, trainer/dist.py): the loss, the grad norm and the objective's numbers are summed there and read once
 per metrics.jsonl row, every `log_every` steps (trainer/metrics_log.py MetricWindow). Every
 `eval_every` steps (and at the last step) rank 0 scores STS-B dev (+ SICK trial), keeps the best encoder in
-best/ and the full training state in last/ (trainer/checkpoint.py). A restart with the same configuration (the
+best/ and the full training state in last/ (trainer/checkpoint.py; both are snapshots written on a background
+thread while the steps go on, trainer/save_last.py, joined before the run returns). A restart with the same configuration (the
 settings, and by content the start weights, the mined tables and the dev files: trainer/keys.py) resumes from
 last/ and ends at the same weights as an uninterrupted run (float32, same machine). Outputs, under
 artifacts/<run>/train/<objective>/: best/, last/, metrics.jsonl and its TensorBoard curves (trainer/metrics_log.py).
@@ -40,6 +41,7 @@ from pipeline.models.encoder import Encoder
 from pipeline.models.hub import pick_device, resolve_model
 from trainer import checkpoint as ckpt
 from trainer import dist, metrics_log
+from trainer.save_last import LastSaver, host_encoder
 from trainer.data import MinedRows, batches_per_epoch, fingerprint, make_loader
 from trainer.train_setup import config_hash, dev_score, eval_max_length, linear_schedule, load_encoder, run_pooling, \
     seed_all
@@ -60,10 +62,17 @@ def train(cfg: Config, resume: bool = True) -> dict:
     solo = int(os.environ.get("RANK", "0")) == 0 and cfg.run.dir.is_dir()
     with run_lock(out, command("train", run=cfg.run.name, objective=cfg.train.objective), root=root, hint="train into another --run") if solo \
             else nullcontext(), restored_float32_settings():
-        return _train(cfg, resume)
+        saver = LastSaver()  # last/ written off the step, one save at a time (trainer/save_last.py)
+        try:
+            result = _train(cfg, resume, saver)
+        except BaseException:
+            saver.join_quietly()  # no save outlives the run (nor its lock); the run's own error is the one raised
+            raise
+        saver.join()
+        return result
 
 
-def _train(cfg: Config, resume: bool) -> dict:
+def _train(cfg: Config, resume: bool, saver: "LastSaver") -> dict:
     t0 = time.perf_counter()
     tc = cfg.train
 
@@ -223,20 +232,21 @@ def _train(cfg: Config, resume: bool) -> dict:
                 if master:
                     dev = evaluate_dev_scores(objective, cfg)
                     score = dev_score(dev)
+                    new_best = None
                     if score > best:
                         best, best_step = score, step
-                        ckpt.save_encoder(best_dir, objective.export_encoder(),
-                                          {**meta, "step": step, "dev": dev, "dev_score": score})
+                        new_best = (best_dir, host_encoder(objective.export_encoder()),
+                                    {**meta, "step": step, "dev": dev, "dev_score": score})
                     log.record({"step": step, "epoch": epoch, "dev": dev, "dev_score": score, "best": best,
                                 "best_step": best_step, "t": round(time.perf_counter() - t0, 4)})
                     bar.write(f"[train] step {step}: dev {dev} (best {best:.2f} at step {best_step})")
-                    ckpt.save_state(last_dir, {
+                    saver.save(last_dir, {  # a snapshot now; written on a background thread
                         "objective": objective.state_dict(), "optimizer": opt.state_dict(),
                         "scheduler": sched.state_dict(), "scaler": scaler.state_dict(),
                         "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch,
                         "best": best, "best_step": best_step, "config_hash": chash,
                         "rng": rngs if dist.is_dist() else [rng_state()],
-                    }, {**meta, "step": step})
+                    }, {**meta, "step": step}, best=new_best)
                 if dist.is_dist():
                     torch.distributed.barrier()
             if step >= total:
@@ -244,6 +254,7 @@ def _train(cfg: Config, resume: bool) -> dict:
         else:  # the epoch ran out (not the step budget): next epoch, from its first batch
             epoch, batch_in_epoch = epoch + 1, 0
     bar.close()
+    saver.join()  # the last checkpoint is on disk before the final evaluation and the wall time
 
     # --- final evaluation of the best checkpoint against the starting model -------------------------------------------
     result = {"objective": tc.objective, "steps": step, "best_step": best_step, "best_dev": best,

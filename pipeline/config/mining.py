@@ -177,16 +177,20 @@ class NeighboursCfg(Section):
     hnsw_m: int = Field(32, ge=4, description="HNSW links per node")
     hnsw_ef_construction: int = Field(80, ge=8, description="HNSW candidate list while the graph is built")
     gpu: Literal["auto", "never", "always"] = "auto"
-    engine: Literal["auto", "faiss", "torch"] = Field("auto", description="what searches: auto = torch on a CUDA GPU "
-                                                      "when faiss has no GPU support (or faiss is not installed), "
-                                                      "else faiss; torch = exact flat search in blocked torch "
-                                                      "matmuls (pipeline/search/torch_exact.py), index flat only")
+    engine: Literal["auto", "faiss", "torch"] = Field("auto", description="what searches: auto = torch wherever "
+                                                      "torch sees a CUDA GPU (the pools resolved on the device, "
+                                                      "faiss-gpu installed or not) and for ivf / hnsw faiss; on a "
+                                                      "CPU faiss (torch when faiss is not installed); torch = exact "
+                                                      "flat search in blocked torch matmuls "
+                                                      "(pipeline/search/torch_exact.py), index flat only")
     max_block_elems: int = Field(1 << 24, ge=1 << 10, description="query block size x k bound: caps search memory "
                                  "(the FAISS path; engine = torch sizes its blocks from the device's free memory)")
-    score_precision: Literal["float32", "tf32", "bf16"] = Field(
-        "float32", description="engine = torch on a CUDA GPU: the scores' matmul in float32, TF32 or bf16 (faster; "
-        "the band search's error bound widens to match, ~2e-3 / ~8e-3, and every pair it cannot decide gets its "
-        "float64 cosine, so the pools are the same; checked on a sample before the search). Elsewhere float32")
+    score_precision: Literal["auto", "float32", "tf32", "bf16"] = Field(
+        "auto", description="engine = torch on a CUDA GPU: the scores' matmul in float32, TF32 or bf16; auto = bf16 "
+        "there (faster; the band search's error bound widens to match, ~2e-3 / ~8e-3, and every pair it cannot "
+        "decide gets its float64 cosine, so the pools are the same; checked on a sample before the search). tf32 "
+        "sets torch's process-wide TF32 flag around each scores matmul: another thread's float32 matmul launched "
+        "then runs in TF32 too. Elsewhere float32")
     slack: int = Field(8, ge=0, description="extra neighbours fetched beyond pool_size to resolve float near-ties")
     recall_sample: int = Field(500, ge=1, description="queries whose pools an approximate index is checked on "
                                "against exact search, before any shard is searched")

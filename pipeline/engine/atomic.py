@@ -22,6 +22,7 @@ import os
 import re
 import secrets
 import stat
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,9 +30,23 @@ from pipeline.engine.safe_paths import Folder, UnsafePath, linked, not_a_folder,
 
 
 def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    """The process' umask, read without setting it where Linux shows it (/proc/self/status, Linux >= 4.7): setting
+    it to 0 for a moment, the only other way, would let a file another thread creates meanwhile (last/ is written
+    on a background thread while training writes its logs) get world-writable modes."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    with _UMASK_LOCK:  # elsewhere: set and restore, one thread at a time of ours
+        mask = os.umask(0)
+        os.umask(mask)
+        return mask
+
+
+_UMASK_LOCK = threading.Lock()
 
 
 def _fsync_path(path: Path) -> None:

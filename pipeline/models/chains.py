@@ -30,7 +30,7 @@ from pipeline.models.bergamot_files import is_bergamot_folder
 from pipeline.models.cublas import load_cublas
 from pipeline.models.hub import ModelUnavailable, model_fingerprint, pick_device, resolve_model
 from pipeline.models.standin import StandInTranslator, is_standin
-from pipeline.models.translation import model_type, target_language_problem
+from pipeline.models.translation import batch_token_budget, model_type, target_language_problem
 from pipeline.roles import positive_sources
 from pipeline.schema import SCHEMAS
 from pipeline.seeding import row_seed
@@ -161,10 +161,23 @@ def chains_plan(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
            "engines": {m: f"ctranslate2:{compute}" if engines[m] == "ctranslate2" else engines[m] for m in models},
            "device": device.split(":")[0], "code": {k: code_version(ENGINES[k]) for k in kinds},
            "versions": package_versions(*dict.fromkeys(p for k in kinds for p in ENGINE_PACKAGES[k]))}
+    if out["device"] == "cuda":  # a GPU's rows may depend on their batch: its budget is keyed (never a CPU's)
+        out["batching"] = batching_facts(bt, device, kinds)
     if "hf" in kinds:
         out["dtype"] = resolve_dtype(bt.dtype, device)
         if bt.kv_cache != "dynamic" or bt.compile:  # only where it departs from the plain path: keys stay as they were
             out["decoding"] = {"kv_cache": bt.kv_cache, "compile": bt.compile}
+    return out
+
+
+def batching_facts(bt, device: str, kinds) -> dict:
+    """Each torch / CTranslate2 engine's batch budget on `device`: its token budget (batch_token_budget), or the
+    rows a batch takes where that is 0. Keyed on a GPU only: there a row's output may depend on its batch (kernels
+    chosen by shape, padding), on a CPU it does not (tests/test_backtranslate.py: each row alone equals the batch)."""
+    out = {}
+    for kind in sorted(set(kinds) & {"hf", "ctranslate2"}):
+        budget = batch_token_budget(bt.batch_tokens, device, kind)
+        out[kind] = {"tokens": budget} if budget else {"rows": bt.batch_size}
     return out
 
 

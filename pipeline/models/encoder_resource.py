@@ -22,7 +22,9 @@ from pipeline.schema import vectors_table
 def encoder_plan(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
     """What decides the encoder's numbers besides its settings: its files, the device kind and precision it runs
     at (a Dask worker takes its own GPU of that kind) and the dtype `encode` holds its weights in there (a GPU's
-    bf16 is bf16 weights, a CPU's bf16 autocast over float32 ones), or the content of the `embeddings.from` file."""
+    bf16 is bf16 weights, a CPU's bf16 autocast over float32 ones), on a GPU the batch budget (`encoder.batch_tokens`,
+    an execution setting: it stays out of the section hash, and a CPU's key, where batching cannot change a vector),
+    or the content of the `embeddings.from` file."""
     if cfg.embeddings.source is not None:
         from pipeline.engine.store import file_hash
 
@@ -33,8 +35,11 @@ def encoder_plan(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
     device = pick_device(cfg.encoder.device)
     kind, precision = device.split(":")[0], resolve_precision(cfg.encoder.precision, device)
     weights = str(held_dtype(precision, kind) or torch.float32).removeprefix("torch.")
-    return {"model": model_fingerprint(resolve_model(cfg.encoder.model, "encoder")), "device": kind,
-            "precision": precision, "weights": weights, "versions": package_versions("torch", "transformers")}
+    out = {"model": model_fingerprint(resolve_model(cfg.encoder.model, "encoder")), "device": kind,
+           "precision": precision, "weights": weights, "versions": package_versions("torch", "transformers")}
+    if kind == "cuda":  # a GPU's vector may depend on its batch (its kernels promise nothing): the budget is keyed;
+        out["batch_tokens"] = cfg.encoder.batch_tokens  # on a CPU it never does (tests/test_execution_settings.py)
+    return out
 
 
 def load_encoder(cfg, store=None, n: int = 0, plan: dict | None = None) -> "Encoder":

@@ -33,18 +33,19 @@ def gpu_count() -> int:
 
 
 def search_engine(c) -> tuple[str, bool]:
-    """(engine, on a GPU) for the neighbours settings `c`: engine = auto is FAISS wherever FAISS sees a GPU it may
-    use, torch on a CUDA GPU FAISS cannot use (faiss-cpu, or no FAISS), FAISS on a CPU (torch when FAISS is not
-    installed, flat index only); the torch engine is the flat index only (the config refuses ivf / hnsw with it).
-    engine = torch never imports FAISS."""
+    """(engine, on a GPU) for the neighbours settings `c`: engine = auto is torch wherever torch sees a CUDA GPU it
+    may use (exact flat search with the pools resolved on the device: faster than FAISS's GPU k-NN followed by the
+    host's resolve, so also with faiss-gpu installed), FAISS for ivf / hnsw (on a GPU where FAISS sees one), FAISS
+    on a CPU (torch when FAISS is not installed, flat index only); the torch engine is the flat index only (the
+    config refuses ivf / hnsw with it). engine = torch never imports FAISS."""
     if c.engine == "faiss" or (c.engine == "auto" and c.index in ("ivf", "hnsw")):
         return "faiss", c.gpu != "never" and gpu_count() > 0
-    if c.engine == "auto" and c.gpu != "never" and gpu_count() > 0:
-        return "faiss", True
     import torch
 
     cuda = c.gpu != "never" and torch.cuda.is_available()
     if c.engine == "auto" and not cuda:
+        if c.gpu != "never" and gpu_count() > 0:  # FAISS sees a GPU that torch does not (a CPU build of torch)
+            return "faiss", True
         try:
             import faiss as _  # noqa: F401
             return "faiss", False

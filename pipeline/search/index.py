@@ -225,7 +225,9 @@ def load_index(cfg, store, n: int, plan: dict):
 
         base_sids, base = read_vectors(store, plan["base"], n)
         device = cuda_device("cpu" if plan["device"] == "cpu" else "cuda", "the neighbours torch search")
-        precision = cfg.neighbours.score_precision if device.startswith("cuda") else "float32"
+        from pipeline.search.torch_exact import score_precision
+
+        precision = score_precision(cfg.neighbours.score_precision, device)  # auto: bf16 on a GPU, else float32
         exact = TorchExact(base, device, precision=precision) if len(base_sids) else None
         return base_sids, base, exact, exact
     with ExitStack() as opened:

@@ -1,6 +1,6 @@
-"""Exact inner-product search in torch: what `band_neighbours` searches with on a CUDA GPU when FAISS has no GPU
-support (`neighbours.engine`), and a FAISS-free flat search anywhere. No FAISS import: the GPU machine this project
-can use has torch but no faiss.
+"""Exact inner-product search in torch: what `band_neighbours` searches with wherever torch sees a CUDA GPU
+(`neighbours.engine` = auto, faiss-gpu installed or not), and a FAISS-free flat search anywhere. No FAISS import:
+the GPU machine this project can use has torch but no faiss.
 
 `TorchExact(base).band(...)` is the band search itself (pipeline/search/band.py calls it): for each block of queries
 the scores against the whole base (held once, on the device), their k largest per row (torch.topk), `resolve` on the
@@ -13,13 +13,20 @@ float64 sums of a pair differ in their last bits: a stored float32 `cos` one bit
 membership or rank only for cosines within ~1e-16 of a band edge or of each other. Only the pools (padded
 [B, pool_size] arrays and counts) come back to the host, once a block. A block is as many queries as fit: on a GPU
 sized from its free memory (BAND_MEMORY_SHARE of it, at most BAND_MAX_ELEMS scores), on a CPU BAND_ELEMS_CPU scores
-and at least BAND_MIN_ROWS_CPU queries (what measured best on the CPUs here).
+and at least BAND_MIN_ROWS_CPU queries (what measured best on the CPUs here). Without skip_top the scores above the
+band (> hi + eps) are masked out before the first top-k, so its k places go to scores that can be in band and rows
+under many near-copies need not widen (another pass over the scores). On a GPU (`overlap`) the next block's
+queries and GEMM are queued on a stream of their own before this block's top-k, resolve and copy-back, which read
+the host back: the card computes block i + 1's scores while block i is resolved (memory for both is in the block
+size); on a CPU the plain order, block after block.
 
-Scores (`precision`): "float32" (the default) is full float32 dot products, the band search's error bound
+Scores (`precision`; `score_precision` resolves the setting: auto = bf16 on a GPU, float32 elsewhere): "float32"
+(the class's default) is full float32 dot products, the band search's error bound
 `score_tolerance(d)`; with TF32 / bf16 passes switched on in torch (`torch.set_float32_matmul_precision` not
 "highest") it refuses to run. "tf32" (the matmul with TF32 passes, torch's cuBLAS flag set for it under the search
-lock) and "bf16" (bf16 copies of queries and base, float32 accumulation and output: torch.mm's out_dtype) are faster
-on a GPU and round the inputs: `score_tolerance(d, precision=...)` bounds what that costs (~2e-3 / ~8e-3), every
+lock: the flag is process-wide, so another thread's float32 matmul launched meanwhile runs in TF32 too; torch has
+no per-call or per-thread switch, which is why auto picks bf16) and "bf16" (bf16 copies of queries and base,
+float32 accumulation and output: torch.mm's out_dtype) are faster on a GPU and round the inputs: `score_tolerance(d, precision=...)` bounds what that costs (~2e-3 / ~8e-3), every
 pair within it of a band edge or the pool's cut-off gets its float64 cosine, so the pools stay exact, the same as at
 float32. Before its first band search a TorchExact at tf32 / bf16 measures its scores against float64 on a sample of
 the base (`check_bound`) and refuses to search if the device breaks the bound. On a CPU the rounding is simulated
@@ -38,9 +45,11 @@ from __future__ import annotations
 
 import threading
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import numpy as np
+
+from pipeline.search.torch_ops import SORT_SHARE, _tf32_matmuls, rounded, top_k, tree_dot  # noqa: F401
 
 PAD_SCORE = float(np.finfo(np.float32).min)  # what faiss.knn returns for the places past the base (-FLT_MAX)
 BLOCK_ELEMS = {"cpu": 1 << 24, "cuda": 1 << 27}  # search(): query block x base scores held at once (64 MiB / 512 MiB)
@@ -50,8 +59,16 @@ BAND_MAX_ELEMS = 1 << 31  # band(): at most this many scores a GPU block (8 GiB;
 BAND_MEMORY_SHARE = 0.6  # band(): of the device's free memory, for a block's scores and twice that (widening, top-k)
 CHECK_QUERIES = 256  # check_bound: base rows scored against the whole base in float64
 EXACT_PAIRS = 1 << 16  # float64 cosines on the device: pairs a step (a step's rows: 2 x 64k x d x 8 bytes)
-SORT_SHARE = 8  # k >= n / SORT_SHARE: one stable sort of each row instead of topk + the tie fix-up
 PRECISIONS = ("float32", "tf32", "bf16")
+
+
+def score_precision(setting: str, device: str) -> str:
+    """The band search's score precision for `neighbours.score_precision` on `device`: "auto" is bf16 on a CUDA GPU
+    (bf16 inputs, float32 sums: the dtype chosen per call, no process-wide switch) and float32 elsewhere; a set
+    precision holds on a GPU; a CPU always scores in float32 (its tf32 / bf16 would only simulate the rounding)."""
+    if not str(device).startswith("cuda"):
+        return "float32"
+    return "bf16" if setting == "auto" else setting
 
 
 def _check_float32() -> None:
@@ -68,60 +85,50 @@ def _check_float32() -> None:
                            "neighbours.score_precision = 'tf32' / 'bf16' (bounded, exact pools)")
 
 
-@contextmanager
-def _tf32_matmuls():
-    """cuBLAS float32 matmuls with TF32 passes, for the duration (torch's process-wide flag: held under the lock)."""
+class _Streams:
+    """band()'s two CUDA streams: the scores' GEMMs on a side stream, everything else on the current one, ordered by
+    events; on a CPU (or without overlap) one stream and no events: the plain order."""
+
+    def __init__(self, device, overlap: bool):
+        import torch
+
+        self.on = overlap and device.type == "cuda"
+        self.main = torch.cuda.current_stream(device) if self.on else None
+        self.side = torch.cuda.Stream(device) if self.on else None
+
+    def gemm(self):
+        import torch
+
+        if not self.on:
+            return nullcontext()
+        self.side.wait_stream(self.main)  # the base and the last block's frees are the main stream's
+        return torch.cuda.stream(self.side)
+
+    def done(self):
+        """An event after the work queued on the GEMM stream so far (None without a side stream)."""
+        return self.side.record_event() if self.on else None
+
+    def wait(self, event, *tensors) -> None:
+        """The main stream waits for `event`; `tensors` (made on the side stream) are marked as used on it, so the
+        allocator does not hand their memory to the side stream while the main stream still reads them."""
+        if self.on:
+            self.main.wait_event(event)
+            for t in tensors:
+                t.record_stream(self.main)
+
+
+def _to_host(*tensors) -> list[np.ndarray]:
+    """Device tensors as numpy arrays: on a GPU copied into pinned memory without blocking, then one wait (not one
+    per tensor)."""
     import torch
 
-    matmul = torch.backends.cuda.matmul
-    try:
-        name, value, old = "allow_tf32", True, matmul.allow_tf32
-    except RuntimeError:  # set through torch >= 2.9's fp32_precision API: the legacy getter refuses; use that API
-        name, value, old = "fp32_precision", "tf32", matmul.fp32_precision
-    setattr(matmul, name, value)
-    try:
-        yield
-    finally:
-        setattr(matmul, name, old)
-
-
-def rounded(x, precision: str):
-    """x (float32 tensor) with each entry as a `precision` matmul reads it, as float32: bf16 rounded to nearest (torch's
-    cast); TF32 truncated to 10 mantissa bits (the worst a tensor core may do): the CPU's simulation of those
-    matmuls."""
-    import torch
-
-    if precision == "bf16":
-        return x.to(torch.bfloat16).to(torch.float32)
-    if precision == "tf32":
-        return (x.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
-    return x
-
-
-def top_k(scores, k: int):
-    """(values, rows) of the k largest entries of each row of `scores` (a 2-d float tensor, k <= its width), in
-    the total order (-score, column): descending, ties by ascending column. torch.topk alone orders ties anyhow and
-    may keep any of a tie at the k-th place; rows where such a tie straddles the cut keep its smallest columns."""
-    import torch
-
-    n = scores.shape[1]
-    if k * SORT_SHARE >= n:
-        vals, idx = torch.sort(scores, dim=1, descending=True, stable=True)  # stable: ties keep column order
-        return vals[:, :k], idx[:, :k]
-    vals, idx = torch.topk(scores, k, dim=1, largest=True, sorted=True)
-    kth = vals[:, -1:]
-    cut = torch.nonzero((scores == kth).sum(1) > (vals == kth).sum(1)).flatten()  # a tie left partly outside
-    if len(cut):
-        s, t = scores[cut], kth[cut]
-        above, tied = s > t, s == t
-        keep = above | (tied & (tied.cumsum(1) <= (k - above.sum(1, keepdim=True))))
-        rows = torch.nonzero(keep)[:, 1].view(len(cut), k)  # exactly k a row, ascending column
-        idx[cut], vals[cut] = rows, s.gather(1, rows)
-    by_col = torch.argsort(idx, dim=1)  # then a stable sort by descending score: ties by column
-    idx, vals = idx.gather(1, by_col), vals.gather(1, by_col)
-    order = torch.sort(vals, dim=1, descending=True, stable=True).indices
-    return vals.gather(1, order), idx.gather(1, order)
-
+    if not tensors or tensors[0].device.type == "cpu":
+        return [t.numpy() for t in tensors]
+    out = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+    for o, t in zip(out, tensors):
+        o.copy_(t, non_blocking=True)
+    torch.cuda.current_stream(tensors[0].device).synchronize()
+    return [o.numpy() for o in out]
 
 
 def _tensor(x: np.ndarray):
@@ -158,7 +165,7 @@ class TorchExact:
     (shard threads share the object; each would otherwise hold its own block)."""
 
     def __init__(self, base: np.ndarray, device: str = "cpu", block_rows: int | None = None,
-                 precision: str = "float32"):
+                 precision: str = "float32", overlap: bool | None = None):
         import torch
 
         if base.ndim != 2:
@@ -175,6 +182,8 @@ class TorchExact:
         budget = BLOCK_ELEMS.get(self.device.type, BLOCK_ELEMS["cuda"])
         self.block_rows = block_rows or max(1, budget // max(self.n, 1))
         self.lock = threading.Lock() if self.device.type != "cpu" else None
+        # band(): the next block's GEMM queued before this block's resolve (on a GPU, on a stream of its own)
+        self.overlap = self.device.type == "cuda" if overlap is None else overlap
         self.base_scored = None  # the base as a tf32 / bf16 matmul reads it (made on first use)
         self.observed_error = None  # check_bound's largest |score - float64 cosine| on its sample
 
@@ -270,7 +279,8 @@ class TorchExact:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)  # + what torch's allocator holds unused (a past block's)
             free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-            elems = min(BAND_MAX_ELEMS, int(free * BAND_MEMORY_SHARE) // (3 * 4))
+            # a block's scores, twice that while it widens, and the next block's scores while this one resolves
+            elems = min(BAND_MAX_ELEMS, int(free * BAND_MEMORY_SHARE) // ((3 + self.overlap) * 4))
         else:
             return max(BAND_MIN_ROWS_CPU, BAND_ELEMS_CPU // max(self.n, 1))
         return max(1, elems // max(self.n, 1))
@@ -288,28 +298,49 @@ class TorchExact:
             raise ValueError(f"TorchExact: {len(base_sids)} base sids for a base of {self.n} rows")
         k0 = first_k(self.n, pool_size, skip_top, slack)
         q_sids = np.asarray(q_sids, dtype=np.int64)
+        mask_above = skip_top == 0  # nothing above the band can matter: masked before the first top-k too
+        ceiling = _float32_at_least(hi + eps)
         with self.lock or nullcontext(), torch.inference_mode():
             if self.precision != "float32" and self.observed_error is None:
                 self.check_bound()
             sids = torch.from_numpy(np.require(base_sids, np.int64, ["C", "W"])).to(self.device)
             rows = self.band_rows()
-            for a in range(0, len(x), rows):
-                q = _tensor(x[a:a + rows]).to(self.device)
-                qs = torch.from_numpy(q_sids[a:a + rows]).to(self.device)
-                cand, cos, count = self._band_block(q, qs, sids, lo, hi, pool_size, k0, skip_top, eps)
-                pools.put(slice(a, a + len(q)), cand.cpu().numpy(), cos.cpu().numpy(), count.cpu().numpy())
+            streams = _Streams(self.device, self.overlap)
+
+            def launch(a: int):  # block a's queries to the device and their scores, on the GEMM stream
+                with streams.gemm():
+                    q = _tensor(x[a:a + rows]).to(self.device)
+                    scores = self.scores(q)
+                    if mask_above:  # the top-k then reaches into the band at once (fewer rows widen)
+                        scores.masked_fill_(scores > ceiling, float("-inf"))
+                    return a, q, scores, streams.done()
+
+            starts = list(range(0, len(x), rows))
+            nxt = launch(starts[0]) if starts else None
+            for i in range(len(starts)):
+                a, q, scores, ready = nxt
+                streams.wait(ready, q, scores)
+                # block i + 1's GEMM is queued before block i's resolve (which reads the host back): on a GPU it
+                # runs on its own stream while this block is resolved and copied back; on a CPU: the plain order
+                nxt = launch(starts[i + 1]) if self.overlap and i + 1 < len(starts) else None
+                qs = torch.from_numpy(q_sids[a:a + len(q)]).to(self.device)
+                cand, cos, count = self._band_block(q, scores, qs, sids, lo, hi, pool_size, k0, skip_top, eps)
+                del scores
+                pools.put(slice(a, a + len(q)), *_to_host(cand, cos, count))
                 if progress is not None:
                     progress(len(q))
+                if not self.overlap and i + 1 < len(starts):
+                    nxt = launch(starts[i + 1])
 
-    def _band_block(self, q, q_sids, sids, lo, hi, pool_size, k, skip_top, eps):
-        """One block's pools: (cand sids [B, pool_size], exact cos [B, pool_size], count [B]) on the device. The
-        first round takes the k largest of every row; a row not settled (band.resolve) is widened from its scores
-        (k doubled), with the scores in (hi + eps, t_r - 2 eps) masked out, in chunks of a quarter block."""
+    def _band_block(self, q, scores, q_sids, sids, lo, hi, pool_size, k, skip_top, eps):
+        """One block's pools: (cand sids [B, pool_size], exact cos [B, pool_size], count [B]) on the device, from
+        its scores (`scores(q)`; without skip_top those above hi + eps already masked out). The first round takes
+        the k largest of every row; a row not settled (band.resolve) is widened from its scores (k doubled), with
+        the scores in (hi + eps, t_r - 2 eps) masked out, in chunks of a quarter block."""
         import torch
 
         from pipeline.search.band import resolve
 
-        scores = self.scores(q)
         n_q, dev = len(q), q.device
         cand = torch.full((n_q, pool_size), -1, dtype=torch.int64, device=dev)
         cos = torch.full((n_q, pool_size), float("nan"), dtype=torch.float64, device=dev)
@@ -354,20 +385,3 @@ class TorchExact:
         for a in range(0, len(ids), EXACT_PAIRS):
             out[a:a + EXACT_PAIRS] = tree_dot(q[q_rows[a:a + EXACT_PAIRS]], self.base[ids[a:a + EXACT_PAIRS]])
         return out.clamp_(-1.0, 1.0)
-
-
-def tree_dot(a, b):
-    """Row-wise dot products of float32 [P, d] tensors in float64, summed in one fixed pairwise tree: the products
-    are exact in float64 (24-bit x 24-bit significands), and each level of the tree is an elementwise add, which
-    IEEE 754 rounds the same on every device; so a pair's value depends on neither its batch nor the kernel's
-    reduction order (torch.sum's does, on a GPU). It can differ from numpy's einsum (the CPU's exact_cosines, other
-    order) in the last bits of the float64, hence, in rare pairs (~1e-9), in the last bit of the float32 `cos`."""
-    import torch
-
-    x = a.to(torch.float64) * b.to(torch.float64)
-    width = 1 << max(0, x.shape[1] - 1).bit_length()
-    if width != x.shape[1]:
-        x = torch.nn.functional.pad(x, (0, width - x.shape[1]))
-    while x.shape[1] > 1:
-        x = x[:, :x.shape[1] // 2] + x[:, x.shape[1] // 2:]
-    return x[:, 0]

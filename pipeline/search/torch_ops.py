@@ -1,0 +1,83 @@
+"""Tensor helpers of the torch band search (pipeline/search/torch_exact.py): TF32 matmuls for one call, the CPU's
+simulation of TF32 / bf16 inputs (`rounded`), top-k in the total order (-score, column) (`top_k`) and the
+batch-independent float64 dot product (`tree_dot`). torch only; no FAISS.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+SORT_SHARE = 8  # k >= n / SORT_SHARE: one stable sort of each row instead of topk + the tie fix-up
+
+
+@contextmanager
+def _tf32_matmuls():
+    """cuBLAS float32 matmuls with TF32 passes, for the duration. torch's flag is process-wide (torch 2.13 has no
+    per-thread or per-call TF32): a float32 matmul another thread launches meanwhile runs in TF32 too. Only the
+    opt-in score_precision = "tf32" uses it; the GPU default (bf16) names its dtype per call instead."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    try:
+        name, value, old = "allow_tf32", True, matmul.allow_tf32
+    except RuntimeError:  # set through torch >= 2.9's fp32_precision API: the legacy getter refuses; use that API
+        name, value, old = "fp32_precision", "tf32", matmul.fp32_precision
+    setattr(matmul, name, value)
+    try:
+        yield
+    finally:
+        setattr(matmul, name, old)
+
+
+def rounded(x, precision: str):
+    """x (float32 tensor) with each entry as a `precision` matmul reads it, as float32: bf16 rounded to nearest (torch's
+    cast); TF32 truncated to 10 mantissa bits (the worst a tensor core may do): the CPU's simulation of those
+    matmuls."""
+    import torch
+
+    if precision == "bf16":
+        return x.to(torch.bfloat16).to(torch.float32)
+    if precision == "tf32":
+        return (x.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+    return x
+
+
+def top_k(scores, k: int):
+    """(values, rows) of the k largest entries of each row of `scores` (a 2-d float tensor, k <= its width), in
+    the total order (-score, column): descending, ties by ascending column. torch.topk alone orders ties anyhow and
+    may keep any of a tie at the k-th place; rows where such a tie straddles the cut keep its smallest columns."""
+    import torch
+
+    n = scores.shape[1]
+    if k * SORT_SHARE >= n:
+        vals, idx = torch.sort(scores, dim=1, descending=True, stable=True)  # stable: ties keep column order
+        return vals[:, :k], idx[:, :k]
+    vals, idx = torch.topk(scores, k, dim=1, largest=True, sorted=True)
+    kth = vals[:, -1:]
+    cut = torch.nonzero((scores == kth).sum(1) > (vals == kth).sum(1)).flatten()  # a tie left partly outside
+    if len(cut):
+        s, t = scores[cut], kth[cut]
+        above, tied = s > t, s == t
+        keep = above | (tied & (tied.cumsum(1) <= (k - above.sum(1, keepdim=True))))
+        rows = torch.nonzero(keep)[:, 1].view(len(cut), k)  # exactly k a row, ascending column
+        idx[cut], vals[cut] = rows, s.gather(1, rows)
+    by_col = torch.argsort(idx, dim=1)  # then a stable sort by descending score: ties by column
+    idx, vals = idx.gather(1, by_col), vals.gather(1, by_col)
+    order = torch.sort(vals, dim=1, descending=True, stable=True).indices
+    return vals.gather(1, order), idx.gather(1, order)
+
+
+def tree_dot(a, b):
+    """Row-wise dot products of float32 [P, d] tensors in float64, summed in one fixed pairwise tree: the products
+    are exact in float64 (24-bit x 24-bit significands), and each level of the tree is an elementwise add, which
+    IEEE 754 rounds the same on every device; so a pair's value depends on neither its batch nor the kernel's
+    reduction order (torch.sum's does, on a GPU). It can differ from numpy's einsum (the CPU's exact_cosines, other
+    order) in the last bits of the float64, hence, in rare pairs (~1e-9), in the last bit of the float32 `cos`."""
+    import torch
+
+    x = a.to(torch.float64) * b.to(torch.float64)
+    width = 1 << max(0, x.shape[1] - 1).bit_length()
+    if width != x.shape[1]:
+        x = torch.nn.functional.pad(x, (0, width - x.shape[1]))
+    while x.shape[1] > 1:
+        x = x[:, :x.shape[1] // 2] + x[:, x.shape[1] // 2:]
+    return x[:, 0]
