@@ -75,25 +75,27 @@ class _Rejected:
 
     def __init__(self, keep: int):
         self.keep, self.cols = keep, {name: [] for name in SCHEMAS["rejected"].names}
-        self.last: tuple | None = None  # (next line_no a run would take, source, reason, n_bytes, digest)
+        self.runs = self.cols["lines"]
+        self.last: tuple | None = None  # (source, reason, n_bytes, digest) of the last row
+        self.next_no = 0                # the line_no a repeat of the last row's record would have
 
     def add(self, no: int, source: str, line: int, raw: bytes | LongLine, text: str, reason: str) -> None:
         if isinstance(raw, LongLine):
             n_chars, n_bytes, digest = raw.n_chars, raw.n_bytes, raw.hash.hexdigest()
         else:
             n_chars, n_bytes, digest = len(text), len(raw), hashlib.blake2b(raw, digest_size=16).hexdigest()
-        if self.last == (no, source, reason, n_bytes, digest):  # the same record again, right after: one row
+        if no == self.next_no and self.last == (source, reason, n_bytes, digest):  # the same record again: one row
             self.repeat()
             return
         row = (no, text[:self.keep], reason, n_chars, n_bytes, digest, source, line, 1)
         for name, v in zip(self.cols, row):
             self.cols[name].append(v)
-        self.last = (no + 1, source, reason, n_bytes, digest)
+        self.last, self.next_no = (source, reason, n_bytes, digest), no + 1
 
     def repeat(self) -> None:
         """The record of the last row once more, right after it."""
-        self.cols["lines"][-1] += 1
-        self.last = (self.last[0] + 1, *self.last[1:])
+        self.runs[-1] += 1
+        self.next_no += 1
 
     def table(self) -> pa.Table:
         return pa.table(self.cols, schema=SCHEMAS["rejected"])

@@ -14,12 +14,10 @@ A reader reads one part of a corpus (a file; or a whole hub split) as one stream
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from pathlib import Path
+from typing import Protocol
 
 from pipeline.corpus.records import Part, Value
-
-if TYPE_CHECKING:
-    from pipeline.corpus.corpus import Corpus
 
 SUFFIXES: dict[str, type] = {}   # ".jsonl" -> its reader class (a file's form by its suffix, under any codec)
 SCHEMES: dict[str, type] = {}    # "hf:" -> a reader class whose `open(corpus)` gives the readers of that spec
@@ -57,8 +55,6 @@ def names() -> str:
 def form_of(path, alone: bool) -> tuple[str, str | None] | None:
     """(form, codec) by the file's suffixes: `c.jsonl.zst` is JSON Lines in zstd. A file given alone whose name no
     form claims is text; in a folder or a glob it is None (the caller refuses it)."""
-    from pathlib import Path
-
     suffix = Path(path).suffix.lower()
     codec = CODECS.get(suffix)
     inner = Path(Path(path).stem).suffix.lower() if codec else suffix
@@ -67,7 +63,8 @@ def form_of(path, alone: bool) -> tuple[str, str | None] | None:
     return (name, codec) if name else None
 
 
-def reader_of(part: Part, corpus: "Corpus") -> Reader:
+def reader_of(part: Part, corpus) -> Reader:
+    """The reader of a file part (`corpus`: the Corpus whose settings it reads by)."""
     cls = next(c for c in SUFFIXES.values() if c.form == part.form)
     return cls(part, corpus)
 
