@@ -72,11 +72,12 @@ def test_links_that_stay_inside_are_read(corpus):
 def test_a_dangling_link_in_a_folder_gets_a_line(corpus, caplog):
     (corpus / "parts" / "gone.txt").symlink_to(corpus / "nowhere.txt")
     with caplog.at_level(logging.WARNING, logger="contramine.corpus"):
+        Corpus(str(corpus / "parts")).check()
         kept, _ = split_sentences(Corpus(str(corpus / "parts")), 3, 30, 200)
     assert kept.num_rows == 2
     assert [r.getMessage() for r in caplog.records] == [
         f"corpus folder {corpus / 'parts'}: skipped gone.txt, a link to {corpus / 'nowhere.txt'}, which does not "
-        f"exist"] * len(caplog.records) and caplog.records
+        f"exist"]  # once, though the corpus is listed again for each use
     with pytest.raises(CorpusError, match=r"gone.txt: no such file or folder, a link to .*nowhere.txt, which does"):
         Corpus(str(corpus / "parts" / "gone.txt")).check()
 

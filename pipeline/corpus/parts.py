@@ -22,6 +22,7 @@ from pipeline.corpus.records import CorpusError, Part
 from pipeline.corpus.streams import kind_of
 
 log = logging.getLogger("contramine.corpus")
+_WARNED: set[tuple[str, str]] = set()
 
 
 def _skipped(relative: str) -> bool:
@@ -41,9 +42,11 @@ def _parts_below(base: Path, paths: list[Path], what: str, outside_links: bool) 
         try:
             mode = os.stat(path).st_mode
         except FileNotFoundError:
-            if os.path.islink(path):  # a dangling link: nothing to read, but never silently
-                log.warning("corpus %s: skipped %s, a link to %s, which does not exist", what, name,
-                            os.readlink(path))
+            if os.path.islink(path):  # a dangling link: nothing to read, but never silently (once a process: a
+                if (what, name) not in _WARNED:  # run lists its corpus for the check, the key and the reading)
+                    _WARNED.add((what, name))
+                    log.warning("corpus %s: skipped %s, a link to %s, which does not exist", what, name,
+                                os.readlink(path))
                 continue
             raise CorpusError(f"corpus {what}: {path} vanished while the corpus was listed") from None
         if stat.S_ISDIR(mode):
