@@ -57,15 +57,16 @@ class ParquetReader:
             with open(out, "rb") as f:
                 yield f
 
-    def _meta(self, f) -> pq.FileMetaData:
+    def _meta(self, f, column: bool = True) -> pq.FileMetaData:
+        """The footer, its row count checked against the file's size; the text column's type with `column`."""
         try:
-            kind = pq.read_schema(f).field(self.field).type
+            kind = pq.read_schema(f).field(self.field).type if column else None
             meta = pq.read_metadata(f)
         except (KeyError, pa.ArrowInvalid, OSError) as e:
             raise CorpusError(f"corpus {self.part.path}: expected a Parquet file with a string column `{self.field}` "
                               f"({' '.join(str(e).split())[:300]})") from None
-        value = kind.value_type if pa.types.is_dictionary(kind) else kind
-        if not (pa.types.is_string(value) or pa.types.is_large_string(value)):
+        value = kind.value_type if kind is not None and pa.types.is_dictionary(kind) else kind
+        if column and not (pa.types.is_string(value) or pa.types.is_large_string(value)):
             raise CorpusError(f"corpus {self.part.path}: column `{self.field}` is {kind}, expected a string column")
         size = os.fstat(f.fileno()).st_size
         if self.max_expansion and meta.num_rows > self.max_expansion * size:
@@ -79,8 +80,8 @@ class ParquetReader:
             self._meta(f)
 
     def count(self) -> int:
-        with self._file() as f:
-            return self._meta(f).num_rows
+        with self._file() as f:  # (the rows only: the column is checked where it is read)
+            return self._meta(f, column=False).num_rows
 
     def identity(self) -> str:
         return file_identity(self.part, self.field)
