@@ -14,10 +14,12 @@ SCHEMAS: dict[str, pa.Schema] = {
     # text: the record as read, cut at its first sentences.rejected_chars characters; n_chars, n_bytes: the whole
     # record's length as read; blake2b: hex of its raw bytes (16-byte digest), so a cut record is accounted for;
     # source, source_line: the corpus part (its path below the folder or glob, a single file's name, hf:<id>:<split>)
-    # and the record's line (or row) in it, from 1 (line_no counts records across the whole corpus)
+    # and the record's line (or row) in it, from 1 (line_no counts records across the whole corpus); lines: the
+    # records the row stands for, 1, or a run of that same record repeated right after it (line_no .. line_no +
+    # lines - 1, all in `source`): 5M empty lines are one row, and sentences + sum(lines) is the corpus' records
     "rejected": pa.schema([("line_no", pa.int64()), ("text", pa.string()), ("reason", pa.string()),
                            ("n_chars", pa.int64()), ("n_bytes", pa.int64()), ("blake2b", pa.string()),
-                           ("source", pa.string()), ("source_line", pa.int64())]),
+                           ("source", pa.string()), ("source_line", pa.int64()), ("lines", pa.int64())]),
     # emb: FLOAT[d] in DuckDB (a fixed-size list); d is set by the encoder
     "embeddings": pa.schema([("sid", pa.int64()), ("emb", pa.list_(pa.float32()))]),
     "neighbours": pa.schema([("sid", pa.int64()), ("cand_sid", pa.int64()), ("cos", pa.float32()),

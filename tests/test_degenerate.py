@@ -27,7 +27,8 @@ def _degenerate(tmp_path, name, rows, *extra):
     corpus = write_corpus(tmp_path / f"{name}.txt", rows)
     cfg = _mine(corpus, tmp_path / "runs", name, *extra)
     t = _tables(cfg.run.dir)
-    assert t["sentences"].num_rows + t["rejected"].num_rows == len(rows)
+    # a rejected row stands for `lines` records: a run of one record repeated is one row
+    assert t["sentences"].num_rows + sum(t["rejected"].column("lines").to_pylist()) == len(rows)
     assert t["pairs"].num_rows == t["embeddings"].num_rows == t["negations"].num_rows == t["sentences"].num_rows
     return cfg, t
 
@@ -40,7 +41,8 @@ def test_every_line_the_same_is_a_one_sentence_corpus(tmp_path):
     cfg, t = _degenerate(tmp_path, "same", plain_rows([line] * 6 + ["  " + line] * 6))
     assert t["sentences"].column("text").to_pylist() == [line]
     assert t["sentences"].column("line_no").to_pylist() == [1]
-    assert t["rejected"].column("reason").to_pylist() == ["duplicate"] * 11
+    assert t["rejected"].select(["line_no", "reason", "lines"]).to_pylist() == [  # two runs of one line each
+        {"line_no": 2, "reason": "duplicate", "lines": 5}, {"line_no": 7, "reason": "duplicate", "lines": 6}]
     store = Store(cfg.run.dir)
     assert store.read_shard("sentences", 0, 2).num_rows == 0  # an empty shard went through every stage
     assert t["neighbours"].num_rows == 0
@@ -90,7 +92,8 @@ def test_empty_corpus_file(tmp_path):
     blank = tmp_path / "blank.txt"
     blank.write_bytes(b"\n \n\t\n\r\n\r")
     kept, rejected = split_sentences(blank, 3, 128, 2000)
-    assert kept.equals(t["sentences"]) and rejected.column("reason").to_pylist() == ["empty"] * 5
+    assert kept.equals(t["sentences"]) and rejected.column("reason").to_pylist() == ["empty"] * 4
+    assert rejected.column("lines").to_pylist() == [1, 1, 1, 2]  # "" (\r\n) and "" (\r): one run of two
 
 
 # ---------------------------------------------------------------- determinism

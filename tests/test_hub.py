@@ -292,7 +292,7 @@ def test_download_missing_a_tokenizer_file_is_refused(online, paper_models, tmp_
 HUB_CORPUS = """
 import json, sys
 from pipeline.corpus import CorpusError, split_sentences
-from pipeline.corpus_forms import Corpus
+from pipeline.corpus import Corpus
 out = {}
 for name, corpus in [("hub", Corpus("hf:someone/corpus")), ("text", Corpus(sys.argv[1])),
                      ("pinned", Corpus("hf://datasets/someone/corpus", revision=sys.argv[2]))]:

@@ -70,7 +70,9 @@ def test_parquet_corpus_with_a_dictionary_text_column(tmp_path):
     check_corpus(p)
     kept, rej = split_sentences(p, 3, 20, 200)
     assert kept.column("text").to_pylist() == ["alpha beta gamma delta"]
-    assert rej.column("reason").to_pylist() == ["too_short", "too_short", "empty"]
+    # the two "x" rows, one after the other: one row standing for both
+    assert rej.select(["line_no", "reason", "lines"]).to_pylist() == [
+        {"line_no": 2, "reason": "too_short", "lines": 2}, {"line_no": 4, "reason": "empty", "lines": 1}]
 
 
 def test_shard_bounds_cover_rows_once():
@@ -80,14 +82,14 @@ def test_shard_bounds_cover_rows_once():
         assert all(b[i][1] == b[i + 1][0] for i in range(n - 1))
 
 
-# ---- the corpus forms (pipeline/corpus_forms.py) -----------------------------------------------------------------
+# ---- the corpus forms (pipeline/corpus/) ------------------------------------------------------------------------
 import gzip  # noqa: E402
 import json  # noqa: E402
 
 import pytest  # noqa: E402
 
 from pipeline.corpus import CorpusError  # noqa: E402
-from pipeline.corpus_forms import Corpus  # noqa: E402
+from pipeline.corpus import Corpus  # noqa: E402
 
 FORM_LINES = ["the first good sentence here", "", "too short", "the  first good   sentence here",
               "a control\x07 character sentence", "word " * 30, "مرحبا بالعالم يا صديقي 😀",
@@ -185,7 +187,8 @@ def test_the_corpus_identity_covers_every_part_and_the_field(tmp_path):
 def test_record_counts_match_what_is_read(tmp_path, monkeypatch):
     """The counts that size the shards and map a line_no to its part split lines as the reader does (\\n, \\r\\n, a
     bare \\r, a \\r\\n cut between two reads, a BOM, a last line without its end)."""
-    import pipeline.corpus_forms as forms
+    import pipeline.corpus.streams as streams
+    import pipeline.corpus.text as text
 
     data = b"\xef\xbb\xbfone\r\ntwo\rthree\n\nfour\r\r\nfive"
     (tmp_path / "c.txt").write_bytes(data)
@@ -193,7 +196,7 @@ def test_record_counts_match_what_is_read(tmp_path, monkeypatch):
     for spec in ("c.txt", "c.txt.zst"):
         [(_, n)] = Corpus(str(tmp_path / spec)).sources()
         assert n == count_lines(tmp_path / spec) == 7, spec
-    monkeypatch.setattr(forms, "_count_lines", forms._count_lines.__wrapped__)
-    monkeypatch.setattr(forms, "COUNT_CHUNK", 4)  # "one\r" | "\ntwo": the \r\n across two reads is one end
+    monkeypatch.setattr(text, "cached_count", text.cached_count.__wrapped__)
+    monkeypatch.setattr(streams, "CHUNK", 4)  # "one\r" | "\ntwo": the \r\n across two reads is one end
     [(_, n)] = Corpus(str(tmp_path / "c.txt")).sources()
     assert n == 7

@@ -136,7 +136,7 @@ def configure(profile: str = "default", run: str | None = None, corpus: str | No
     if corpus:
         sets.append(f"data.corpus={corpus}")
     cfg = load_config(profile, sets)
-    needed = shards_for(cfg.data.corpus, cfg.run.max_shard_rows)
+    needed = shards_for(cfg.data.corpus, cfg.run.max_shard_rows, cfg.data)
     if needed > cfg.run.shards:  # the shard count follows the corpus size only; tables do not depend on it, and
         # it must not depend on runner.workers either: it is part of every key (a rerun with 3 workers instead of 2
         # would recompute every stage). Workers idle in a last round cost less than that.
@@ -144,16 +144,17 @@ def configure(profile: str = "default", run: str | None = None, corpus: str | No
     return cfg
 
 
-def shards_for(corpus, max_shard_rows: int) -> int:
-    """ceil(records / max_shard_rows) of a corpus (pipeline/corpus_forms.py: lines of text and JSON Lines, rows of
-    Parquet, over all its parts); 0 when off, when the corpus is unset or unreadable (the sentences stage says why),
-    and for a hub dataset, whose size is not known before it is streamed (run.shards decides)."""
+def shards_for(corpus, max_shard_rows: int, data=None) -> int:
+    """ceil(records / max_shard_rows) of a corpus (pipeline/corpus/: lines of text and JSON Lines, rows of Parquet,
+    over all its parts), read as the [data] settings `data` say (default ones without); 0 when off, when the corpus
+    is unset or unreadable (the sentences stage says why), and for a hub dataset, whose size is not known before it
+    is streamed (run.shards decides)."""
     if not max_shard_rows or corpus is None:
         return 0
-    from pipeline.corpus_forms import Corpus
+    from pipeline.corpus import Corpus, corpus_of
 
     try:
-        lines = sum(n for _, n in Corpus(str(corpus)).sources())
+        lines = sum(n for _, n in (corpus_of(data, corpus) if data else Corpus(str(corpus))).sources())
     except Exception:  # not readable: the sentences stage's check says so, naming the file
         return 0
     return -(-lines // max_shard_rows)

@@ -95,6 +95,12 @@ class DataCfg(Section):
     hf_config: str | None = Field(None, description="the config (subset) of an hf:<dataset id> corpus")
     hf_revision: str | None = Field(None, description="the branch, tag or commit of an hf:<dataset id> corpus; "
                                     "resolved to its commit once a run, and that commit is in the cache key")
+    max_expansion: float = Field(1000, ge=0, description="a compressed corpus file (.gz, .zst) may decompress to "
+                                 "at most this many times its size, and a Parquet file hold at most this many rows a "
+                                 "byte; past it the corpus is refused in one line (a decompression bomb); 0 = no cap")
+    outside_links: bool = Field(False, description="read files of a corpus folder or glob whose links lead outside "
+                                "it (refused by default: a received dataset's link to ~/.aws/credentials would put "
+                                "its lines into tables that exports share)")
     senteval_dir: Path = Field(SHARED_DATA / "senteval" if CHECKOUT else Path.cwd() / "senteval", description=(
                                "SentEval's data/downstream folder (STS/, SICK/): the checkout's shared data, or "
                                "./senteval for an installed package"))

@@ -1,9 +1,9 @@
 """Stage `sentences`: corpus → sentences + rejected, every input record in exactly one of the two, split into the
-run's contiguous sid ranges. How records are read (every corpus form) and filtered: pipeline/corpus_forms.py and
-pipeline/corpus.py."""
+run's contiguous sid ranges. How records are read (every corpus form) and filtered: pipeline/corpus/."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.corpus import corpus_of, shard_bounds, split_sentences
 from pipeline.engine.spec import Ctx, stage
@@ -20,7 +20,9 @@ def corpus_facts(cfg) -> str:
 def corpus_manifest(cfg, store, n: int, plan=None) -> dict:
     """The corpus, its records, and each part's records in reading order: a sentence's `line_no` L is in the part
     whose range holds it, at line L - first_line_no + 1."""
-    lines = sum(store.cached_rows(t, i, n) for t in ("sentences", "rejected") for i in range(n))
+    # a rejected row stands for `lines` records (a run of one record repeated)
+    lines = sum(store.cached_rows("sentences", i, n) for i in range(n)) + \
+        int(pc.sum(store.read("rejected", n).column("lines")).as_py() or 0)
     sources = corpus_of(cfg.data, cfg.data.corpus).sources()
     if len(sources) == 1:
         sources = [(sources[0][0], lines)]  # one part (or a dataset, whose count is what was read): no recount

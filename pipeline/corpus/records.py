@@ -1,6 +1,6 @@
-"""What a corpus record is (pipeline/corpus_forms.py reads them): a part (one file of a corpus), a text's raw bytes,
-a `LongLine` read through in pieces and never held whole, or a `Refused` record that gives no text, and the one-line
-`CorpusError` for a corpus that cannot be read at all.
+"""What a corpus record is (the readers of pipeline/corpus/ yield them): a part (one file of a corpus), a text's raw
+bytes, a `LongLine` read through in pieces and never held whole, or a `Refused` record that gives no text, and the
+one-line `CorpusError` for a corpus that cannot be read at all.
 """
 from __future__ import annotations
 
@@ -12,9 +12,6 @@ from pathlib import Path
 
 from pipeline.errors import ExpectedError
 
-TEXT, JSONL, PARQUET = "text", "jsonl", "parquet"
-
-
 class CorpusError(ExpectedError, ValueError):
     """The corpus cannot be read at all (missing file, wrong format, an unknown dataset); names the file."""
 
@@ -22,7 +19,7 @@ class CorpusError(ExpectedError, ValueError):
 @dataclass(frozen=True)
 class Part:
     """One file of a corpus: `name` is how `rejected.source` shows it (its path below the folder or the glob's base;
-    a single file's name), `form` text | jsonl | parquet, `codec` gzip | zstd | None."""
+    a single file's name), `form` the name its reader registered (text, jsonl, parquet), `codec` gzip | zstd | None."""
     name: str
     path: Path
     form: str

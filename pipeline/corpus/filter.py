@@ -1,6 +1,6 @@
 """Filtering a corpus into sentences + rejected (the `sentences` and `pool_sentences` stages). Every input record
 ends in exactly one of the two. The corpus forms (text, Parquet, JSON Lines, compressed, a folder or glob of them, a
-hub dataset) and how each is read in bounded memory: pipeline/corpus_forms.py.
+hub dataset) and how each is read in bounded memory: pipeline/corpus/corpus.py.
 
 Text lines are split on \\n, \\r\\n and \\r (as bytes.splitlines), a UTF-8 BOM is dropped, each record is decoded
 strictly (undecodable → rejected, with its text decoded with replacement characters so nothing is lost). A record
@@ -12,12 +12,18 @@ blake2b(text) as a signed int64: stable across runs, machines and shard counts.
 
 `line_no` is a record's number in the whole corpus, from 1, its parts read in order: the same records as one text
 file or as a folder of three parts get the same `sentences` table. A rejected row also names its `source` (the
-part, as corpus_forms.Part.name) and `source_line` (its line, or row, there), and keeps the record's first
+part, as its reader names it) and `source_line` (its line, or row, there), and keeps the record's first
 `sentences.rejected_chars` characters in `text` (all of it for any record up to that), its full length (`n_chars`,
 `n_bytes`) and `blake2b` (hex, 16 bytes) of its raw bytes, so a cut record is still accounted for.
 
+A run of identical records (the same bytes, one part, one after another: 5M empty lines, a line repeated) is one
+`rejected` row: `lines` says how many records it stands for, from its `line_no` (and `source_line`) on; each of them
+is the record that row describes, rejected for the same reason. Every other row has `lines` 1, so
+`sentences` rows + sum(rejected.lines) is the corpus' records.
+
 Memory: what grows with the corpus is the output, the kept sentences and the rejected rows (rejected_chars
-characters at most each), built whole because the stage hands every shard over at once (one_job).
+characters at most each; a run of repeats is one row), built whole because the stage hands every shard over at
+once (one_job).
 """
 from __future__ import annotations
 
@@ -27,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipeline.corpus_forms import Corpus
-from pipeline.corpus_records import CorpusError, LongLine, Refused  # noqa: F401  (CorpusError: the stages')
-from pipeline.corpus_text import LONG
+from pipeline.corpus.corpus import Corpus
+from pipeline.corpus.records import CorpusError, LongLine, Refused
+from pipeline.corpus.streams import LONG
 from pipeline.identity import normalise, sentence_id
 from pipeline.schema import SCHEMAS
 
@@ -45,7 +51,8 @@ def corpus_of(data, spec) -> Corpus:
     if spec is None:
         raise CorpusError("no corpus: give one with --corpus (a file, a folder, a glob or hf:<dataset id>) or set "
                           "data.corpus")
-    return Corpus(str(spec), data.text_field, data.hf_split, data.hf_config, data.hf_revision)
+    return Corpus(str(spec), data.text_field, data.hf_split, data.hf_config, data.hf_revision, data.max_expansion,
+                  data.outside_links)
 
 
 def check_corpus(corpus: Corpus | Path | str) -> None:
@@ -54,24 +61,41 @@ def check_corpus(corpus: Corpus | Path | str) -> None:
 
 
 def count_lines(corpus: Corpus | Path | str) -> int:
-    return sum(1 for _ in as_corpus(corpus).records(LONG, 0))
+    """The corpus' records (its parts' counts; a hub dataset's are read through)."""
+    corpus = as_corpus(corpus)
+    counts = [n for _, n in corpus.sources()]
+    if 0 in counts:  # unknown before reading (a dataset), or truly empty: read through
+        return sum(1 for _ in corpus.records(LONG, 0))
+    return sum(counts)
 
 
 class _Rejected:
     """The `rejected` rows in record order: the text cut at `keep` characters, the record's full lengths and hash,
-    where it came from."""
+    where it came from, and how many identical records in a row it stands for."""
 
     def __init__(self, keep: int):
         self.keep, self.cols = keep, {name: [] for name in SCHEMAS["rejected"].names}
+        self.runs = self.cols["lines"]
+        self.last: tuple | None = None  # (source, reason, n_bytes, digest) of the last row
+        self.next_no = 0                # the line_no a repeat of the last row's record would have
 
     def add(self, no: int, source: str, line: int, raw: bytes | LongLine, text: str, reason: str) -> None:
         if isinstance(raw, LongLine):
             n_chars, n_bytes, digest = raw.n_chars, raw.n_bytes, raw.hash.hexdigest()
         else:
             n_chars, n_bytes, digest = len(text), len(raw), hashlib.blake2b(raw, digest_size=16).hexdigest()
-        row = (no, text[:self.keep], reason, n_chars, n_bytes, digest, source, line)
+        if no == self.next_no and self.last == (source, reason, n_bytes, digest):  # the same record again: one row
+            self.repeat()
+            return
+        row = (no, text[:self.keep], reason, n_chars, n_bytes, digest, source, line, 1)
         for name, v in zip(self.cols, row):
             self.cols[name].append(v)
+        self.last, self.next_no = (source, reason, n_bytes, digest), no + 1
+
+    def repeat(self) -> None:
+        """The record of the last row once more, right after it."""
+        self.runs[-1] += 1
+        self.next_no += 1
 
     def table(self) -> pa.Table:
         return pa.table(self.cols, schema=SCHEMAS["rejected"])
@@ -85,7 +109,12 @@ def split_sentences(corpus: Corpus | Path | str, min_words: int, max_words: int,
     rejected = _Rejected(rejected_chars)
     # over 4 x max_chars bytes a line has over max_chars characters: too long whatever it holds, never held whole
     records = corpus.records(long_bytes=max(LONG, 4 * max_chars), keep=rejected_chars)
+    before: tuple = (None, None, False)  # (source, raw bytes, rejected) of the record before
     for no, (source, line, raw) in enumerate(records, start=1):
+        if before[2] and isinstance(raw, bytes) and raw == before[1] and source == before[0]:
+            rejected.repeat()  # the same bytes as the rejected record before: the same verdict, the same row
+            continue
+        before = (source, raw, True)
         if isinstance(raw, Refused):
             rejected.add(no, source, line, raw.raw, raw.raw.decode("utf-8", errors="replace"), raw.reason)
             continue
@@ -114,6 +143,7 @@ def split_sentences(corpus: Corpus | Path | str, min_words: int, max_words: int,
             sid = sentence_id(clean)
             if sid not in kept:
                 kept[sid] = (clean, n_words, no)
+                before = (source, raw, False)
                 continue
             if kept[sid][0] != clean:  # 64-bit collision: astronomically unlikely, but never silent
                 raise CorpusError(f"corpus {corpus.spec}: record {no} and record {kept[sid][2]} share sid {sid}")

@@ -1,0 +1,90 @@
+"""Which files a local corpus spec names, in reading order: a single file, every file of the corpus forms under a
+folder (sorted by relative path; names starting with `.` or `_` skipped: .crc, _SUCCESS), or what a glob matches
+(`**` crosses folders), in the same order.
+
+A corpus is what is inside it. A file of a folder or glob whose real path (links resolved) lies outside the corpus
+root (the folder; the glob's fixed head) is refused in one line naming the link and where it leads, unless
+`data.outside_links` allows it: a received dataset carrying a link to ~/.aws/credentials must not put its lines into
+tables that exports share. A dangling link is skipped with a warning line naming it. A FIFO, socket or device, as the
+corpus or inside it, is one line naming it (never opened: see streams.open_file for the race with the opening).
+"""
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import re
+import stat
+from pathlib import Path
+
+from pipeline.corpus.forms import form_of, names
+from pipeline.corpus.records import CorpusError, Part
+from pipeline.corpus.streams import kind_of
+
+log = logging.getLogger("contramine.corpus")
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _skipped(relative: str) -> bool:
+    return any(p.startswith((".", "_")) for p in relative.split("/"))
+
+
+def _inside(real: str, root: str) -> bool:
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _parts_below(base: Path, paths: list[Path], what: str, outside_links: bool) -> list[Part]:
+    root, parts = os.path.realpath(base), []
+    for path in sorted(paths, key=lambda p: p.relative_to(base).as_posix()):
+        name = path.relative_to(base).as_posix()
+        if _skipped(name):
+            continue
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            if os.path.islink(path):  # a dangling link: nothing to read, but never silently (once a process: a
+                if (what, name) not in _WARNED:  # run lists its corpus for the check, the key and the reading)
+                    _WARNED.add((what, name))
+                    log.warning("corpus %s: skipped %s, a link to %s, which does not exist", what, name,
+                                os.readlink(path))
+                continue
+            raise CorpusError(f"corpus {what}: {path} vanished while the corpus was listed") from None
+        if stat.S_ISDIR(mode):
+            continue  # a glob matched a folder: its files are matched on their own
+        real = os.path.realpath(path)
+        if not _inside(real, root) and not outside_links:
+            raise CorpusError(f"corpus {what}: {name} leads outside the corpus (to {real}); remove the link, or set "
+                              f"data.outside_links=true to read it")
+        if not stat.S_ISREG(mode):
+            raise CorpusError(f"corpus {what}: {name} is {kind_of(mode)}, not a corpus file")
+        kind = form_of(path, alone=False)
+        if kind is None:
+            raise CorpusError(f"corpus {what}: {path} is none of the corpus forms ({names()}): a glob can leave it "
+                              f"out")
+        parts.append(Part(name, path, *kind))
+    if not parts:
+        raise CorpusError(f"corpus {what}: no corpus files ({names()}) found")
+    return parts
+
+
+def find_parts(spec: str, outside_links: bool = False) -> list[Part]:
+    """The files of a local corpus, in reading order."""
+    if any(c in spec for c in "*?["):
+        head = re.split(r"[*?\[]", spec, maxsplit=1)[0]
+        base = Path(head if head.endswith(os.sep) else os.path.dirname(head) or ".")
+        found = [Path(p) for p in glob.glob(spec, recursive=True)]
+        return _parts_below(base, found, f"glob {spec}", outside_links)
+    path = Path(spec)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        gone = f", a link to {os.readlink(path)}, which does not exist" if os.path.islink(path) else ""
+        raise CorpusError(f"corpus {spec}: no such file or folder{gone}") from None
+    except OSError as e:
+        raise CorpusError(f"corpus {spec}: cannot read it ({e.strerror})") from None
+    if stat.S_ISDIR(mode):
+        found = [Path(d) / f for d, _, files in os.walk(path) for f in files]
+        return _parts_below(path, found, f"folder {path}", outside_links)
+    if not stat.S_ISREG(mode):
+        raise CorpusError(f"corpus {spec}: {kind_of(mode)}, not a file or folder of the corpus forms")
+    return [Part(path.name, path, *form_of(path, alone=True))]
