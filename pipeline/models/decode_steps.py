@@ -15,7 +15,7 @@ padding filled with the dtype's minimum). Both are post-norm transformers, the l
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -37,10 +37,12 @@ class StepState:
     cross_v: list[torch.Tensor]
     self_k: list[torch.Tensor]
     self_v: list[torch.Tensor]
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)  # any other per-row tensor that must follow the rows
 
     def select(self, index: torch.Tensor) -> None:
         """Keep rows `index` (a device tensor of row numbers, in their new order)."""
         self.enc_keep = self.enc_keep.index_select(0, index)
+        self.rows = {k: v.index_select(0, index) for k, v in self.rows.items()}
         for group in (self.cross_k, self.cross_v, self.self_k, self.self_v):
             group[:] = [x.index_select(0, index) for x in group]
 

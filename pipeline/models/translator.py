@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import copy
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
@@ -184,12 +185,19 @@ class Translator:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(order), desc=f"translate {chain_name([self.name])}", unit="sent")
-        for part in self.batches([len(ids[i]) for i in order], k):
-            idx = [order[j] for j in part]
-            for i, hyps in zip(idx, self._generate([ids[i] for i in idx], [seeds[i] for i in idx], k)):
-                out[i] = hyps
-            if bar is not None:
-                bar.update(len(idx))
+        # the host's text work a batch (decoding the ids, normalising) runs on a worker thread while the next
+        # batch decodes on the device; results are collected in batch order, so nothing depends on the thread
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="detokenise") as pool:
+            done = []
+            for part in self.batches([len(ids[i]) for i in order], k):
+                idx = [order[j] for j in part]
+                seqs = self._generate([ids[i] for i in idx], [seeds[i] for i in idx], k)
+                done.append((idx, pool.submit(self._texts, seqs, len(idx), k)))
+            for idx, texts_of in done:
+                for i, hyps in zip(idx, texts_of.result()):
+                    out[i] = hyps
+                if bar is not None:
+                    bar.update(len(idx))
         if bar is not None:
             bar.close()
         return out
@@ -212,7 +220,8 @@ class Translator:
         return out
 
     @torch.inference_mode()
-    def _generate(self, batch: list[list[int]], seeds: list[int], k: int) -> list[list[str]]:
+    def _generate(self, batch: list[list[int]], seeds: list[int], k: int) -> torch.Tensor:
+        """The batch's output token ids (len(batch) x k rows, input by input), left on the device."""
         c = self.cfg
         lengths = torch.tensor([len(x) for x in batch])
         mask = (torch.arange(int(lengths.max())) < lengths[:, None]).long()  # right padding, built in one piece
@@ -245,8 +254,12 @@ class Translator:
         seqs = decode(input_ids.to(self.device), mask.to(self.device), gen, LogitsProcessorList(procs))
         if gen.forced_bos_token_id is not None:  # a language token is not text, whether or not a tokenizer says so
             seqs = seqs.masked_fill(seqs == gen.forced_bos_token_id, self.pad_id)
-        texts = [" ".join(s.split()) for s in self.tokenizer.batch_decode(seqs, skip_special_tokens=True)]
-        return [texts[r * k:(r + 1) * k] for r in range(len(batch))]
+        return seqs
+
+    def _texts(self, seqs: torch.Tensor, n: int, k: int) -> list[list[str]]:
+        """The texts of a batch's `n` x `k` output rows, whitespace normalised, k a row (one read of the ids)."""
+        texts = [" ".join(s.split()) for s in self.tokenizer.batch_decode(seqs.tolist(), skip_special_tokens=True)]
+        return [texts[r * k:(r + 1) * k] for r in range(n)]
 
 
 def load_engine(name: str, path: str, cfg: BacktranslateCfg, device: str, dtype: str) -> Translator:
