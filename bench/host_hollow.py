@@ -69,20 +69,23 @@ def target_lengths(source_tokens):
 
 
 def hollow_steps(model):
-    """The decode loop's steps (pipeline/models/decode_steps.py) for a HollowMarian: the thin decoder layers run on
-    every row as the loop runs them, and each row's token is the hollow model's (words, then eos at its length)."""
+    """The decode loop's steps (pipeline/models/decode_steps.py) for a HollowMarian, hollow as HollowBert is: the
+    real thin decoder layers run on one row a step (the loop's own per-step dispatch: its layer calls, K/V writes
+    and attention, as a GPU launches them), and every row's token is the hollow model's (words, then eos at its
+    length). The loop's per-row work outside the model (processors, argmax, finished rows, drops) runs on every
+    row."""
     import torch
 
-    from pipeline.models.decode_steps import Seq2SeqSteps
+    from pipeline.models.decode_steps import Seq2SeqSteps, StepState
 
     class HollowSteps(Seq2SeqSteps):
         def start(self, input_ids, attention_mask, n_tokens):
-            state = super().start(input_ids, attention_mask, n_tokens)
-            state.rows["due"] = target_lengths(attention_mask.sum(1)) - 1  # the step whose token is eos
-            return state
+            self.thin = super().start(input_ids[:1], attention_mask[:1], n_tokens)  # one row's layers and caches
+            return StepState(attention_mask.bool()[:, None, None, :1], [], [], [], [],
+                             {"due": target_lengths(attention_mask.sum(1)) - 1})  # the step whose token is eos
 
         def step(self, state, tokens, t):
-            logits = super().step(state, tokens, t)  # the layers' dispatch; their values are not used
+            super().step(self.thin, tokens[:1], t)  # the layers' dispatch; their values are not used
             return torch.where((state.rows["due"] <= t)[:, None], model.eos_logits,
                                model.words[t % len(model.words)])
 

@@ -89,7 +89,11 @@ def prepared(model, gen, input_ids: torch.Tensor, ours: LogitsProcessorList):
     processors = model._get_logits_processor(generation_config=gen, input_ids_seq_length=1,
                                              encoder_input_ids=input_ids, logits_processor=ours,
                                              device=input_ids.device, model_kwargs=model_kwargs)
-    return gen, processors
+    # transformers re-adds the model's one-token bad words that translator.py's BannedTokens already sets to -inf
+    # (a bias tensor over rows x vocabulary, three passes a step): skipped, the scores are the same
+    banned = {t for p in ours if type(p).__name__ == "BannedTokens" for t in p.token_ids}
+    return gen, LogitsProcessorList(p for p in processors if not (
+        isinstance(p, NoBadWordsLogitsProcessor) and all(len(w) == 1 and w[0] in banned for w in p.bad_word_ids)))
 
 
 def token_ids(value) -> list[int]:
