@@ -144,3 +144,21 @@ def test_decoder_is_an_execution_setting():
     assert "decoder" in BacktranslateCfg.EXECUTION and BacktranslateCfg().decoder == "loop"
     with pytest.raises(ValueError, match="decoder"):
         BacktranslateCfg(decoder="fast")
+
+
+def test_marian_input_ids_through_sentencepieces_batch_call_equal_the_tokenizers(tmp_path):
+    """translator.py's token ids (pipeline/models/fast_tokens.py: one SentencePiece call for the rows) are the
+    tokenizer's, truncation and a multi-target >>code<< prefix included; text holding special tokens and other
+    tokenizers go through the tokenizer itself."""
+    from transformers import AutoTokenizer
+
+    from pipeline.models.fast_tokens import input_ids
+
+    path = build_tiny_marian(tmp_path / "m", target_codes=(">>cmn_Hans<<",))
+    tok = AutoTokenizer.from_pretrained(path)
+    lines = corpus_lines(600) + ["  The   cat\tsat on\n the mat.  ", "", "a </s> b", "x <unk> y", "émoji 😀 ü"]
+    for prefix in ("", ">>cmn_Hans<< ", ">>xx<< "):
+        texts = [prefix + t for t in lines]
+        for max_length in (256, 8):
+            assert input_ids(tok, texts, max_length) == tok(texts, truncation=True, max_length=max_length)[
+                "input_ids"], (prefix, max_length)

@@ -36,6 +36,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
 from pipeline.config.backtranslation import BacktranslateCfg, chain_name
+from pipeline.models.fast_tokens import input_ids
 from pipeline.models.mt19937 import mt19937_uniform
 from pipeline.seeding import row_seed
 
@@ -177,7 +178,7 @@ class Translator:
             return []
         if seeds is None:  # the text itself seeds its row: still independent of batching
             seeds = [row_seed(0, "translate-text", t) for t in texts]
-        ids = self.tokenizer([self.prefix + t for t in texts], truncation=True, max_length=c.max_length)["input_ids"]
+        ids = input_ids(self.tokenizer, [self.prefix + t for t in texts], c.max_length)  # (one SentencePiece call)
         out: list[list[str] | None] = [[""] * k if not t.strip() else None for t in texts]  # nothing to translate
         order = sorted((i for i in range(len(texts)) if out[i] is None), key=lambda i: (-len(ids[i]), i))
         bar = None
