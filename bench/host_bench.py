@@ -20,9 +20,11 @@ GPU could do with this host code however fast its arithmetic (sentences/s, targe
   arrays now, the tokenizer call before); tokenising alone on its own row, through encode's path (pipeline_tokenising).
 - generate: `Translator.translate`, greedy, at the stage's defaults under a GPU's batching (32 rows a batch before
   issue 46; after it `batch_tokens = "auto"`, which on a GPU is 262,144 tokens: bench/host_model_jobs.py gpu_batch;
-  `--set new:generate.batch_tokens=8192` times the CPU's budget instead), each row emitting as many tokens as its
-  source has. Its ceiling: the decode steps at the GPU's batching x the host's cost a step, + rows x its cost a row,
-  both fitted at 8 and 16 rows a batch where the hollow model's CPU work is nil (host_model_jobs.py host_costs).
+  `--set new:generate.batch_tokens=8192` times the CPU's budget instead; ~3,000 rows a batch, the 1M path's), each
+  row emitting a translation's length (0.8-1.3x its source's tokens; one row in 23 runs to its cap:
+  bench/host_hollow.py target_lengths), through our decode loop where the checkout has one (HollowSteps), else HF
+  generate. Its ceiling: the target tokens emitted over the measured time of that run (not fitted; the hollow
+  model's own CPU work at thousands of rows a batch counts against it).
 - search: `band_neighbours` with the torch engine as it runs on an 80 GB GPU against a 1M base, in two measured
   parts (bench/host_search_jobs.py job_search): the host's cost of a block (its ops and Python, timed on blocks of
   a GPU block's queries against a 128-row base: a 1M base's scores are a GPU's work) over those queries, plus the
@@ -72,7 +74,7 @@ CEILING = {"encode": "sentences/s", "generate": "tokens/s", "search": "queries/s
 GOALS = {"encode": 50_000, "generate": 300_000, "search": 200_000, "resolve": None, "train": 40}
 RATIO_GOAL = 3.0  # each ceiling >= 3x today's
 SIZES = {
-    "full": dict(encode_n=8_000, gen_n=256, search_n=20_000, train_steps=20, train_warmup=3, repeats=1, reps=3,
+    "full": dict(encode_n=8_000, gen_n=6_000, search_n=20_000, train_steps=20, train_warmup=3, repeats=1, reps=3,
                  lines=11_000, spm_vocab=8_000),
     "smoke": dict(encode_n=64, gen_n=8, search_n=500, train_steps=1, train_warmup=1, repeats=1, reps=1,
                   lines=1_000, spm_vocab=1_000),
@@ -238,7 +240,7 @@ def rows_for(best: dict) -> list[dict]:
     for job in (j for j in JOBS if j in best["new"]):
         b, n = best["base"][job], best["new"][job]
         # a job's ceiling_s where it has one (encode: tokenising apart, on the GPU machine's other cores; generate:
-        # the host's fitted cost a step and a row at the GPU's step count), else its wall time
+        # the measured run at the GPU's batching), else its wall time
         cb, cn = (m["units"] / m["ceiling_s"] if m.get("ceiling_s") else 1 / m["per_unit_s"] for m in (b, n))
         unit = UNIT[job].replace("target token", "token")
         rows.append(dict(name=f"host_{job}_ceiling", ours=round(cn, 2), peer=round(cb, 2), unit=CEILING[job],
@@ -257,7 +259,7 @@ def rows_for(best: dict) -> list[dict]:
             rows.append(dict(name=f"host_{job}_untokenised_us", ours=round(f(n), 3), peer=round(f(b), 3),
                              unit=f"us/{unit}", ratio=round(ratio(f(n), f(b)), 3), goal=None, better="lower"))
         extra = {"encode": ("tokenise_cpu_us", "us/sentence", lambda m: m["tokenise_s"] / m["units"] * 1e6),
-                 "generate": ("host_us_per_step", "us/step", lambda m: m.get("per_step_s", 0.0) * 1e6),
+                 "generate": ("host_us_per_step", "us/step", lambda m: m["seconds"] / max(1, m["steps"]) * 1e6),
                  "train": ("collate_ms", "ms/step", lambda m: m["collate_s"] * 1e3)}.get(job)
         if extra:
             name, u, f = extra
@@ -293,10 +295,9 @@ def details(best: dict, sizes: dict) -> list[str]:
                        f"{n['batch_size']} / {n.get('batch_tokens', 0)} (base {b['batch_size']} / "
                        f"{b.get('batch_tokens', 0)}): {n['steps']} decode steps (base {b['steps']}), "
                        f"{n['seconds'] / max(1, n['steps']) * 1e3:.2f} ms a step with the hollow model's CPU work "
-                       f"(base {b['seconds'] / max(1, b['steps']) * 1e3:.2f}); the host's own, fitted at 8 and 16 rows "
-                       f"a batch: {n.get('per_step_s', 0) * 1e3:.2f} ms a step + {n.get('per_row_s', 0) * 1e3:.2f} ms "
-                       f"a row (base {b.get('per_step_s', 0) * 1e3:.2f} + {b.get('per_row_s', 0) * 1e3:.2f}): the "
-                       f"ceiling row")
+                       f"(base {b['seconds'] / max(1, b['steps']) * 1e3:.2f}); decoder {n.get('decoder', '?')} (base "
+                       f"{b.get('decoder', '?')}), first batches {n.get('batches')} rows (base {b.get('batches')}); "
+                       f"the ceiling row: the tokens over that measured time")
         elif job == "search":
             out.append(f"search: the torch engine as on an 80 GB GPU against a 1M base: blocks of {n['block_rows']} "
                        f"queries (base {b['block_rows']}), {n['block_ms']:.2f} ms of host a block (base "

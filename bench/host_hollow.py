@@ -8,8 +8,10 @@ speak of on this CPU, while the batch and sequence shapes stay the jobs' own:
   bert-base.
 - HollowMarian: a real MarianMTModel of opus-mt's layout (6 + 6 layers, Marian's tokenizer and generation config)
   at width 4 and a 64-entry output vocabulary, so HF `generate` runs its real per-step decoder, cache and logits
-  processors; the encoder pass is hollow like HollowBert's. Each row emits as many tokens as its source has (its
-  last one eos), the length a translation has.
+  processors; the encoder pass is hollow like HollowBert's. Each row emits a translation's length
+  (target_lengths: 0.8-1.3x its source's tokens, its last one eos), and one row in 23 never stops by itself and runs
+  to its cap (a degenerate output; the Translator forces its eos there). Under our decode loop (a checkout that has
+  pipeline/models/decode_loop.py) HollowSteps decodes the same rows through the loop's real per-step layer calls.
 - HollowIndex: TorchExact's part on the card (the score GEMM and the top-k) done before the clock starts: `search`
   returns the exact top-k of the queries from a table computed once with TorchExact, found by a key of each
   query's first coordinates (bench/host_bench.py builds it); a k past the table is searched exactly in numpy.
@@ -57,6 +59,39 @@ def hollow_bert(vocab_size: int, dropout: float = 0.1, layers: int = 12):
     return HollowBert(config)
 
 
+def target_lengths(source_tokens):
+    """Tokens each row of the hollow Marian emits, its eos included: a translation's length (0.8-1.3x the source's
+    tokens, spread by the length), or "never stops" (a huge number: the row's cap ends it) for one row in 23."""
+    import torch
+
+    n = torch.ceil(source_tokens * (0.8 + 0.05 * (source_tokens * 7 % 11))).long()
+    return torch.where(source_tokens % 23 == 0, 10**6, n)
+
+
+def hollow_steps(model):
+    """The decode loop's steps (pipeline/models/decode_steps.py) for a HollowMarian, hollow as HollowBert is: the
+    real thin decoder layers run on one row a step (the loop's own per-step dispatch: its layer calls, K/V writes
+    and attention, as a GPU launches them), and every row's token is the hollow model's (words, then eos at its
+    length). The loop's per-row work outside the model (processors, argmax, finished rows, drops) runs on every
+    row."""
+    import torch
+
+    from pipeline.models.decode_steps import Seq2SeqSteps, StepState
+
+    class HollowSteps(Seq2SeqSteps):
+        def start(self, input_ids, attention_mask, n_tokens):
+            self.thin = super().start(input_ids[:1], attention_mask[:1], n_tokens)  # one row's layers and caches
+            return StepState(attention_mask.bool()[:, None, None, :1], [], [], [], [],
+                             {"due": target_lengths(attention_mask.sum(1)) - 1})  # the step whose token is eos
+
+        def step(self, state, tokens, t):
+            super().step(self.thin, tokens[:1], t)  # the layers' dispatch; their values are not used
+            return torch.where((state.rows["due"] <= t)[:, None], model.eos_logits,
+                               model.words[t % len(model.words)])
+
+    return HollowSteps(model)
+
+
 def hollow_marian(pad_id: int, eos_id: int, layers: int = 6):
     """HollowMarian (module docstring): token ids pad_id / eos_id as the tokenizer has them (both < MARIAN_VOCAB)."""
     import torch
@@ -85,9 +120,9 @@ def hollow_marian(pad_id: int, eos_id: int, layers: int = 6):
         def forward(self, *args, attention_mask=None, **kwargs):
             out = super().forward(*args, attention_mask=attention_mask, **kwargs)
             step, self.decode_step, self.steps = self.decode_step, self.decode_step + 1, self.steps + 1
-            # content tokens while the row has source tokens left, then eos: a row's output is as long as its source
-            # (its </s> included); the row's own length limit, forced by the Translator, is at least that
-            due = attention_mask.sum(1) - 1 <= step
+            # content tokens until the row's length (target_lengths), then eos; the row's own length limit, forced
+            # by the Translator, ends the rows that never stop
+            due = target_lengths(attention_mask.sum(1)) - 1 <= step
             out.logits = torch.where(due[:, None, None], self.eos_logits, self.words[step % len(self.words)])
             return out
 

@@ -115,9 +115,13 @@ def gpu_batch() -> dict:
 
 
 def job_generate(data: Path, sizes: dict, settings: dict) -> dict:
-    """`Translator.translate` (greedy, the stage's defaults under a GPU's batching rules) of wiki1m lines."""
+    """`Translator.translate` (greedy, the stage's defaults under a GPU's batching rules) of wiki1m lines, the
+    hollow rows emitting a translation's length (host_hollow.target_lengths, cap included). Its ceiling is the
+    measured time of that run (the hollow model's own CPU work at thousands of rows a batch counts against it),
+    the target tokens the rows emit over it; the batches are the 1M path's (~3,000 rows under the GPU's budget)."""
     from transformers import AutoTokenizer
 
+    from bench.host_hollow import hollow_steps, target_lengths
     from pipeline.config.backtranslation import BacktranslateCfg
     from pipeline.models.translator import Translator
 
@@ -125,43 +129,37 @@ def job_generate(data: Path, sizes: dict, settings: dict) -> dict:
     model = hollow_marian(tok.pad_token_id, tok.eos_token_id)
     cfg = BacktranslateCfg(**{**gpu_batch(), **settings})
     tr = Translator("Helsinki-NLP/opus-mt-en-de", tok, model, cfg, "cpu")
+    loop = getattr(tr, "loop", None)  # our decode loop, where the checkout has one and the settings use it
+    if loop is not None:
+        loop.steps_model = hollow_steps(model)
     texts = lines(data, sizes["gen_n"])
-    target = sum(len(ids) for ids in tok(texts, truncation=True, max_length=cfg.max_length)["input_ids"])
+    emitted = emitted_tokens(tok, texts, cfg, target_lengths)
     tr.translate(texts[: max(2, len(texts) // 8)])  # warm-up
     model.steps = 0
+    if loop is not None:
+        loop.steps = 0
     timing = best_of(lambda: tr.translate(texts), sizes["repeats"])
-    steps = model.steps // sizes["repeats"]
+    steps = (loop.steps if loop is not None else model.steps) // sizes["repeats"]
+    lengths = sorted((len(x) for x in tok(texts, truncation=True, max_length=cfg.max_length)["input_ids"]),
+                     reverse=True)
+    batches = [len(b) for b in tr.batches(lengths, 1)] if hasattr(tr, "batches") else [cfg.batch_size]
     sample = texts[: max(8, len(texts) // 8)]
-    sample_target = sum(len(ids) for ids in tok(sample, truncation=True, max_length=cfg.max_length)["input_ids"])
-    counts = count_ops(lambda: tr.translate(sample), sample_target, sizes)
-    per_step, per_row = host_costs(tok, model, settings, texts, sizes["repeats"])
-    return {"units": target, **timing, "steps": steps, "rows": len(texts), "batch_size": cfg.batch_size,
-            "batch_tokens": getattr(cfg, "batch_tokens", 0), "per_step_s": per_step, "per_row_s": per_row,
-            "ceiling_s": steps * per_step + len(texts) * per_row, **counts}
+    counts = count_ops(lambda: tr.translate(sample), emitted_tokens(tok, sample, cfg, target_lengths), sizes)
+    return {"units": emitted, **timing, "steps": steps, "rows": len(texts), "batch_size": cfg.batch_size,
+            "batch_tokens": getattr(cfg, "batch_tokens", 0), "batches": batches[:6],
+            "decoder": "loop" if loop is not None else "generate", "ceiling_s": timing["seconds"], **counts}
 
 
-SMALL_ROWS = 8  # host_costs' batches: SMALL_ROWS and twice that rows, where the hollow model's arithmetic is nil
+def emitted_tokens(tok, texts: list[str], cfg, target_lengths) -> int:
+    """The target tokens the hollow Marian emits for `texts`: each row's length, capped by its length limit (+ the
+    eos forced there)."""
+    import torch
 
+    from pipeline.models.translation import row_limit
 
-def host_costs(tok, model, settings: dict, texts: list[str], repeats: int) -> tuple[float, float]:
-    """(host seconds a decode step, a row), fitted as t = a * steps + b * rows on the same rows decoded SMALL_ROWS
-    and 2 x SMALL_ROWS rows a batch. At the GPU's batching the hollow model's own CPU work grows with the rows a step
-    carries (its KV cache and attention: a GPU's work), so the time of that run is not the host's; its step count
-    is. The ceiling is the rows over steps x a + rows x b, as the search job's is its blocks' host cost."""
-    from pipeline.config.backtranslation import BacktranslateCfg
-    from pipeline.models.translator import Translator
-
-    rows_only = {"batch_tokens": 0} if "batch_tokens" in BacktranslateCfg.model_fields else {}
-    points = []
-    for rows in (SMALL_ROWS, 2 * SMALL_ROWS):
-        cfg = BacktranslateCfg(**{**settings, **rows_only, "batch_size": rows})
-        tr = Translator("Helsinki-NLP/opus-mt-en-de", tok, model, cfg, "cpu")
-        model.steps = 0
-        seconds = best_of(lambda: tr.translate(texts), repeats)["seconds"]
-        points.append((seconds, model.steps // repeats))
-    (t1, s1), (t2, s2) = points
-    a = (t1 - t2) / (s1 - s2) if s1 > s2 and t1 > t2 else t1 / max(1, s1)  # noise: all of it a step's
-    return a, max(0.0, (t1 - a * s1) / len(texts))
+    lengths = [len(x) for x in tok(texts, truncation=True, max_length=cfg.max_length)["input_ids"]]
+    want = target_lengths(torch.tensor(lengths)).tolist()
+    return sum(min(w, row_limit(n, cfg) + 1) for w, n in zip(want, lengths))
 
 
 def job_train(data: Path, sizes: dict, settings: dict) -> dict:

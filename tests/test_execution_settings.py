@@ -24,7 +24,7 @@ WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"
 SMALL = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=3",
          "backtranslate.chains=[]"]
 EXECUTION = {"runner": ["kind", "workers", "address"], "encoder": ["batch_size", "batch_tokens"], "negate": ["batch_size", "n_process"],
-             "backtranslate": ["threads", "batch_size", "batch_tokens"]}
+             "backtranslate": ["threads", "batch_size", "batch_tokens", "decoder"]}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,8 @@ def test_execution_settings_change_no_key():
     base = load_config("default")
     other = load_config("default", ["runner.kind=dask", "runner.address=tcp://127.0.0.1:1", "runner.workers=7",
                                     "encoder.batch_size=3", "encoder.batch_tokens=64", "negate.batch_size=5", "negate.n_process=3",
-                                    "backtranslate.threads=1", "backtranslate.batch_size=2"])
+                                    "backtranslate.threads=1", "backtranslate.batch_size=2",
+                                    "backtranslate.decoder=generate"])
     for stage in load_stages().values():
         assert base.section_hash(*stage.settings) == other.section_hash(*stage.settings), stage.name
     ct2 = ["backtranslate.engine=auto"]  # batch_tokens is a CTranslate2 setting

@@ -1,6 +1,6 @@
 """The host bench (bench/host_bench.py, bench/host_jobs.py) times the GPU jobs with their arithmetic removed; what it
 times must still be the job: the hollow index gives the band search's exact pools, the hollow Marian goes through
-HF generate and ends each row after as many tokens as its source, the hollow BERT takes the trainer's padding-free
+HF generate and our decode loop and ends each row at a translation's length, the hollow BERT takes the trainer's padding-free
 path and passes gradients to every weight. The base side is a git export of a commit, and a setting reaches the
 side it names. (`make bench`'s smoke run of the whole bench is in tests/test_bench_modules.py.)"""
 from __future__ import annotations
@@ -45,24 +45,34 @@ def tokenizers(tmp_path_factory):
     return AutoTokenizer.from_pretrained(folder / "bert"), AutoTokenizer.from_pretrained(folder / "marian")
 
 
-def test_the_hollow_marian_decodes_through_the_translator_as_long_as_each_source(tokenizers):
+def test_the_hollow_marian_emits_a_translations_length_through_generate_and_our_loop(tokenizers):
+    """Each row emits target_lengths' tokens (0.8-1.3x its source's, eos last; one length in 23 never stops and
+    runs to its cap), under HF generate and under our decode loop (HollowSteps): the same texts both ways."""
+    from bench.host_hollow import hollow_steps, target_lengths
     from pipeline.config.backtranslation import BacktranslateCfg
     from pipeline.models.translator import Translator
 
+    n = torch.arange(1, 200)
+    want = target_lengths(n)
+    runaway = n % 23 == 0
+    assert bool((want[runaway] >= 10**6).all()) and bool((want[~runaway] >= (0.8 * n[~runaway]).ceil()).all())
+    assert bool((want[~runaway] <= (1.3 * n[~runaway]).ceil()).all()) and len(set((want / n)[~runaway].tolist())) > 5
     tok = tokenizers[1]
     model = hollow_marian(tok.pad_token_id, tok.eos_token_id)
-    texts = sentences(6, skip=100)
-    n_src = [len(ids) for ids in tok(texts)["input_ids"]]  # each ends with </s>
+    texts = sentences(40, skip=100)
+    n_src = torch.tensor([len(ids) for ids in tok(texts)["input_ids"]])  # each ends with </s>
     batch = tok(texts, padding=True, return_tensors="pt")
     with torch.inference_mode():
         seqs = model.generate(**batch, max_new_tokens=200)[:, 1:]  # without the decoder start
     made = [(row != tok.pad_token_id).sum().item() for row in seqs]
-    assert made == n_src  # content tokens, then eos at the source's length
-    assert all(row[n - 1] == tok.eos_token_id for row, n in zip(seqs.tolist(), n_src))
-    model.steps = 0
-    out = Translator("Helsinki-NLP/opus-mt-en-de", tok, model, BacktranslateCfg(), "cpu").translate(texts)
-    assert len(out) == len(texts) and all(o[0] for o in out)
-    assert model.steps == max(n_src)  # one batch: it decodes until its longest row ends
+    assert made == target_lengths(n_src).clamp_max(200).tolist()  # content tokens, then eos at the length
+    outs = {}
+    for decoder in ("generate", "loop"):
+        tr = Translator("Helsinki-NLP/opus-mt-en-de", tok, model, BacktranslateCfg(decoder=decoder), "cpu")
+        if decoder == "loop":
+            tr.loop.steps_model = hollow_steps(model)
+        outs[decoder] = tr.translate(texts)
+    assert outs["loop"] == outs["generate"] and all(o[0] for o in outs["loop"])
 
 
 def test_the_hollow_bert_takes_the_padding_free_path_and_trains_every_weight(tokenizers):

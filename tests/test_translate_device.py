@@ -136,7 +136,7 @@ def test_compile_is_passed_to_generate_and_needs_the_static_cache(tiny, monkeypa
     with pytest.raises(ValueError, match="compile = true needs backtranslate.kv_cache = 'static'"):
         cfg(compile=True)
     seen = []
-    for kw in (dict(kv_cache="static", compile=True), dict(kv_cache="static"), {}):
+    for kw in (dict(kv_cache="static", compile=True), dict(kv_cache="static"), dict(decoder="generate")):
         tr = load_translator(tiny["marian-en-xx"], cfg(**kw))
         generate = tr.model.generate
         monkeypatch.setattr(tr.model, "generate", lambda *a, **k: seen.append(k["generation_config"]) or generate(
@@ -200,8 +200,8 @@ def test_our_logits_processors_read_nothing_back_at_any_step(tiny, mode):
     values a step (docs/backtranslation.md); this pins that count so a new read per step shows."""
     from pipeline.models.translator import GumbelSampler
 
-    tr = load_translator(tiny["marian-en-xx"], cfg(batch_size=8, **MODES[mode]))
-    steps = []
+    tr = load_translator(tiny["marian-en-xx"], cfg(batch_size=8, decoder="generate", **MODES[mode]))  # (the
+    steps = []  # decode loop's reads: tests/test_decode_loop.py)
     forward = tr.model.forward
     tr.model.forward = lambda *a, **k: steps.append(1) or forward(*a, **k)  # one call a decoding step
     with HostReads() as reads:

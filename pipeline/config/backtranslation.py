@@ -108,6 +108,12 @@ class BacktranslateCfg(Section):
     # CTranslate2; on a CPU 8,192 on HF (~85 such rows: what measured best there, docs/backtranslation.md) and
     # batch_size rows on CTranslate2.
     batch_tokens: int | Literal["auto"] = "auto"
+    # Who runs the HF engine's decoding: "loop" = our own loop (pipeline/models/decode_loop.py: encoder and
+    # cross-attention once per batch, preallocated caches, next token chosen on the device, finished rows dropped,
+    # the device read every few steps), for Marian and FSMT models; "generate" = transformers' generate. Models the
+    # loop does not know (M2M100, NLLB, ...) and kv_cache = "static" / compile = true use generate (the log says
+    # so). An execution setting: on a CPU the loop's tokens equal generate's (tests/test_decode_loop.py).
+    decoder: Literal["loop", "generate"] = "loop"
     # HF generate's key/value cache: "static" preallocates it once per batch for max_length + 2 tokens (one length
     # for every batch, so a row's output still does not depend on its batch; the shape torch.compile needs);
     # models without static-cache support (FSMT, the wmt19 models) keep "dynamic". Slower on a CPU
@@ -129,7 +135,7 @@ class BacktranslateCfg(Section):
     # how fast, not what (never in a key): a row's output does not depend on its batch (tests/test_backtranslate.py,
     # tests/test_translate_device.py, tests/test_ct2.py: each row alone equals the batch) nor on the threads sharing
     # a Bergamot direction
-    EXECUTION: ClassVar[frozenset[str]] = frozenset({"threads", "batch_size", "batch_tokens"})
+    EXECUTION: ClassVar[frozenset[str]] = frozenset({"threads", "batch_size", "batch_tokens", "decoder"})
     # the chains' plan records each model's engine (with its compute type) and, where an engine runs on torch, the
     # device kind and dtype, and HF generate's cache and compilation where they are not the plain dynamic cache
     # (pipeline/models/chains.py): Bergamot always runs on the CPU, whatever these say

@@ -29,15 +29,20 @@ from __future__ import annotations
 
 import bisect
 import copy
+import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
 from pipeline.config.backtranslation import BacktranslateCfg, chain_name
+from pipeline.models.fast_tokens import input_ids
 from pipeline.models.mt19937 import mt19937_uniform
 from pipeline.seeding import row_seed
 
 from pipeline.models.translation import batch_token_budget, language_settings, row_limit
+
+log = logging.getLogger(__name__)
 
 
 class GumbelSampler(LogitsProcessor):
@@ -54,6 +59,10 @@ class GumbelSampler(LogitsProcessor):
 
     def __init__(self, seeds: list[int], on_device: bool | None = None):
         self.seeds, self.on_device = seeds, on_device  # on_device: None = wherever the scores are not on a CPU
+
+    def subset(self, rows: list[int]) -> "GumbelSampler":
+        """The sampler of score rows `rows` only (the decode loop drops finished rows)."""
+        return GumbelSampler([self.seeds[r] for r in rows], self.on_device)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         step, vocab = input_ids.shape[1], scores.shape[1]
@@ -99,6 +108,10 @@ class RowLengthLimit(LogitsProcessor):
             raise ValueError("RowLengthLimit: the limits must not increase along the batch (sort it longest first)")
         self.negated, self.eos_id = [-n for n in limits], eos_id
 
+    def subset(self, rows: list[int]) -> "RowLengthLimit":
+        """The limits of score rows `rows` only, in order (the decode loop drops finished rows)."""
+        return RowLengthLimit([-self.negated[r] for r in rows], self.eos_id)
+
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         live = bisect.bisect_left(self.negated, -(input_ids.shape[1] - 1))  # rows whose limit is above the step
         if live < len(self.negated):  # (input_ids holds the decoder start token too)
@@ -127,12 +140,29 @@ class Translator:
         # a static cache where the model supports one (FSMT does not: it keeps the dynamic cache)
         self.static_cache = cfg.kv_cache == "static" and bool(getattr(model, "_can_compile_fullgraph", False))
         self.compile_config = None
+        self.loop = self._decode_loop()
         if cfg.compile and self.static_cache:
             from transformers import CompileConfig
 
             cuda = device.startswith("cuda")
             self.compile_config = CompileConfig(mode="reduce-overhead" if cuda else "default")  # CUDA graphs on a GPU
             self.compile_config._compile_all_devices = not cuda  # transformers compiles on a GPU only, unless told
+
+    def _decode_loop(self):
+        """Our decode loop (decode_loop.py) where the settings ask for it and it knows the model, else None
+        (transformers' generate), said in the log when the loop was asked for."""
+        from pipeline.models.decode_loop import DecodeLoop, KNOWN_TYPES, supports
+
+        if self.cfg.decoder != "loop":
+            return None
+        kind = self.model.config.model_type
+        why = (f"its type {kind!r} is not one the loop knows ({', '.join(KNOWN_TYPES)})" if not supports(self.model)
+               else "kv_cache = 'static' / compile = true are settings of generate" if self.static_cache
+               or self.cfg.compile else None)
+        if why is None:
+            return DecodeLoop(self.model)
+        log.info("backtranslate: %s decodes with transformers' generate: %s", self.name, why)
+        return None
 
     def _set_languages(self) -> None:
         self.prefix, target = language_settings(self.name, self.tokenizer, self.cfg, self.model.config.model_type)
@@ -148,7 +178,7 @@ class Translator:
             return []
         if seeds is None:  # the text itself seeds its row: still independent of batching
             seeds = [row_seed(0, "translate-text", t) for t in texts]
-        ids = self.tokenizer([self.prefix + t for t in texts], truncation=True, max_length=c.max_length)["input_ids"]
+        ids = input_ids(self.tokenizer, [self.prefix + t for t in texts], c.max_length)  # (one SentencePiece call)
         out: list[list[str] | None] = [[""] * k if not t.strip() else None for t in texts]  # nothing to translate
         order = sorted((i for i in range(len(texts)) if out[i] is None), key=lambda i: (-len(ids[i]), i))
         bar = None
@@ -156,12 +186,19 @@ class Translator:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(order), desc=f"translate {chain_name([self.name])}", unit="sent")
-        for part in self.batches([len(ids[i]) for i in order], k):
-            idx = [order[j] for j in part]
-            for i, hyps in zip(idx, self._generate([ids[i] for i in idx], [seeds[i] for i in idx], k)):
-                out[i] = hyps
-            if bar is not None:
-                bar.update(len(idx))
+        # the host's text work a batch (decoding the ids, normalising) runs on a worker thread while the next
+        # batch decodes on the device; results are collected in batch order, so nothing depends on the thread
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="detokenise") as pool:
+            done = []
+            for part in self.batches([len(ids[i]) for i in order], k):
+                idx = [order[j] for j in part]
+                seqs = self._generate([ids[i] for i in idx], [seeds[i] for i in idx], k)
+                done.append((idx, pool.submit(self._texts, seqs, len(idx), k)))
+            for idx, texts_of in done:
+                for i, hyps in zip(idx, texts_of.result()):
+                    out[i] = hyps
+                if bar is not None:
+                    bar.update(len(idx))
         if bar is not None:
             bar.close()
         return out
@@ -184,7 +221,8 @@ class Translator:
         return out
 
     @torch.inference_mode()
-    def _generate(self, batch: list[list[int]], seeds: list[int], k: int) -> list[list[str]]:
+    def _generate(self, batch: list[list[int]], seeds: list[int], k: int) -> torch.Tensor:
+        """The batch's output token ids (len(batch) x k rows, input by input), left on the device."""
         c = self.cfg
         lengths = torch.tensor([len(x) for x in batch])
         mask = (torch.arange(int(lengths.max())) < lengths[:, None]).long()  # right padding, built in one piece
@@ -211,12 +249,18 @@ class Translator:
             limits = [n for n in limits for _ in range(c.num_beams)]
             gen.update(num_beams=c.num_beams, num_return_sequences=k)
         procs.append(RowLengthLimit(limits, self.eos_id))
-        seqs = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
-                                   generation_config=gen, logits_processor=LogitsProcessorList(procs))
+        decode = self.loop.generate if self.loop is not None else (
+            lambda ids, m, g, p: self.model.generate(input_ids=ids, attention_mask=m, generation_config=g,
+                                                     logits_processor=p))
+        seqs = decode(input_ids.to(self.device), mask.to(self.device), gen, LogitsProcessorList(procs))
         if gen.forced_bos_token_id is not None:  # a language token is not text, whether or not a tokenizer says so
             seqs = seqs.masked_fill(seqs == gen.forced_bos_token_id, self.pad_id)
-        texts = [" ".join(s.split()) for s in self.tokenizer.batch_decode(seqs, skip_special_tokens=True)]
-        return [texts[r * k:(r + 1) * k] for r in range(len(batch))]
+        return seqs
+
+    def _texts(self, seqs: torch.Tensor, n: int, k: int) -> list[list[str]]:
+        """The texts of a batch's `n` x `k` output rows, whitespace normalised, k a row (one read of the ids)."""
+        texts = [" ".join(s.split()) for s in self.tokenizer.batch_decode(seqs.tolist(), skip_special_tokens=True)]
+        return [texts[r * k:(r + 1) * k] for r in range(n)]
 
 
 def load_engine(name: str, path: str, cfg: BacktranslateCfg, device: str, dtype: str) -> Translator:

@@ -1,0 +1,164 @@
+"""The HF engine's own decoding loop for Marian and FSMT models: what `model.generate` returns, token for token on a
+CPU, with the device read back once every `check_every` steps instead of ~3 times a step.
+
+    loop = DecodeLoop(model)                  # supports(model) says whether it knows the architecture
+    seqs = loop.generate(input_ids, attention_mask, generation_config, logits_processors)
+
+`generate` takes what translator.py hands `model.generate` and returns the same sequences (start token first, pad
+after eos; trailing pad columns may differ, which decoding skips). It builds transformers' own logits processors
+for that generation config (so the scores are processed exactly as generate processes them: banned words, forced
+bos / eos, then ours), then decodes greedily (translator.py samples as greedy over Gumbel-perturbed scores) or by
+beam search (beam_loop.py, transformers' vectorised beam search step by step). Per batch (decode_steps.py) the
+encoder and cross-attention K/V are computed once and the self-attention K/V are preallocated.
+
+Host reads: the next token is chosen on the device; the "which rows are done" flags are copied back (non-blocking
+into pinned memory on a GPU) every `check_every` steps and read one step later, when the device already has the
+next step queued. Finished rows (greedy) or inputs whose beams are settled (beam) are then dropped from the batch:
+their sequences are stored and every per-row tensor, cache and logits processor keeps the rest. A row's tokens do
+not depend on when its batch-mates are dropped (each row's arithmetic is its own; tests/test_decode_loop.py).
+torch.compile / CUDA graphs are not used: the batch shrinks as rows finish (a new shape every drop) and nothing
+measured them on a GPU yet.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import (ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, LogitsProcessorList,
+                          MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor)
+
+from pipeline.models.decode_steps import KNOWN_TYPES, Seq2SeqSteps, supports
+
+__all__ = ["DecodeLoop", "KNOWN_TYPES", "supports"]
+
+# transformers' processors whose work on a row depends on that row alone (no per-row state of their own): kept as
+# they are when rows are dropped. Ours (translator.py) carry per-row lists and have a `subset(rows)`.
+ROW_WISE = (NoBadWordsLogitsProcessor, ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor,
+            MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)
+
+
+def subset_processors(processors: LogitsProcessorList, rows: list[int]) -> LogitsProcessorList | None:
+    """The processors for the kept `rows` (in order), or None where one of them cannot say (then no row is
+    dropped: outputs stay right, only slower)."""
+    out = LogitsProcessorList()
+    for p in processors:
+        if hasattr(p, "subset"):
+            out.append(p.subset(rows))
+        elif isinstance(p, ROW_WISE) or type(p).__name__ == "BannedTokens":
+            out.append(p)
+        else:
+            return None
+    return out
+
+
+class DoneFlags:
+    """A row-wise bool tensor brought to the host without waiting: `send` starts the copy (into pinned memory on a
+    GPU), `receive` waits for it (by then the device has later work queued) and returns the values as a list."""
+
+    def __init__(self):
+        self.host, self.event = None, None
+
+    def send(self, flags: torch.Tensor) -> None:
+        if flags.device.type == "cuda":
+            self.host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+            self.host.copy_(flags, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = flags.clone()  # the values at this step (the loop updates flags in place)
+
+    @property
+    def pending(self) -> bool:
+        return self.host is not None
+
+    def receive(self) -> list[bool]:
+        if self.event is not None:
+            self.event.synchronize()
+        values, self.host, self.event = self.host.tolist(), None, None
+        return values
+
+
+def prepared(model, gen, input_ids: torch.Tensor, ours: LogitsProcessorList):
+    """(generation config, logits processors) as model.generate prepares them for these inputs: transformers'
+    processors for the config (the model's generation_config filled in), then ours."""
+    gen, model_kwargs = model._prepare_generation_config(copy.deepcopy(gen))
+    model._prepare_special_tokens(gen, True, device=input_ids.device, batch_size=input_ids.shape[0])
+    gen = model._prepare_generated_length(generation_config=gen, has_default_max_length=True,
+                                          has_default_min_length=True, model_input_name="input_ids",
+                                          input_ids_length=1, inputs_tensor=input_ids)
+    processors = model._get_logits_processor(generation_config=gen, input_ids_seq_length=1,
+                                             encoder_input_ids=input_ids, logits_processor=ours,
+                                             device=input_ids.device, model_kwargs=model_kwargs)
+    # transformers re-adds the model's one-token bad words that translator.py's BannedTokens already sets to -inf
+    # (a bias tensor over rows x vocabulary, three passes a step): skipped, the scores are the same
+    banned = {t for p in ours if type(p).__name__ == "BannedTokens" for t in p.token_ids}
+    return gen, LogitsProcessorList(p for p in processors if not (
+        isinstance(p, NoBadWordsLogitsProcessor) and all(len(w) == 1 and w[0] in banned for w in p.bad_word_ids)))
+
+
+def token_ids(value) -> list[int]:
+    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [int(value)]
+
+
+class DecodeLoop:
+    """Greedy and beam decoding of one Marian / FSMT model (module doc). `steps` counts the decoding steps run and
+    `checks` the host reads of done flags, for the host-read tests and benches."""
+
+    def __init__(self, model, check_every: int = 8):
+        self.model, self.steps_model, self.check_every = model, Seq2SeqSteps(model), check_every
+        self.steps = self.checks = 0
+
+    def start_token(self, gen) -> int:
+        start = gen.decoder_start_token_id
+        start = self.model.config.decoder_start_token_id if start is None else start
+        return token_ids(start)[0]
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, gen,
+                 logits_processor: LogitsProcessorList) -> torch.Tensor:
+        gen, processors = prepared(self.model, gen, input_ids, logits_processor)
+        if gen.num_beams > 1:
+            from pipeline.models.beam_loop import beam_search
+
+            return beam_search(self, input_ids, attention_mask, gen, processors)
+        if gen.num_return_sequences != 1 or gen.do_sample:
+            raise ValueError("the decode loop's greedy path returns one sequence a row and does not sample itself "
+                             "(translator.py samples with a logits processor)")
+        return self._greedy(input_ids, attention_mask, gen, processors)
+
+    def _greedy(self, input_ids, attention_mask, gen, processors) -> torch.Tensor:
+        rows, dev, length = input_ids.shape[0], input_ids.device, gen.max_length
+        pad = token_ids(gen.pad_token_id)[0]
+        eos = torch.tensor(token_ids(gen.eos_token_id), device=dev)
+        state = self.steps_model.start(input_ids, attention_mask, length)
+        tokens = torch.full((rows, length), pad, dtype=torch.long, device=dev)
+        tokens[:, 0] = self.start_token(gen)
+        out = tokens.clone()  # rows land here when dropped, the rest at the end
+        origin = torch.arange(rows, device=dev)  # each live row's row in `out`
+        unfinished = torch.ones(rows, dtype=torch.bool, device=dev)
+        flags = DoneFlags()
+        for t in range(length - 1):
+            scores = processors(tokens[:, :t + 1], self.steps_model.step(state, tokens[:, t], t))
+            self.steps += 1
+            nxt = torch.where(unfinished, scores.argmax(-1), pad)  # a finished row takes pad, as in generate
+            tokens[:, t + 1] = nxt
+            unfinished &= ~torch.isin(nxt, eos)
+            if flags.pending:  # sent a step ago: drop the rows finished by then
+                live = [r for r, u in enumerate(flags.receive()) if u]
+                self.checks += 1
+                if len(live) < tokens.shape[0]:
+                    kept = subset_processors(processors, live)
+                    if kept is not None or not live:
+                        alive = set(live)
+                        gone = torch.tensor([r for r in range(tokens.shape[0]) if r not in alive], device=dev)
+                        out.index_copy_(0, origin.index_select(0, gone), tokens.index_select(0, gone))
+                        if not live:
+                            return out
+                        keep = torch.tensor(live, device=dev)
+                        tokens, unfinished, origin = (x.index_select(0, keep) for x in (tokens, unfinished, origin))
+                        state.select(keep)
+                        processors = kept
+            if (t + 1) % self.check_every == 0 and t + 2 < length:
+                flags.send(unfinished)
+        out.index_copy_(0, origin, tokens)
+        return out

@@ -1,0 +1,126 @@
+"""One decoding step of a Marian or FSMT model over caches preallocated for the batch (decode_loop.py drives it).
+
+    steps = Seq2SeqSteps(model)                       # model: MarianMTModel or FSMTForConditionalGeneration
+    state = steps.start(input_ids, attention_mask, n_tokens)   # encoder once; cross-attention K/V once
+    logits = steps.step(state, tokens, t)             # (rows, vocab) float32 for decoder position t
+    state.select(index)                               # keep / reorder rows (dropped rows, beams)
+
+The encoder runs once per batch and the cross-attention keys and values of every decoder layer are computed once
+from its output. The self-attention keys and values go into buffers allocated once per batch for `n_tokens`
+positions (the batch's longest cap plus its start token), written in place at each step and read as a view of the
+positions so far: no cache is copied per step and no mask is built (every position up to t is a real token).
+The arithmetic is the model's own, module for module (its projections, layer norms, activation and output layer),
+with the attention HF uses for that model: SDPA for Marian (its default), FSMT's eager form (q scaled first,
+padding filled with the dtype's minimum). Both are post-norm transformers, the layer order below.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+KNOWN_TYPES = ("marian", "fsmt")
+
+
+def supports(model) -> bool:
+    """Whether this loop knows the model's architecture (config.model_type)."""
+    return getattr(model.config, "model_type", None) in KNOWN_TYPES
+
+
+@dataclass
+class StepState:
+    """A batch's tensors on the device, one row per decoder row: the encoder's padding (True = a real token), each
+    layer's cross-attention K/V and self-attention K/V buffers, (rows, heads, positions, head_dim)."""
+    enc_keep: torch.Tensor
+    cross_k: list[torch.Tensor]
+    cross_v: list[torch.Tensor]
+    self_k: list[torch.Tensor]
+    self_v: list[torch.Tensor]
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)  # any other per-row tensor that must follow the rows
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep rows `index` (a device tensor of row numbers, in their new order)."""
+        self.enc_keep = self.enc_keep.index_select(0, index)
+        self.rows = {k: v.index_select(0, index) for k, v in self.rows.items()}
+        for group in (self.cross_k, self.cross_v, self.self_k, self.self_v):
+            group[:] = [x.index_select(0, index) for x in group]
+
+    def expand(self, times: int) -> None:
+        """Each row repeated `times` times in place (beam search's beams of one input, HF's expansion order)."""
+        self.select(torch.arange(self.enc_keep.shape[0], device=self.enc_keep.device).repeat_interleave(times))
+
+
+class Seq2SeqSteps:
+    """The encoder once per batch and the decoder one position at a time, for a Marian or FSMT model."""
+
+    def __init__(self, model):
+        if not supports(model):
+            raise ValueError(f"the decode loop knows {', '.join(KNOWN_TYPES)} models, not "
+                             f"{getattr(model.config, 'model_type', None)!r}")
+        self.model = model
+        self.fsmt = model.config.model_type == "fsmt"
+        self.encoder, self.decoder = model.model.encoder, model.model.decoder
+        self.pad = model.config.pad_token_id
+        self.eager = self.fsmt or model.config._attn_implementation != "sdpa"
+        layer = self.decoder.layers[0].self_attn
+        self.heads, self.head_dim = layer.num_heads, layer.head_dim
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(rows, positions, d_model) -> (rows, heads, positions, head_dim)"""
+        return x.view(x.shape[0], x.shape[1], self.heads, self.head_dim).transpose(1, 2)
+
+    @torch.inference_mode()
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_tokens: int) -> StepState:
+        positions = self.decoder.embed_positions
+        if self.fsmt and self.pad + 1 + n_tokens > positions.weight.shape[0]:  # as FSMT's own forward grows it
+            positions.make_weight(self.pad + 1 + n_tokens, positions.embedding_dim, positions.padding_idx)
+        enc = self.encoder(input_ids=input_ids, attention_mask=attention_mask)[0]
+        rows, dtype, dev = enc.shape[0], enc.dtype, enc.device
+        cross_k, cross_v, self_k, self_v = [], [], [], []
+        for layer in self.decoder.layers:
+            a = layer.encoder_attn
+            cross_k.append(self._heads(a.k_proj(enc)))
+            cross_v.append(self._heads(a.v_proj(enc)))
+            self_k.append(torch.empty((rows, self.heads, n_tokens, self.head_dim), dtype=dtype, device=dev))
+            self_v.append(torch.empty_like(self_k[-1]))
+        return StepState(attention_mask.bool()[:, None, None, :], cross_k, cross_v, self_k, self_v)
+
+    def _attend(self, q, k, v, keep) -> torch.Tensor:
+        if self.eager:  # FSMT's arithmetic (modeling_fsmt.Attention): q scaled before the product
+            scores = torch.matmul(q, k.transpose(-1, -2))
+            if keep is not None:
+                scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+            return torch.matmul(F.softmax(scores, dim=-1), v)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+    def _project_q(self, attn, x):
+        q = self._heads(attn.q_proj(x))
+        return q * attn.scaling if self.eager else q
+
+    @torch.inference_mode()
+    def step(self, state: StepState, tokens: torch.Tensor, t: int) -> torch.Tensor:
+        """Logits (rows, vocab), float32, for the next token after `tokens` (rows,) at decoder position t."""
+        d = self.decoder
+        x = d.embed_tokens(tokens[:, None]) * d.embed_scale
+        if self.fsmt:  # fairseq positions: pad + 1 + t for a real token, pad + t for a pad (make_positions)
+            x = x + F.embedding(tokens.ne(self.pad).long() + (self.pad + t), d.embed_positions.weight)[:, None]
+        else:
+            x = x + d.embed_positions.weight[t]
+        rows, width = x.shape[0], x.shape[-1]
+        for i, layer in enumerate(d.layers):
+            a = layer.self_attn
+            state.self_k[i][:, :, t] = self._heads(a.k_proj(x))[:, :, 0]
+            state.self_v[i][:, :, t] = self._heads(a.v_proj(x))[:, :, 0]
+            h = self._attend(self._project_q(a, x), state.self_k[i][:, :, :t + 1], state.self_v[i][:, :, :t + 1],
+                             None)
+            x = layer.self_attn_layer_norm(x + a.out_proj(h.transpose(1, 2).reshape(rows, 1, width)))
+            c = layer.encoder_attn
+            h = self._attend(self._project_q(c, x), state.cross_k[i], state.cross_v[i], state.enc_keep)
+            x = layer.encoder_attn_layer_norm(x + c.out_proj(h.transpose(1, 2).reshape(rows, 1, width)))
+            x = layer.final_layer_norm(x + layer.fc2(layer.activation_fn(layer.fc1(x))))
+        if self.fsmt:
+            logits = d.output_projection(x)
+        else:
+            logits = self.model.lm_head(x) + self.model.final_logits_bias
+        return logits[:, 0].float()

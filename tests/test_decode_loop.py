@@ -1,0 +1,164 @@
+"""Our decode loop (pipeline/models/decode_loop.py, backtranslate.decoder = "loop", the default): on a CPU in
+float32 its sequences equal transformers' generate token for token — greedy, sampling, beam search — for Marian and
+FSMT, with rows of mixed lengths, per-row caps, banned tokens, a forced first token and several returns per input;
+dropping finished rows changes no row; it reads the device back at most once every 4 decoding steps; models it
+does not know keep generate, and the log says so."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from pipeline.config import BacktranslateCfg
+from pipeline.models.chains import load_translator
+from pipeline.seeding import row_seed
+from tests.host_reads import HostReads
+from tests.test_backtranslate import LINES, cfg, tiny  # noqa: F401 (tiny: the module's fixture)
+from tests.tiny_mt import build_tiny_marian, corpus_lines
+
+MODES = {"greedy": {}, "sampling": dict(do_sample=True, num_return_sequences=3),
+         "beam": dict(num_beams=4, num_return_sequences=3),  # transformers' defaults: length_penalty 1, no early stop
+         "beam, early_stopping, length_penalty": dict(num_beams=5, num_return_sequences=2)}  # the two set below
+EXTRA = {"beam, early_stopping, length_penalty": dict(early_stopping=True, length_penalty=0.6)}
+
+
+def sequences(tr, texts, seeds, decoder: str) -> list[torch.Tensor]:
+    """The token sequences each batch's decoding returned (generate's, or the loop's), batch by batch."""
+    seen = []
+    if decoder == "loop":
+        run = tr.loop.generate
+        tr.loop.generate = lambda *a: seen.append(run(*a)) or seen[-1]
+    else:
+        assert tr.loop is None
+        run = tr.model.generate
+        tr.model.generate = lambda **k: seen.append(run(**k)) or seen[-1]
+    texts_out = tr.translate(texts, seeds)
+    return seen, texts_out
+
+
+def assert_same_tokens(ours: torch.Tensor, theirs: torch.Tensor, pad: int) -> None:
+    """Equal row for row up to generate's width; past it the loop holds padding only (it may check for finished
+    rows a few steps after generate stopped)."""
+    width = theirs.shape[1]
+    assert ours.shape[0] == theirs.shape[0] and ours.shape[1] >= width
+    assert torch.equal(ours[:, :width], theirs), (ours[:, :width] != theirs).nonzero()[:5]
+    assert bool((ours[:, width:] == pad).all())
+
+
+def translators(path: str, mode: str, **kw):
+    gen_cfg = {**MODES[mode], **kw}
+    generate = load_translator(path, cfg(decoder="generate", **gen_cfg))
+    loop = load_translator(path, cfg(**gen_cfg))
+    for tr in (generate, loop):
+        tr.gen.update(**EXTRA.get(mode, {}))
+    return generate, loop
+
+
+@pytest.mark.parametrize("model", ["marian-en-xx", "fsmt-en-de"])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_the_loop_returns_generates_tokens(tiny, model, mode):
+    """Batches of 16 rows of mixed lengths (several hit their own cap: SMALL caps), the same settings: every
+    batch's sequences are generate's, token for token, and so are the texts."""
+    generate, loop = translators(tiny[model], mode, batch_size=16)
+    assert loop.loop is not None and generate.loop is None
+    seeds = [row_seed(7, "test", i) for i in range(len(LINES))]
+    theirs, their_texts = sequences(generate, LINES, seeds, "generate")
+    ours, our_texts = sequences(loop, LINES, seeds, "loop")
+    assert len(ours) == len(theirs) > 2
+    for a, b in zip(ours, theirs):
+        assert_same_tokens(a, b, loop.pad_id)
+    assert our_texts == their_texts
+    if model.startswith("marian"):
+        assert loop.banned == [loop.pad_id]  # opus-mt's ban on <pad> applies in both
+
+
+def test_a_forced_first_token_is_forced_by_the_loop_too(tiny):
+    """forced_bos_token_id (a target-language token, as M2M100 / NLLB start with) goes through transformers' own
+    processor in the loop too: the same tokens, the forced one first."""
+    for mode in ("greedy", "beam"):
+        generate, loop = translators(tiny["marian-en-xx"], mode, batch_size=8)
+        for tr in (generate, loop):
+            tr.gen.forced_bos_token_id = 5
+        theirs, _ = sequences(generate, LINES[:20], None, "generate")
+        ours, _ = sequences(loop, LINES[:20], None, "loop")
+        for a, b in zip(ours, theirs):
+            assert_same_tokens(a, b, loop.pad_id)
+            assert bool((a[:, 1] == 5).all())
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampling", "beam"])
+def test_dropping_finished_rows_changes_no_row(tiny, mode):
+    """Rows (or settled beam inputs) dropped at every step, or never: the same texts, in a batch or alone."""
+    seeds = [row_seed(2, "test", i) for i in range(len(LINES))]
+    tr = load_translator(tiny["marian-en-xx"], cfg(batch_size=16, **MODES[mode]))
+    tr.loop.check_every = 10**6  # never checked: every row runs to the batch's longest cap
+    never = tr.translate(LINES, seeds)
+    tr.loop.check_every = 1
+    assert tr.translate(LINES, seeds) == never
+    assert [tr.translate([LINES[j]], [seeds[j]])[0] for j in (0, 17, 41)] == [never[j] for j in (0, 17, 41)]
+
+
+def test_host_reads_at_most_one_in_four_decoding_steps(tmp_path):
+    """debcse-paper's back-translation (greedy, opus-mt-en-zh and back: a multi-target Marian model, the stage's
+    default caps and batches), counted on the CPU with tests/host_reads.py: the loop reads the device <= 0.25
+    times a decoding step; transformers' generate reads it more than twice a step on the same batches."""
+    there = build_tiny_marian(tmp_path / "en-zh", seed=1, target_codes=(">>cmn_Hans<<", ">>yue_Hant<<"))
+    back = build_tiny_marian(tmp_path / "zh-en", seed=2)
+    texts = corpus_lines(300)[:120]
+    for decoder in ("loop", "generate"):
+        settings = BacktranslateCfg(decoder=decoder, target_lang={str(there): ">>cmn_Hans<<"})
+        hops = [load_translator(str(there), settings), load_translator(str(back), settings)]
+        steps, reads = 0, 0
+        for tr in hops:
+            if decoder == "generate":
+                forward = tr.model.forward
+                counted = []
+                tr.model.forward = lambda *a, _f=forward, _c=counted, **k: _c.append(1) or _f(*a, **k)
+            with HostReads() as seen:
+                texts_out = tr.translate(texts)
+            reads += seen.count
+            steps += tr.loop.steps if decoder == "loop" else len(counted)
+        assert steps > 300 and texts_out and all(len(t) == 1 for t in texts_out)
+        per_step = reads / steps
+        assert per_step <= 0.25 if decoder == "loop" else per_step > 2, (decoder, reads, steps)
+
+
+def test_models_the_loop_does_not_know_use_generate_and_say_so(tiny, caplog):
+    """M2M100 (and NLLB) keep transformers' generate, and so do generate's own settings (a static cache,
+    compilation); the log names the model and why. decoder = "generate" uses generate without a word."""
+    with caplog.at_level(logging.INFO, logger="pipeline.models.translator"):
+        m2m = load_translator(tiny["m2m100"], cfg(target_lang={tiny["m2m100"]: "de"}))
+        static = load_translator(tiny["marian-en-xx"], cfg(kv_cache="static"))
+        plain = load_translator(tiny["marian-en-xx"], cfg(decoder="generate"))
+    assert m2m.loop is static.loop is plain.loop is None
+    said = [r.getMessage() for r in caplog.records]
+    assert any("m2m100" in m and "'m2m_100' is not one the loop knows" in m for m in said), said
+    assert any("kv_cache = 'static'" in m for m in said) and len(said) == 2, said
+    assert m2m.translate(LINES[:3])  # and generate still translates
+
+
+def test_decoder_is_an_execution_setting():
+    """Which decoder runs changes no output on a CPU (the tests above), so it is kept out of cache keys, as batch
+    sizes are; any other value is refused when the config is read."""
+    assert "decoder" in BacktranslateCfg.EXECUTION and BacktranslateCfg().decoder == "loop"
+    with pytest.raises(ValueError, match="decoder"):
+        BacktranslateCfg(decoder="fast")
+
+
+def test_marian_input_ids_through_sentencepieces_batch_call_equal_the_tokenizers(tmp_path):
+    """translator.py's token ids (pipeline/models/fast_tokens.py: one SentencePiece call for the rows) are the
+    tokenizer's, truncation and a multi-target >>code<< prefix included; text holding special tokens and other
+    tokenizers go through the tokenizer itself."""
+    from transformers import AutoTokenizer
+
+    from pipeline.models.fast_tokens import input_ids
+
+    path = build_tiny_marian(tmp_path / "m", target_codes=(">>cmn_Hans<<",))
+    tok = AutoTokenizer.from_pretrained(path)
+    lines = corpus_lines(600) + ["  The   cat\tsat on\n the mat.  ", "", "a </s> b", "x <unk> y", "émoji 😀 ü"]
+    for prefix in ("", ">>cmn_Hans<< ", ">>xx<< "):
+        texts = [prefix + t for t in lines]
+        for max_length in (256, 8):
+            assert input_ids(tok, texts, max_length) == tok(texts, truncation=True, max_length=max_length)[
+                "input_ids"], (prefix, max_length)
