@@ -6,6 +6,7 @@
     python -m flows.cli report [--run R]
     python -m flows.cli export [--run R] [--format triplet ...]
     python -m flows.cli cache  [--prune] [--older-than DAYS] [--unreferenced] [--verify] [--dry-run]
+    python -m flows.cli verify [--run R] [--memo]      every shard checked against its manifest's hash
     python -m flows.cli train | eval | compare | bench | scale | doctor  [their own options: --help]
 
 `contramine` (the installed script) is the same command line. A hint it prints names the command the user ran:
@@ -193,6 +194,32 @@ def cmd_export(args, cfg: Config) -> None:
         print(f"{fmt}: wrote {export_run(cfg.run.dir, fmt)} (load it with datasets.load_dataset(<that folder>))")
 
 
+class RunDamaged(ExpectedError, RuntimeError):
+    """`contramine verify` found a damaged shard or memo pack (each named above): exit 2."""
+
+
+def cmd_verify(args, cfg: Config) -> None:
+    """Every shard of every table of the run against its manifest's hash (pipeline/engine/verify.py); with --memo,
+    every pack of the row memo as `cache --verify` checks it."""
+    from pipeline.engine.verify import verify_run
+
+    if not cfg.run.dir.is_dir():
+        raise InputMissing(f"{cfg.run.dir}: no such run (`{command('mine', run=cfg.run.name)}` first)")
+    tables, checked, bad = verify_run(cfg.run.dir)
+    for line in bad:
+        print(f"damaged: {line}")
+    print(f"run {cfg.run.name!r}: {checked} shard(s) of {tables} table(s) checked, "
+          + (f"{len(bad)} damaged" if bad else "none damaged"))
+    if args.memo:
+        args.verify = True
+        try:
+            cmd_cache(args, cfg)
+        except ExpectedError as e:
+            bad.append(str(e))
+    if bad:
+        raise RunDamaged(f"verify: {len(bad)} damaged (named above); a stage run with --force rewrites a table")
+
+
 def cmd_cache(args, cfg: Config) -> None:
     """The row memo (pipeline/engine/memo.py, memo_cache.py): its size per stage and namespace, and pruning."""
     from pipeline.engine.memo_cache import MemoUnverified, namespaces, prune, referenced_namespaces, verify
@@ -211,6 +238,10 @@ def cmd_cache(args, cfg: Config) -> None:
         return
     if args.prune or args.older_than is not None or args.unreferenced:
         gone = prune(root, runs, args.older_than, args.unreferenced, args.dry_run)
+        if args.prune:  # and the shards commits replaced, past runner.keep_replaced_s (pipeline/engine/grace.py)
+            from pipeline.engine.grace import prune_replaced
+
+            gone += prune_replaced(runs, cfg.runner.keep_replaced_s, args.dry_run)
         for path, why in gone:
             print(f"{'would remove' if args.dry_run else 'removed'} {path}: {why}")
         print(f"{len(gone)} {'would go' if args.dry_run else 'removed'}")
@@ -266,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                        ("sql", "DuckDB over a run's tables"), ("report", "the mining report of a run"),
                        ("export", "a run's mined rows as a Hugging Face dataset folder"),
                        ("cache", "the row memo: its size per stage; --prune by age or by what no run uses; "
-                                 "--verify every pack")):
+                                 "--verify every pack"),
+                       ("verify", "check every shard of a run against its manifest (--memo: the row memo too)")):
         s = sub.add_parser(name, help=what)
         if name == "stage":
             s.add_argument("name", help=f"one of: {', '.join(ORDER)}")
@@ -293,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--format", nargs="+", default=["triplet"], choices=list(FORMATS),
                            help="the sentence-transformers dataset format(s) to write")
         if name == "cache":
-            s.add_argument("--prune", action="store_true", help="remove temp files of killed writes (an hour old)")
+            s.add_argument("--prune", action="store_true", help="remove temp files of killed writes (an hour old), and shards "
+                           "that commits replaced over runner.keep_replaced_s ago")
             s.add_argument("--older-than", type=float, default=None, metavar="DAYS",
                            help="remove packs not used for this many days")
             s.add_argument("--unreferenced", action="store_true",
@@ -302,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
                            help="read every pack whole and check it as a lookup does (checksums, schema, writer "
                                 "record, values hash); move a pack that fails to <memo>/.quarantine/ (exit 2)")
             s.add_argument("--dry-run", action="store_true", help="say what would go, remove or move nothing")
+        if name == "verify":
+            s.add_argument("--memo", action="store_true", help="also verify every pack of the row memo (as `cache "
+                           "--verify`: a pack that fails moves to <memo>/.quarantine/)")
+            s.add_argument("--dry-run", action="store_true", help="with --memo: move no pack")
         if name == "sql":
             s.add_argument("--query", "-q", default=None)
             s.add_argument("--max-rows", type=int, default=40)
@@ -315,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = configure(args.profile, args.run, args.corpus, args.set)
         {"mine": cmd_mine, "stage": cmd_stage, "sql": cmd_sql, "report": cmd_report,
-         "export": cmd_export, "cache": cmd_cache}[args.cmd](args, cfg)
+         "export": cmd_export, "cache": cmd_cache, "verify": cmd_verify}[args.cmd](args, cfg)
     except ExpectedError as e:
         # raised before Prefect started, or inside a shard task: Prefect's flow call re-raises the task's own
         # exception. One line, whatever the message holds, and the last one.

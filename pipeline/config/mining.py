@@ -54,6 +54,10 @@ class RunnerCfg(Section):
                                "from the memo, and at least one row of every pack it reads, is computed again and "
                                "compared; a pack with a differing row is quarantined, named with its writer, and its "
                                "rows recomputed (docs/mining.md, \"Whom a shared memo trusts\"); 0 = off")
+    keep_replaced_s: float = Field(300.0, ge=0, description="how long the shards a stage's commit replaces stay on "
+                                   "disk, so that a `sql` or report that listed them before the commit finishes "
+                                   "(pipeline/engine/grace.py); the table's next commit or `contramine cache --prune` "
+                                   "removes them after; 0 = at once")
 
     @model_validator(mode="after")
     def _address(self):
