@@ -97,8 +97,13 @@ def test_a_rerun_killed_after_a_shard_leaves_the_old_table_whole_then_finishes(m
     man = Store(run_dir).manifest("embeddings")
     assert (man["shards_computed"], man["shards_cached"]) == (1, 1)
     assert man["files"][0]["file"] in new_files
+    # on disk: the new list, and the mean shards it replaced, kept runner.keep_replaced_s for readers that listed
+    # them (pipeline/engine/grace.py); nothing else
+    sides = {Path(e["file"]).with_suffix(".json").name for e in man["files"] + old_manifest["files"]}
     assert {p.name for p in (run_dir / "embeddings").glob("part-*")} == \
-        {e["file"] for e in man["files"]} | {Path(e["file"]).with_suffix(".json").name for e in man["files"]}
+        {e["file"] for e in man["files"] + old_manifest["files"]} | sides
+    assert sorted(json.loads((run_dir / "embeddings" / ".replaced.json").read_text())) == \
+        sorted(e["file"] for e in old_manifest["files"])
     cls = RunTables(run_dir).read("embeddings")
     assert cls.num_rows == want["embeddings"].num_rows and not cls.equals(want["embeddings"])
 
