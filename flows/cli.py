@@ -31,7 +31,7 @@ from pathlib import Path
 
 from . import env  # noqa: F401
 from pipeline.config import Config, ConfigError, configure, split_overrides
-from pipeline.errors import ExpectedError
+from pipeline.errors import ExpectedError, unwritable
 from pipeline.hints import command
 from pipeline.stages import ORDER
 
@@ -199,8 +199,7 @@ class RunDamaged(ExpectedError, RuntimeError):
 
 
 def cmd_verify(args, cfg: Config) -> None:
-    """Every shard of every table of the run against its manifest's hash (pipeline/engine/verify.py); with --memo,
-    every pack of the row memo as `cache --verify` checks it."""
+    """Every shard of the run against its manifest's hash (engine/verify.py); --memo: `cache --verify` too."""
     from pipeline.engine.verify import verify_run
 
     if not cfg.run.dir.is_dir():
@@ -287,6 +286,11 @@ def run_delegated(name: str, rest: list[str]) -> int:
     except ExpectedError as e:
         say_last("error: " + " ".join(str(e).splitlines()))
         return 2
+    except OSError as e:
+        if unwritable(e) is None:
+            raise
+        say_last(f"error: {name}: {unwritable(e)}")
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
         # raised before Prefect started, or inside a shard task: Prefect's flow call re-raises the task's own
         # exception. One line, whatever the message holds, and the last one.
         say_last("error: " + " ".join(str(e).splitlines()))
+        return 2
+    except OSError as e:  # a write the file system refused (a read-only run folder): one line, else the traceback
+        if unwritable(e) is None:
+            raise
+        say_last(f"error: {args.cmd}: {unwritable(e, cfg.run.dir if 'cfg' in locals() else None)}")
         return 2
     return 0
 

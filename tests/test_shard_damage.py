@@ -109,9 +109,9 @@ def test_a_rewrite_repairs_and_a_stage_reading_it_stops_in_one_line(tmp_path):
 
 def test_a_warm_check_is_remembered_and_a_changed_file_checked_again(tmp_path):
     run = _mined(tmp_path / "runs")
-    RunTables(run).files("sentences")
-    seen = json.loads((run / CACHE).read_text())
-    assert sorted(seen) == sorted(f"sentences/{_shard(run, 'sentences', i).name}" for i in range(2))
+    seen = json.loads((run / CACHE).read_text())  # the commit checked and remembered what it lists
+    assert sorted(seen) == sorted([f"sentences/{_shard(run, 'sentences', i).name}" for i in range(2)]
+                                  + [f"triplets/{_shard(run, 'triplets').name}"])
     calls = []
     import pipeline.engine.store as store_mod
 
@@ -140,14 +140,60 @@ def test_a_warm_check_is_remembered_and_a_changed_file_checked_again(tmp_path):
         store_mod.file_hash = real
 
 
-def test_a_read_only_run_is_checked_and_served_without_its_cache(tmp_path):
-    run = _mined(tmp_path / "runs")
-    os.chmod(run, 0o555)
+@pytest.fixture
+def read_only_root(tmp_path):
+    """A runs root holding run `r`, then made read-only: by its mode for a user, by a read-only bind mount for root
+    (whom modes do not stop); skipped only where root may not mount."""
+    import subprocess
+
+    src = tmp_path / "runs"
+    run = _mined(src)
+    (run / CACHE).unlink()  # what the commits remembered: the read-only run's readers hash and cannot remember
+    if os.geteuid() != 0:
+        for p in [run, *run.rglob("*")]:
+            if p.is_dir():
+                os.chmod(p, 0o555)
+        yield src
+        for p in [run, *run.rglob("*")]:
+            if p.is_dir():
+                os.chmod(p, 0o755)
+        return
+    view = tmp_path / "ro"
+    view.mkdir()
+    if subprocess.run(["mount", "--bind", str(src), str(view)], capture_output=True).returncode != 0:
+        pytest.skip("root without the right to mount: no read-only folder to test with")
     try:
-        if os.access(run, os.W_OK):
-            pytest.skip("running as root: a mode does not stop writes")
-        assert RunTables(run).read("triplets").num_rows == 12
-        assert not (run / CACHE).exists()
-        assert Verified(run).check("triplets", _shard(run, "triplets"), "00" * 16) is not None
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(view)], check=True, capture_output=True)
+        yield view
     finally:
-        os.chmod(run, 0o755)
+        subprocess.run(["umount", str(view)], capture_output=True)
+
+
+def test_a_read_only_run_is_read_by_sql_and_verify_and_refused_in_one_line_by_writers(read_only_root, capsys):
+    from flows.cli import main
+
+    run = read_only_root / "r"
+    assert RunTables(run).read("triplets").num_rows == 12 and not (run / CACHE).exists()  # checked, not remembered
+    assert main(_command("sql", read_only_root)) == 0
+    assert main(["verify", "--run", "r", "--set", f"run.root={read_only_root}"]) == 0
+    capsys.readouterr()
+    for cmd in ("report", "export", "train"):
+        assert main(_command(cmd, read_only_root)) == 2, cmd
+        err = capsys.readouterr().err
+        last = err.strip().splitlines()[-1]
+        assert "Traceback" not in err and last.startswith(f"error: {cmd}: "), err
+        assert "read-only" in last and "`sql` and `verify`" in last
+
+
+def test_sql_names_no_stage_for_a_stray_folder(tmp_path, capsys):
+    """A folder of the run that no stage writes (here with an empty manifest): `sql` leaves it out in one line that
+    suggests no `contramine stage foo` (there is no such stage) and serves the tables."""
+    from flows.cli import main
+
+    root = tmp_path / "runs"
+    run = _mined(root)
+    (run / "foo").mkdir()
+    (run / "foo" / MANIFEST).write_text(json.dumps({"files": []}))
+    assert main(_command("sql", root)) == 0
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no stage writes `foo`" in err and "stage foo" not in err, err

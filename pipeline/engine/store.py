@@ -358,16 +358,20 @@ class Store:
         """Commit: the manifest naming exactly `files` replaces the last one in one rename; then every shard file
         no longer listed (an older computation, another layout, a killed writer's temp file) is removed: only names
         a writer of this module makes (OWN), never another file, a folder or a link's target. Only the run's one
-        writer (lock.py) calls this, so no other writer's file is in flight."""
+        writer (lock.py) calls this, so no other writer's file is in flight. Each listed file is checked against its
+        hash first (TableCorrupt: nothing is committed), which the first reader after the commit then need not do."""
         if len(files) != n or any(not PART.fullmatch(e["file"]) for e in files):
             raise ValueError(f"table {table}: a commit needs {n} shard files, got {[e.get('file') for e in files]}")
         from pipeline.engine.grace import collect, replaced_files
+        from pipeline.engine.verify import check_listed
 
+        self._verified = check_listed(self._verified, self.root, self.dir(table), files)  # and remembered for readers
         replaced = replaced_files(self.dir(table), files)  # what the manifest being replaced lists, no longer listed
         atomic_write_json(self.dir(table) / MANIFEST, {**manifest, "table": table, "shards": n, "files": files},
                           root=self.root)
         self.staged.pop(table, None)
         collect(self.root, self.dir(table), files, replaced, self.keep_replaced_s)
+        self._verified.save()
 
 
 def schema_of(table: str) -> pa.Schema | None:

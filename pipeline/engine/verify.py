@@ -136,6 +136,19 @@ class Verified:
             pass
 
 
+def check_listed(verified: Verified | None, run_dir: Path, table_dir: Path, files: list[dict]) -> Verified:
+    """Before a commit (store.Store.finish): every file it lists is a plain file hashing to its entry's hash, else
+    TableCorrupt (one line, nothing committed). Returns the run's Verified (made when None), holding the checks."""
+    from pipeline.engine.store import TableCorrupt
+
+    verified = verified if verified is not None else Verified(run_dir)
+    for e in files:
+        why = verified.check(Path(table_dir).name, Path(table_dir) / e["file"], e.get("hash"))
+        if why is not None:
+            raise TableCorrupt(damaged_line(table_dir, e["file"], why))
+    return verified
+
+
 def verify_run(run_dir: Path | str) -> tuple[int, int, list[str]]:
     """`contramine verify`: every shard of every table of the run hashed again and compared with its manifest (a
     shard without a recorded hash read whole, its Parquet page checksums verified). Returns (tables, shards checked,
