@@ -88,11 +88,11 @@ def check_inputs(cfg: Config, stage: str) -> None:
             raise InputMissing(f"table `{table}` of run {cfg.run.name!r} has {man.get('shards')} shards but run.shards "
                                f"is {cfg.run.shards}: rerun from its stage, or set run.shards={man.get('shards')}")
         damaged = [i for i in range(cfg.run.shards) if not store.intact(table, i, cfg.run.shards)]
-        if damaged:
-            writer = writer_of(table)
-            raise InputMissing(f"table `{table}` of run {cfg.run.name!r}: shards {damaged} are missing or changed "
-                               f"since written: run `{command('stage', stage=writer, run=cfg.run.name)}` (it "
-                               f"recomputes them) first")
+        if damaged:  # the first damaged shard by name, and the stage run that rewrites it (verify.damaged_line)
+            from pipeline.engine.verify import damaged_line
+
+            raise InputMissing(damaged_line(store.dir(table), store.shard_path(table, damaged[0], cfg.run.shards).name,
+                                            f"is missing or changed since written ({len(damaged)} shard(s) of it)"))
 
 
 def reuse_source(value: str, cfg: Config) -> Path:

@@ -197,3 +197,21 @@ def test_sql_names_no_stage_for_a_stray_folder(tmp_path, capsys):
     assert main(_command("sql", root)) == 0
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no stage writes `foo`" in err and "stage foo" not in err, err
+
+
+def test_a_stage_whose_input_is_damaged_is_refused_in_one_line_before_it_runs(tmp_path, capsys):
+    """`contramine stage embeddings` on a run whose `sentences` shard lost its tail: exit 2, one line naming that
+    shard and the stage run that rewrites it; nothing is computed from it."""
+    from flows.cli import main
+
+    root = tmp_path / "runs"
+    run = _mined(root)
+    shard = _shard(run, "sentences", 1)
+    _damage(shard, "truncate")
+    code = main(["stage", "embeddings", "--run", "r", "--set", f"run.root={root}", "run.shards=2"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "Traceback" not in err
+    last = err.splitlines()[-1]
+    assert last.startswith(f"error: table `sentences` of run 'r': shard {shard} is missing or changed"), last
+    assert last.endswith("rewrite it with `contramine stage sentences --run r --force`")
+    assert not (run / "embeddings").exists()
