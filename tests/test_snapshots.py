@@ -188,3 +188,26 @@ def test_a_manifest_names_only_its_own_shards(mean_run, tmp_path):
     with pytest.raises(TableUnreadable, match=r"is not a plain file .*contramine stage negate"):
         RunTables(run_dir).read("negations")
     assert RunTables(run_dir).files_if_any("negations") == []
+
+
+def test_a_damaged_shard_is_never_served_and_a_rerun_of_its_stage_repairs_it(mean_run, corpus, tmp_path, capsys):
+    """A byte flipped in place in an `embeddings` shard of a mined run: `make sql` on it stops in one line naming the
+    shard; the stage's rerun (no FORCE) recomputes exactly that shard (its key matches, its bytes do not), and every
+    reader serves the original rows again."""
+    cfg, want = mean_run
+    root = tmp_path / "runs"
+    run_dir = _copy(cfg.run.dir, root / "r")
+    shard = Store(run_dir).shard_path("embeddings", 1, 2)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    with open(shard, "r+b") as f:  # in place, as a bad disk would
+        f.write(bytes(data))
+    assert cli_main(["sql", "--run", "r", "--query", "SELECT count(*) FROM embeddings", "--set",
+                     f"run.root={root}"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"error: table `embeddings` of run 'r': shard {shard} is damaged"), last
+    assert cli_main(["stage", "embeddings", "--run", "r", "--corpus", str(corpus), "--set", *SMALL,
+                     f"run.root={root}"]) == 0
+    man = Store(run_dir).manifest("embeddings")
+    assert (man["shards_computed"], man["shards_cached"]) == (1, 1)
+    assert RunTables(run_dir).read("embeddings").equals(want["embeddings"])

@@ -16,6 +16,8 @@ pyarrow readers) are a second line for a reader that skips this one.
 """
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import stat
@@ -53,6 +55,11 @@ def damaged_line(table_dir: Path, file: str, why: str) -> str:
     return table_line(table_dir, f"shard {Path(table_dir) / file} {why} (nothing of it is served)")
 
 
+def content_hash(f) -> str:
+    """The hash a manifest records for a shard (store.file_hash: blake2b-128 of the whole file), of an open file."""
+    return hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
+
+
 def small_json(path: Path) -> dict:
     """A small JSON object the project keeps beside its tables (a cache, a record), or {} for anything else: no
     link is followed, a FIFO does not block, a file past 16 MiB or of another shape is not read."""
@@ -88,37 +95,35 @@ class Verified:
 
     def check(self, table: str, path: Path, expected: str | None) -> str | None:
         """None when `path` (a shard of `table`) is a plain file whose bytes hash to `expected`; else why not, as a
-        few words for the one line. A shard whose manifest records no hash (the oldest layout) is not checked."""
-        from pipeline.engine.store import file_hash
-
+        few words for the one line. A shard whose manifest records no hash (the oldest layout) is not checked. The
+        file is opened without following a link and without blocking on a FIFO, and what is remembered is the
+        stat of the very file hashed."""
         try:
-            st = os.lstat(path)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return "is missing"
         except OSError as e:
-            return f"cannot be read ({e.strerror})"
-        if not stat.S_ISREG(st.st_mode):
-            return "is not a plain file"
-        if not expected:
-            return None
-        key, now = f"{table}/{Path(path).name}", [st.st_ino, st.st_size, st.st_mtime_ns, expected]
-        with self._lock:
-            if self._seen.get(key) == now:
+            return "is not a plain file" if e.errno == errno.ELOOP else f"cannot be read ({e.strerror})"
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return "is not a plain file"
+            if not expected:
                 return None
-        try:
-            got = file_hash(path)
-        except OSError as e:
-            return f"cannot be read ({e.strerror})"
+            key, now = f"{table}/{Path(path).name}", [st.st_ino, st.st_size, st.st_mtime_ns, expected]
+            with self._lock:
+                if self._seen.get(key) == now:
+                    return None
+            try:
+                got = content_hash(f)
+            except OSError as e:
+                return f"cannot be read ({e.strerror})"
         if got != expected:
             return (f"is damaged: its {st.st_size:,} bytes do not hash to the {expected[:16]}… its manifest records "
                     f"(a flipped byte or a truncation)")
         with self._lock:
             self._seen[key], self._dirty = now, True
         return None
-
-    def forget(self, table: str, path: Path) -> None:
-        with self._lock:
-            self._dirty |= self._seen.pop(f"{table}/{Path(path).name}", None) is not None
 
     def save(self) -> None:
         """Write the remembered checks (only files still there), atomically; a folder that cannot be written (read
