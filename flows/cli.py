@@ -200,7 +200,7 @@ class RunDamaged(ExpectedError, RuntimeError):
 
 def cmd_verify(args, cfg: Config) -> None:
     """Every shard of the run against its manifest's hash (engine/verify.py); --memo: `cache --verify` too."""
-    from pipeline.engine.verify import verify_run
+    from pipeline.engine.upkeep import verify_run
 
     if not cfg.run.dir.is_dir():
         raise InputMissing(f"{cfg.run.dir}: no such run (`{command('mine', run=cfg.run.name)}` first)")
@@ -238,7 +238,7 @@ def cmd_cache(args, cfg: Config) -> None:
     if args.prune or args.older_than is not None or args.unreferenced:
         gone = prune(root, runs, args.older_than, args.unreferenced, args.dry_run)
         if args.prune:  # and the shards commits replaced, past runner.keep_replaced_s (pipeline/engine/grace.py)
-            from pipeline.engine.grace import prune_replaced
+            from pipeline.engine.upkeep import prune_replaced
 
             gone += prune_replaced(runs, cfg.runner.keep_replaced_s, args.dry_run)
         for path, why in gone:

@@ -8,7 +8,8 @@ import time
 
 import pyarrow as pa
 
-from pipeline.engine.grace import RECORD, prune_replaced
+from pipeline.engine.grace import RECORD
+from pipeline.engine.upkeep import prune_replaced
 from pipeline.engine.store import Store
 from pipeline.engine.tables import RunTables
 from pipeline.schema import SCHEMAS

@@ -185,7 +185,8 @@ def test_bidi_controls_are_shown_as_code_points_and_bare_urls_are_not_links():
     `.` or `@` is escaped, so it renders as the characters it is."""
     from pipeline.markdown import escape
 
-    line = "pay \u202egnp.exe\u202c to https://evil.example/x, www.evil.example or me@evil.example \u2066x\u2069\u200f\u061c"
+    line = ("pay \u202egnp.exe\u202c to https://evil.example/x, www.evil.example or me@evil.example "
+            "\u2066x\u2069\u200f\u061c")
     out = escape(line)
     assert not re.search("[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]", out)
     assert "(U+202E)gnp.exe(U+202C)" in out and "(U+2066)x(U+2069)(U+200F)(U+061C)" in out

@@ -5,7 +5,8 @@ A stage's commit (store.Store.finish) swaps the manifest; if it then removed the
 query that listed them a moment before would fail on a vanished file. So, like Delta Lake's files that stay until
 VACUUM, a commit keeps the shards it replaces for `runner.keep_replaced_s` seconds, recorded in the table folder's
 `.replaced.json` ({file: when replaced}); the next commit of that table, or `contramine cache --prune`, removes those
-past it. Shards and sidecars of no manifest at all (a killed writer's, another layout's) go at once, as before.
+past it (upkeep.py). Shards and sidecars of no manifest at all (a killed writer's, another layout's) go at once,
+as before.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from pipeline.engine.atomic import atomic_write_json
 from pipeline.engine.safe_paths import open_folder
-from pipeline.engine.store import OWN, PART, committed_files
+from pipeline.engine.shard_names import OWN, PART
 from pipeline.engine.verify import small_json
 
 RECORD = ".replaced.json"
@@ -22,16 +23,6 @@ RECORD = ".replaced.json"
 
 def _with_sidecars(names) -> set[str]:
     return {n for name in names for n in (name, str(Path(name).with_suffix(".json")))}
-
-
-def replaced_files(table_dir: Path, new_files: list[dict]) -> list[str]:
-    """The shard files the table's committed manifest lists and `new_files` does not (read before the swap)."""
-    try:
-        old = committed_files(table_dir) or []
-    except Exception:  # noqa: BLE001 - a manifest of the wrong shape replaced: nothing of it to keep
-        return []
-    new = {e["file"] for e in new_files}
-    return [e["file"] for e in old if e["file"] not in new]
 
 
 def collect(root: Path, table_dir: Path, files: list[dict], replaced: list[str], keep_s: float,
@@ -55,27 +46,4 @@ def collect(root: Path, table_dir: Path, files: list[dict], replaced: list[str],
     record = {k: v for k, v in record.items() if k in names}
     if not dry_run and (record or RECORD in names):
         atomic_write_json(Path(table_dir) / RECORD, record, root=root)
-    return gone
-
-
-def prune_replaced(runs_root: Path, keep_s: float, dry_run: bool = False) -> list[tuple[Path, str]]:
-    """`contramine cache --prune`: in every run under `runs_root` not being written now, remove the replaced shards
-    past their grace period (the table's next commit would). [(path, why)] for each file removed."""
-    from pipeline.engine.lock import RunBusy, run_lock
-
-    gone: list[tuple[Path, str]] = []
-    runs_root = Path(runs_root)
-    if not runs_root.is_dir():
-        return gone
-    for record in sorted(runs_root.glob(f"*/*/{RECORD}")):
-        table_dir, run_dir = record.parent, record.parent.parent
-        if table_dir.is_symlink() or run_dir.is_symlink() or run_dir.name.startswith("."):
-            continue
-        try:
-            with run_lock(run_dir, "cache --prune"):  # the run's writer commits alone: never mid-commit
-                files = committed_files(table_dir) or []
-                for name in collect(runs_root, table_dir, files, [], keep_s, dry_run=dry_run):
-                    gone.append((table_dir / name, f"replaced by a commit over {keep_s:g}s ago"))
-        except (RunBusy, OSError, ValueError):
-            continue  # a run being written (its commit collects them), or one that cannot be changed: left
     return gone

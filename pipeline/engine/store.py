@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,16 +28,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.engine.atomic import atomic_file, atomic_write_json
+from pipeline.engine.shard_names import MANIFEST, OLD_PART, OWN, PART  # noqa: F401  (the store's names, re-exported)
 from pipeline.errors import ExpectedError
 from pipeline.schema import SCHEMAS
 
-# fullmatch, and \Z not $: a name ending in a newline is not a part (pipeline/config/names.py does the same)
-PART = re.compile(r"part-(\d{5})-of-(\d{5})(?:\.([0-9a-f]{16}))?\.parquet\Z")
-OLD_PART = re.compile(r"part-(\d{5})-of-(\d{5})\.parquet\Z")  # a manifest without a file list names these
-MANIFEST = "_manifest.json"
-# what a writer of a table folder makes there besides the manifest: shards, their sidecars and their temp files
-_SHARD = r"part-\d{5}-of-\d{5}(?:\.[0-9a-f]{16})?\.(?:parquet|json)"
-OWN = re.compile(rf"{_SHARD}|\.{_SHARD}\.[a-z0-9_]+\.tmp")
 
 
 def shard_file(i: int, n: int, key: str | None = None) -> str:
@@ -362,11 +355,17 @@ class Store:
         hash first (TableCorrupt: nothing is committed), which the first reader after the commit then need not do."""
         if len(files) != n or any(not PART.fullmatch(e["file"]) for e in files):
             raise ValueError(f"table {table}: a commit needs {n} shard files, got {[e.get('file') for e in files]}")
-        from pipeline.engine.grace import collect, replaced_files
-        from pipeline.engine.verify import check_listed
+        from pipeline.engine.grace import collect
+        from pipeline.engine.verify import Verified, first_damaged
 
-        self._verified = check_listed(self._verified, self.root, self.dir(table), files)  # and remembered for readers
-        replaced = replaced_files(self.dir(table), files)  # what the manifest being replaced lists, no longer listed
+        self._verified = self._verified or Verified(self.root)
+        if (line := first_damaged(self._verified, self.dir(table), files)) is not None:  # remembered for readers
+            raise TableCorrupt(line)
+        try:  # what the manifest being replaced lists and this one does not: kept for a grace period (grace.py)
+            listed = {e["file"] for e in files}
+            replaced = [e["file"] for e in committed_files(self.dir(table)) or [] if e["file"] not in listed]
+        except TableCorrupt:
+            replaced = []
         atomic_write_json(self.dir(table) / MANIFEST, {**manifest, "table": table, "shards": n, "files": files},
                           root=self.root)
         self.staged.pop(table, None)

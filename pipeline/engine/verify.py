@@ -141,47 +141,11 @@ class Verified:
             pass
 
 
-def check_listed(verified: Verified | None, run_dir: Path, table_dir: Path, files: list[dict]) -> Verified:
-    """Before a commit (store.Store.finish): every file it lists is a plain file hashing to its entry's hash, else
-    TableCorrupt (one line, nothing committed). Returns the run's Verified (made when None), holding the checks."""
-    from pipeline.engine.store import TableCorrupt
-
-    verified = verified if verified is not None else Verified(run_dir)
+def first_damaged(verified: Verified, table_dir: Path, files: list[dict]) -> str | None:
+    """Before a commit (store.Store.finish): the one line for the first listed file that is not a plain file
+    hashing to its entry's hash, or None (and every file checked is remembered in `verified`)."""
     for e in files:
         why = verified.check(Path(table_dir).name, Path(table_dir) / e["file"], e.get("hash"))
         if why is not None:
-            raise TableCorrupt(damaged_line(table_dir, e["file"], why))
-    return verified
-
-
-def verify_run(run_dir: Path | str) -> tuple[int, int, list[str]]:
-    """`contramine verify`: every shard of every table of the run hashed again and compared with its manifest (a
-    shard without a recorded hash read whole, its Parquet page checksums verified). Returns (tables, shards checked,
-    one line for each damaged file or table)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from pipeline.engine.store import TableCorrupt, committed_files
-    from pipeline.engine.tables import RunTables
-
-    run_dir = Path(run_dir)
-    verified, names = Verified(run_dir, remembered=False), RunTables(run_dir).names()
-    checked, bad = 0, []
-    for table in names:
-        try:
-            entries = committed_files(run_dir / table) or []
-        except TableCorrupt as e:
-            bad.append(" ".join(str(e).split("\n")))
-            continue
-        for e in entries:
-            path, checked = run_dir / table / e["file"], checked + 1
-            why = verified.check(table, path, e.get("hash"))
-            if why is None and not e.get("hash"):
-                try:
-                    pq.read_table(path, page_checksum_verification=True)
-                except (pa.ArrowInvalid, OSError) as err:
-                    why = f"is not readable Parquet ({' '.join(str(err).split())[:120]})"
-            if why is not None:
-                bad.append(damaged_line(run_dir / table, e["file"], why))
-    verified.save()
-    return len(names), checked, bad
+            return damaged_line(table_dir, e["file"], why)
+    return None
