@@ -215,3 +215,14 @@ def test_a_stage_whose_input_is_damaged_is_refused_in_one_line_before_it_runs(tm
     assert last.startswith(f"error: table `sentences` of run 'r': shard {shard} is missing or changed"), last
     assert last.endswith("rewrite it with `contramine stage sentences --run r --force`")
     assert not (run / "embeddings").exists()
+
+
+def test_verify_with_memo_checks_the_memo_too(tmp_path, capsys):
+    """`contramine verify --memo`: the run's shards, then every pack of the row memo (here none), exit 0."""
+    from flows.cli import main
+
+    root = tmp_path / "runs"
+    _mined(root)
+    assert main(["verify", "--run", "r", "--memo", "--set", f"run.root={root}"]) == 0
+    out = capsys.readouterr().out
+    assert "run 'r': 3 shard(s) of 2 table(s) checked, none damaged" in out and "0 packs verified" in out
