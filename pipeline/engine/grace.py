@@ -35,7 +35,7 @@ def collect(root: Path, table_dir: Path, files: list[dict], replaced: list[str],
               if PART.fullmatch(k) and isinstance(v, (int, float)) and k not in listed}
     if keep_s > 0:
         record.update({name: now for name in replaced if name not in record})
-    record = {k: v for k, v in record.items() if now - v < keep_s}
+    record = {k: v for k, v in record.items() if -keep_s < now - v < keep_s}  # a time far ahead is no record
     keep = listed | _with_sidecars(record)
     gone = []
     with open_folder(root, table_dir) as d:
