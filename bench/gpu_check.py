@@ -5,10 +5,8 @@ downloads: every model is built here with random weights (bench/shapes.py), and 
 
     make gpu-check                                  # here: the venv's python (on a CPU: the CPU twin, below)
     PYTHONPATH=. python3 -m bench.gpu_check         # THE command on the lent GPU machine (it has no .venv), from
-                                                    # the repository root; the default sizes took 172 s
-                                                    # on one H100 (2026-11-26: BENCHMARKS.md) before the
-                                                    # peers, GEMM rates and profile came: ~220 s estimated,
-                                                    # not measured (budget: 5 minutes)
+                                                    # the repository root (budget: 8 minutes on a bare H100,
+                                                    # the wheels' install included: BUDGET below)
     python3 -m bench.gpu_check --size search_queries=200000 train_steps=5   # any size below, smaller or larger
     python3 -m bench.gpu_check --twin               # the CPU twin's toy sizes, whatever the machine has
 
@@ -20,17 +18,19 @@ Chrome traces (profile_encode.json.gz, profile_generate.json.gz; chrome://tracin
 section stops with an error, or (strict: on a CUDA machine, under `--strict`, and always in `make gpu-rehearsal`) a
 section is skipped for a missing package; else 0. A lease is minutes long and comes rarely, so on the GPU every
 section has to run the first time: a skip there is named as a failure (`failures`). The one exception is
-CTranslate2's known CUDA-12 link under a CUDA-13 driver: generate_ct2's row then has no value and one line of reason,
-and that is not a failure (the HF generate row still measures translation). Elsewhere (`--twin` on this box without
-`--strict`) a skip is one line, not a failure.
+CTranslate2's known CUDA-12 link under a CUDA-13 driver (cuBLAS 12 not found by pipeline/models/cublas.py):
+generate_ct2's row then has no value and one line of reason, and that is not a failure (the HF rows still measure
+translation); so is a generate row whose setting this checkout lacks (`decoder`, before issue 51's loop is
+merged). Elsewhere (`--twin` on this box without `--strict`) a skip is one line, not a failure.
 
 What it measures (GPU sizes; `--size KEY=VALUE` changes any of SIZES["gpu"]; the sections' code is in
-bench/gpu_speeds.py, bench/gpu_limits.py and bench/gpu_sections.py, the models in bench/shapes.py). The speed
-sections measure one row per entry of a table at the top of bench/gpu_speeds.py (ENCODE_ROWS, SEARCH_ROWS,
-GENERATE_ROWS, TRAIN_ROWS: row name -> settings): a variant (a static cache, a token budget, ...) is one line there.
+bench/gpu_speeds.py, bench/gpu_generate.py, bench/gpu_limits.py and bench/gpu_sections.py, the models in
+bench/shapes.py). The speed sections measure one row per entry of a table at the top of bench/gpu_speeds.py
+(ENCODE_ROWS, SEARCH_ROWS, TRAIN_ROWS) and bench/gpu_generate.py (GENERATE_ROWS, COMPILED_ROWS): row name ->
+settings; a variant (a static cache, a token budget, ...) is one line there.
 - gemm_<job>_<precision>: the card's own rate, torch.mm TFLOP/s in bf16, TF32 and full float32, at each job's
-  largest matmul: encode (`encode_batch` x 22 tokens x 768 x 3072), search (TorchExact's GPU block of queries x 384
-  x `search_n`), generate (`gen_batch` x 512 x 58,101: the output layer), and peak (`gemm_peak` cubed).
+  largest matmul: encode (`encode_batch` x 22 tokens x 768 x 3072), generate (`gen_batch` x 512 x 58,101: the
+  output layer), and peak (`gemm_peak` cubed); the search's, at its real block, come with the search rows.
 - encode_<precision>: `pipeline.models.encoder.Encoder.encode` sentences/s with a bert-base-shaped BertModel
   (12 layers, hidden 768, 12 heads, WordPiece vocabulary trained on wiki1m lines), `encode_n` sentences (wiki1m
   lines, repeated past the file's 11k; seeded sentences of common words where ../shared/data is absent), batch
@@ -38,33 +38,63 @@ GENERATE_ROWS, TRAIN_ROWS: row name -> settings): a variant (a static cache, a t
   twentieth of them, then one timed pass each. encode_st_<precision>: the peer, sentence-transformers `encode`
   (preinstalled on the GPU machine) on the same model folder (a plain HF folder: mean pooling) and sentences, same
   batch size, normalised, float32 and bf16 weights; the note has its max |difference| from our vectors.
-- band_search: `pipeline.search.band.band_neighbours` with `pipeline.search.torch_exact.TorchExact` on the GPU (exact
-  inner-product k-NN in torch; the stage's `neighbours.engine = "torch"`), `search_queries` queries against
-  `search_n` x 384 unit vectors (seeded, ~100 per topic, so every query has in-band neighbours as on real
-  sentences), the neighbours defaults (band 0.25-0.75, pool 64); seconds, queries/s, pool rows, GPU peak memory.
+- band_search_d<d>[_<precision>]: `pipeline.search.band.band_neighbours` with `pipeline.search.torch_exact.TorchExact`
+  on the GPU (exact inner-product k-NN in torch; the stage's `neighbours.engine = "torch"`), per SEARCH_ROWS: at
+  d = 768 (debcse-paper's bert-base encoder: the projection's row) in float32 on all `search_queries` queries, TF32
+  and bf16 scores on an eighth of them, and at d = 384 (the default MiniLM) on an eighth, each against `search_n`
+  unit vectors of that d (seeded, ~100 per topic, so every query has in-band neighbours as on real sentences), the
+  neighbours defaults (band 0.25-0.75, pool 64); seconds, queries/s, pool rows, GPU peak memory. After the first
+  search at each d, gemm_search_d<d>_<precision>: torch.mm at [the block of queries that search took
+  (`TorchExact.band_rows`, read as band() reads it: 2,147 on an 80 GB card against 1M), d, `search_n`].
 - train_<objective>: one training step of each objective (trainer/objectives/) on the bert-base shape, as
   trainer/train.py's loop runs it on a GPU: bf16 autocast, TF32 matmuls, fused AdamW, gradient clipping at 1.0,
   padding-free encoder (train.unpad), batch `train_batch` x `train_max_length` tokens of pre-collated rows (the loop
   collates in DataLoader workers); `train_warmup` steps, then `train_steps` timed: steps/s and peak memory.
 - generate_hf: HF `generate` target tokens/s on an opus-mt-shaped Marian (6+6 layers, d_model 512, vocabulary
-  58,101), greedy, exactly `gen_tokens` new tokens per row (eos suppressed until then), batch `gen_batch`, in the
-  dtype the pipeline translates with on that device (bf16 on a GPU that supports it, float32 on a CPU).
-- generate_ours: the pipeline's way, `Translator.translate` (loaded by the stage's `load_engine`) at the stage's
-  defaults, `gen_n` rows of ragged length (placeholder words, as many as wiki1m sentences have), each row decoding
-  to its own length cap (the random model never ends a row itself). generate_user_hf: the peer on the same model and
-  rows, plain HF generate as a user writes it: `tokenizer(texts, padding=True)`, `model.generate(**inputs)`, batch
-  `gen_batch` in input order, max_new_tokens the batch's largest row cap; tokens counted up to each row's cap.
-- generate_ct2: the same rows through CTranslate2 (float16 on a GPU, int8 on a CPU: the pipeline's defaults),
-  when its wheel loads there; if not, the one-line reason (its wheels link CUDA 12).
+  58,101), greedy, exactly `gen_tokens` new tokens per row (eos suppressed until then), `gen_fixed_n` rows of
+  `gen_src` random ids, batch `gen_batch`, in the dtype the pipeline translates with on that device (bf16 on a GPU
+  that supports it, float32 on a CPU). The rows below are in bench/gpu_generate.py.
+- generate_ours / generate_old / generate_static: the stage's way, `Translator.translate` (loaded by the stage's
+  `load_engine`) at the stage's defaults + GENERATE_ROWS' settings, on `gen_n` (8,192) rows of real sentences'
+  lengths: wiki1m lines (bench/data/wiki1m_sample.txt.gz, carried in the repository: the GPU machine has no
+  ../shared), each as many placeholder tokens as it has words and punctuation marks, length-sorted and batched by
+  the Translator itself (on a GPU the 262,144-token budget: ~3,000 rows a batch, the 1M path's batches), each row
+  decoding to its own length cap (the random model rarely ends a row itself). generate_ours is our decode loop
+  (`backtranslate.decoder = "loop"`, issue 51; where this checkout's config has no such setting: no value and one
+  line, not a failure), generate_old the old path (`decoder = "generate"`: HF generate). generate_user_hf: the peer
+  on the same rows and model, plain HF generate as a user writes it: `tokenizer(texts, padding=True)`,
+  `model.generate(**inputs)`, batch `gen_batch` (64) in input order, max_new_tokens the batch's largest row cap;
+  tokens counted up to each row's eos, at most its cap.
+- generate_ct2: the same rows through CTranslate2 as the pipeline loads it (pipeline/models/ct2.py `load_engine`:
+  converted once, CUDA 12's cuBLAS loaded first on a GPU by pipeline/models/cublas.py), float16 on a GPU, int8 on a
+  CPU; where its wheel or cuBLAS 12 is missing there, no value and the one-line reason (not a failure).
+- generate_static_compile (the `compiled` section, the check's last: a compile can take minutes or break the
+  process, so everything else is measured and written first): `kv_cache = "static"` + `compile`, on
+  `gen_compile_n` rows, warmed up on every row (each batch shape compiles), then timed.
+Every speed row is guarded: an exception is that row failed (ok false, the error in one line), and the next row
+runs.
 - profile_<job>_busy: torch.profiler over `profile_batches` encode batches and generate batches (Translator, the
   stage's defaults): the share of the wall time the device was busy (the CPU twin: the ops), the top ops by self
   device time in profile.txt, the Chrome traces beside results.json.
 And the summary, from the rows above (bench/gpu_limits.py's docstring says how a job's arithmetic is counted):
-- vs_peer_<row>: ours / the peer on the same work (encode vs sentence-transformers, generate_ours vs
-  generate_user_hf);
+- vs_peer_<row>: ours / the peer on the same work (encode vs sentence-transformers, generate_ours and generate_old
+  vs generate_user_hf);
 - vs_limit_<row>: the job's arithmetic per second / gemm_<job>_<precision> at its shape and precision;
 - projection_1m_hours: the 1M DebCSE path (debcse-paper profile's work, bench/gpu_limits.py's PATH_1M) from the
-  measured rates, with each stage's minutes; goal_*: issue 46's goals on one H100 as fractions (>= 1: met).
+  measured rates (encode_bf16, band_search_d768 scaled to 1M x 1M, generate_ours, else generate_old and the note
+  says so, train_debcse), the CPU stages on `runner.workers` cores (default 1: the run's, not the machine's), with
+  each stage's minutes; goal_*: issues 46 and 51's goals on one H100 as fractions (>= 1: met).
+
+BUDGET on a bare H100 (estimates from the 2026-11-26 run, BENCHMARKS.md, and the issue's figures; not measured):
+carried wheels' install ~15 s, imports ~10 s; checks ~10 s; gemm ~5 s; encode ~25 s (20,000 sentences x 3 rows + 2
+peers, the BERT's vocabulary built first); search ~75 s (1M x 768 vectors ~10 s, the d = 768 float32 search
+~45 s, TF32 / bf16 at an eighth ~10 s, d = 384 at an eighth ~5 s with its vectors, GEMM rows ~3 s); generate
+~110 s (model ~5 s, generate_hf ~5 s; three Translator rows on 8,192 rows, ~22 tokens each, in 4 budget batches of
+682-7,281 rows and 412 decode steps in all, ~8 s each; the user's batch-64 generate ~65 s: 128 batches, 16,192
+decode steps at the ~4 ms a step measured on 2026-11-26; CTranslate2 ~10 s where it loads); stages ~15 s; train
+~20 s; profile ~10 s; compiled ~60 s (512 rows: one budget batch, one shape compiled). About 6 minutes; the results' `section_seconds` show
+each section's own time.
+
 And checks, on tiny models built here (float32, TF32 off):
 - check_encoder_cpu_vs_<device>: the same 64 sentences encoded on the CPU and on the device: max |difference|.
 - check_batch_<precision>: one row's vector encoded alone, in a batch of 7 and of 64 sentences of its token
@@ -78,8 +108,8 @@ And checks, on tiny models built here (float32, TF32 off):
   table.
 
 The CPU twin: where torch sees no CUDA device (or with `--twin`), the same code runs at SIZES["twin"] (toy models,
-seconds each; ~30 s on a quiet 2-core box, under 3 minutes beside other work) and must exit 0 with every row and
-no failed check
+seconds each, the compiled row's CPU compile the longest; ~1 minute on a quiet 2-core box, up to 5 beside other
+work) and must exit 0 with every row and no failed check
 (tests/test_gpu_check.py).
 
 Imports: the standard library at import time; each section imports what it uses, and none imports FAISS, Prefect,
@@ -117,27 +147,28 @@ SIZES = {
     "gpu": dict(bert="base", marian="opus-mt", encode_n=20_000, encode_batch=256, max_length=128,
                 search_n=1_000_000, search_queries=1_000_000, search_d=384,
                 train_batch=64, train_max_length=32, train_warmup=2, train_steps=10,
-                gen_n=1024, gen_batch=64, gen_src=32, gen_tokens=64, check_n=2000, stage_lines=300,
-                gemm_peak=8192, profile_batches=2),
+                gen_n=8192, gen_batch=64, gen_fixed_n=1024, gen_src=32, gen_tokens=64, gen_compile_n=512,
+                check_n=2000, stage_lines=300, gemm_peak=8192, profile_batches=2),
     "twin": dict(bert="toy", marian="toy", encode_n=64, encode_batch=16, max_length=64,
                  search_n=3000, search_queries=3000, search_d=384,
                  train_batch=8, train_max_length=16, train_warmup=1, train_steps=2,
-                 gen_n=8, gen_batch=4, gen_src=8, gen_tokens=8, check_n=500, stage_lines=120,
-                 gemm_peak=256, profile_batches=1),
+                 gen_n=8, gen_batch=4, gen_fixed_n=8, gen_src=8, gen_tokens=8, gen_compile_n=4,
+                 check_n=500, stage_lines=120, gemm_peak=256, profile_batches=1),
 }
 
 # ------------------------------------------------------------------------------------------------------ driver
 def sections() -> list:
+    from bench.gpu_generate import section_compiled, section_generate
     from bench.gpu_limits import section_gemm, section_profile
     from bench.gpu_sections import section_checks, section_stages
-    from bench.gpu_speeds import section_encode, section_generate, section_search, section_train
+    from bench.gpu_speeds import section_encode, section_search, section_train
 
     return [("checks", section_checks), ("gemm", section_gemm), ("encode", section_encode),
             ("search", section_search), ("generate", section_generate), ("stages", section_stages),
-            ("train", section_train), ("profile", section_profile)]
+            ("train", section_train), ("profile", section_profile), ("compiled", section_compiled)]
 
 
-SECTION_NAMES = ("checks", "gemm", "encode", "search", "generate", "stages", "train", "profile")
+SECTION_NAMES = ("checks", "gemm", "encode", "search", "generate", "stages", "train", "profile", "compiled")
 
 
 def _where(exc: BaseException) -> str:
@@ -195,6 +226,12 @@ def machine(device: str) -> dict:
             facts[name] = __import__(name).__version__
         except ImportError:
             pass
+    try:  # the projection's CPU stages run on `runner.workers` cores (the default profile's), not on every core
+        from pipeline.config.mining import RunnerCfg
+
+        facts["workers"] = RunnerCfg().workers
+    except ImportError:  # no pydantic: the same default, written here
+        facts["workers"] = 1
     if device.startswith("cuda"):
         p = torch.cuda.get_device_properties(device)
         facts |= {"gpu": p.name, "gpu_memory_gib": round(p.total_memory / 2**30, 1),
@@ -296,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         return result
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        os.environ["HF_HUB_CACHE"] = str(Path(tmp) / "hub")  # CTranslate2's conversions (ct2.py) go beside it
         models = Models(sizes, Path(tmp), out)
         for name, fn in sections():
             if args.only is not None and name not in args.only:

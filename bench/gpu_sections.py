@@ -61,10 +61,23 @@ def mem_unit(device: str) -> str:
 
 
 def texts_for(n: int) -> list[str]:
-    from bench.shapes import sentences
+    from bench.shapes import SAMPLE_LINES, sentences
 
-    base = sentences(min(n, 11_000))
+    base = sentences(min(n, SAMPLE_LINES))  # the lines the GPU machine has too (the carried sample)
     return [base[i % len(base)] for i in range(n)]
+
+
+def guarded(name: str, unit: str, device: str, measure) -> list[dict]:
+    """A row's measurement `measure()` -> its rows; an exception is one failed row (`name`, ok false, the error in one
+    line) and the section goes on with its next row."""
+    import traceback
+
+    try:
+        return measure()
+    except Exception as e:
+        traceback.print_exc()
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return [row(name, device, None, unit, False, f"{type(e).__name__}: {msg[:300]}")]
 
 
 # ------------------------------------------------------------------------------------------------------ models
@@ -232,3 +245,36 @@ def section_stages(models: Models, device: str, sizes: dict) -> list[dict]:
                     f"neighbours stage (neighbours.engine = torch) on {device} vs on cpu over the same embeddings: "
                     f"equal tables: {a.equals(b)} ({a.num_rows} vs {b.num_rows} rows)"))
     return rows
+
+
+# ------------------------------------------------------------------------------------------------------ translation
+WORD_OR_MARK = r"\w+|[^\w\s]"  # a source token of marian_texts: a word or a punctuation mark (SentencePiece: >=)
+
+
+def marian_texts(models: Models, n: int, seed: int = 0, max_words: int = 250) -> list[str]:
+    """n source rows for the opus-mt-shaped Marian (its vocabulary is placeholder words, bench/shapes.py), of real
+    sentences' lengths: row i has as many placeholder words as the i-th sentence of `texts_for` (wiki1m lines: the
+    carried sample on the GPU machine) has words and punctuation marks, at most `max_words` (a real tokenizer splits
+    some words further: a lower bound of opus-mt's pieces)."""
+    import random
+    import re
+
+    _, tokens, _ = models.marian()
+    rng = random.Random(seed)
+    words = tokens[2:-1]  # not </s>, <unk>, <pad>
+    return [" ".join(rng.choice(words) for _ in range(min(max_words, max(1, len(re.findall(WORD_OR_MARK, t))))))
+            for t in texts_for(n)]
+
+
+def translator(models: Models, device: str, settings: dict):
+    """The pipeline's HF engine (`load_engine`, the backtranslate stage's loader) on the opus-mt-shaped Marian, in
+    the dtype the stage picks on that device, with the stage's defaults + `settings` (BacktranslateCfg fields)."""
+    import torch
+
+    from pipeline.config.backtranslation import BacktranslateCfg
+    from pipeline.models.translator import load_engine
+
+    cuda = device.startswith("cuda")
+    dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if cuda else "float32"
+    path, _, _ = models.marian()
+    return load_engine("opus-mt-shape", str(path), BacktranslateCfg(**settings), device, dtype)

@@ -15,19 +15,19 @@ the models' own op dispatch (run on one token), the objective, the optimiser. It
 GPU could do with this host code however fast its arithmetic (sentences/s, target tokens/s, queries/s, steps/s).
 
 - encode: `Encoder.encode` over wiki1m lines (the file, repeated), at the encoder's default batch size and bf16
-  (a GPU's precision). Its ceiling is the host's work with tokenising apart (it runs on other cores: this box has
-  two): a second timing with tokenising answered from a memo (bench/host_model_jobs.py Remembered: the background
-  threads' token arrays now, the tokenizer call before); tokenising alone is reported on its own row.
+  (a GPU's precision). Its ceiling is the host's work with tokenising apart (other cores: this box has two): a
+  second timing with tokenising answered from a memo (host_model_jobs.py Remembered: the background threads' token
+  arrays now, the tokenizer call before); tokenising alone on its own row, through encode's path (pipeline_tokenising).
 - generate: `Translator.translate`, greedy, at the stage's defaults under a GPU's batching (32 rows a batch before
   issue 46; after it `batch_tokens = "auto"`, which on a GPU is 262,144 tokens: bench/host_model_jobs.py gpu_batch;
   `--set new:generate.batch_tokens=8192` times the CPU's budget instead), each row emitting as many tokens as its
   source has. Its ceiling: the decode steps at the GPU's batching x the host's cost a step, + rows x its cost a row,
   both fitted at 8 and 16 rows a batch where the hollow model's CPU work is nil (host_model_jobs.py host_costs).
 - search: `band_neighbours` with the torch engine as it runs on an 80 GB GPU against a 1M base, in two measured
-  parts (bench/host_search_jobs.py job_search): the host's cost of a block (its ops and Python, timed on 8-query
-  blocks of a 128-row base where the arithmetic is negligible) divided by the queries a GPU block holds in that
-  checkout, plus the host's work per query (before issue 46: numpy's resolve of each block's top-k on the real
-  384-d queries; now: copying the finished pools back and building the table).
+  parts (bench/host_search_jobs.py job_search): the host's cost of a block (its ops and Python, timed on blocks of
+  a GPU block's queries against a 128-row base: a 1M base's scores are a GPU's work) over those queries, plus the
+  host's work per query (before issue 46: numpy's resolve of each block's top-k on the real 384-d queries; now:
+  copying the finished pools back and building the table).
 - resolve (context, no goal): the same queries through an index that has only `search(x, k)` (FAISS, CPU or GPU),
   its GEMM and top-k done beforehand: the host's resolve per query, which does not depend on the base size.
 - train: one DebCSE step (batch 64 x <= 32 tokens) as trainer/train.py's loop runs it on a GPU, the batch collated
@@ -65,7 +65,6 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().with_name("host_jobs.py")
 BASE_COMMIT = "fce09b0"  # the last commit before issue 46 ("the card sets the pace"): today's code
 JOBS = ("encode", "generate", "search", "resolve", "train")
-SEARCH_PROBE = 8  # host_search_jobs.py SEARCH_PROBE_ROWS: queries a block when the search's per-block cost is timed
 UNIT = {"encode": "sentence", "generate": "target token", "search": "query", "resolve": "query", "train": "step"}
 CEILING = {"encode": "sentences/s", "generate": "tokens/s", "search": "queries/s", "resolve": "queries/s",
            "train": "steps/s"}
@@ -283,7 +282,8 @@ def details(best: dict, sizes: dict) -> list[str]:
             apart = n["untokenised_s"] / n["units"] if "untokenised_s" in n else rest
             out.append(f"encode: {n['units']} sentences, {n['call']}: {n['model_calls']} model calls (base "
                        f"{b['model_calls']}); CPU time a sentence {n['per_unit_cpu_s'] * 1e6:.1f} us, of which the "
-                       f"tokenizer call alone {tok * 1e6:.1f} us (a ceiling of {1 / tok:,.0f}/s on one core); with "
+                       f"tokenising alone, the way encode tokenises (its threads' token arrays; before: its "
+                       f"tokenizer call), {tok * 1e6:.1f} us of CPU (a ceiling of {1 / tok:,.0f}/s on one core); with "
                        f"tokenising remembered (the threads' token arrays; before: the tokenizer call), {apart * 1e6:.1f} "
                        f"us a sentence: the ceiling row, "
                        f"tokenising on other cores (this box has two: <= {1 / max(apart, tok, 1e-12):,.0f} "
@@ -300,8 +300,9 @@ def details(best: dict, sizes: dict) -> list[str]:
         elif job == "search":
             out.append(f"search: the torch engine as on an 80 GB GPU against a 1M base: blocks of {n['block_rows']} "
                        f"queries (base {b['block_rows']}), {n['block_ms']:.2f} ms of host a block (base "
-                       f"{b['block_ms']:.2f}; {SEARCH_PROBE}-query blocks on a {n['base']}-row base of 8 coordinates), "
-                       f"plus {n['host_query_us']:.1f} us a query for {n['host_part']} (base {b['host_query_us']:.1f} "
+                       f"{b['block_ms']:.2f}; timed on blocks of {n['probe_rows']} queries (base {b['probe_rows']}) on "
+                       f"a {n['base']}-row base of 8 coordinates: a 1M base's scores are a GPU's), plus "
+                       f"{n['host_query_us']:.1f} us a query for {n['host_part']} (base {b['host_query_us']:.1f} "
                        f"us for {b['host_part']})")
         elif job == "resolve":
             out.append(f"resolve: an index with only search(x, k) (FAISS), {n['units']} queries x {n['base']} base x "

@@ -9,7 +9,7 @@ from bench.host_hollow import WIDTH, HollowIndex
 from bench.host_measure import best_of, count_ops, from_config
 
 SEARCH_BASE = 128  # the base of the per-block measurement: each block's score GEMM and top-k shrunk to a sliver
-SEARCH_PROBE_ROWS = 8  # queries a block in that measurement: the rows' own arithmetic negligible, the block's ops whole
+SEARCH_PROBE_BLOCKS = 3  # blocks timed in that measurement, each of as many queries as a GPU block takes
 GPU_MEMORY = 76e9  # bytes free on an 80 GB card with the 1M x 384 base loaded: what sizes a GPU's blocks
 
 
@@ -27,9 +27,11 @@ def job_search(data: Path, sizes: dict, settings: dict) -> dict:
     """The band search with the torch engine (TorchExact) as it runs on a GPU against a 1M base. The host's time per
     query has two parts, each measured on this CPU:
     - per block: the ops a block launches and the Python around them, paid once per block of the rows the checkout
-      takes on an 80 GB card (gpu_block_rows): measured as CPU time per block with SEARCH_PROBE_ROWS queries a block
-      against a SEARCH_BASE-row base of WIDTH coordinates, where the rows' arithmetic is negligible (it still counts:
-      an upper bound), divided by those rows;
+      takes on an 80 GB card (gpu_block_rows): measured as CPU time per block at that real block size (the queries
+      of a GPU block; SEARCH_PROBE_BLOCKS of them, fewer where the data has fewer queries: `probe_rows` says), against
+      a SEARCH_BASE-row base of WIDTH coordinates, divided by those rows. The base cannot be real: a 1M base's block
+      of scores is 2,147 x 1M floats (8 GiB) and ~1.6 TFLOP at 384-d, a GPU's arithmetic. What a block's rows cost
+      against the small base (its GEMM, top-k and resolve over 128 candidates) still counts: an upper bound;
     - per query: what the host does for each query whatever the blocks. Where the engine hands the pools' resolve to
       the host (before issue 46: `search` returns the top-k, numpy ranks and rescores them), that is the resolve of
       the real queries (job_resolve's measurement: 384-d topic vectors, the neighbours defaults); where the engine
@@ -46,17 +48,18 @@ def job_search(data: Path, sizes: dict, settings: dict) -> dict:
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     c = NeighboursCfg()
     base, sids = x[:SEARCH_BASE], np.arange(len(x), dtype=np.int64)
-    probe = x[:min(len(x), 256 * SEARCH_PROBE_ROWS)]
-    index = TorchExact(base, "cpu", block_rows=SEARCH_PROBE_ROWS, **settings)
+    rows = gpu_block_rows()
+    probe = x[:min(len(x), SEARCH_PROBE_BLOCKS * rows)]
+    probe_rows = min(rows, len(probe))  # the real block size, unless the data has fewer queries (smoke sizes)
+    index = TorchExact(base, "cpu", block_rows=probe_rows, **settings)
 
     def blocks():
         band.band_neighbours(probe, sids[:len(probe)], base, sids[:SEARCH_BASE], index, index, c.lo, c.hi,
                              c.pool_size, **from_config(c, band.band_neighbours))
 
     blocks()  # warm-up
-    n_blocks = -(-len(probe) // SEARCH_PROBE_ROWS)
+    n_blocks = -(-len(probe) // probe_rows)
     per_block = {k: v / n_blocks for k, v in best_of(blocks, sizes["repeats"]).items()}
-    rows = gpu_block_rows()
     if hasattr(TorchExact, "band"):  # the resolve runs on the device: the host copies pools and builds the table
         real = job_resolve(data, dict(sizes, count=False), {})  # its pools: the real queries' (not timed here)
         table = real.pop("table")
@@ -84,7 +87,8 @@ def job_search(data: Path, sizes: dict, settings: dict) -> dict:
     per_query = {k: per_block[k] / rows + host[k] for k in ("seconds", "cpu_s")}
     n = len(z["base"])  # stated per query: the units the row divides by
     return {"units": n, "seconds": per_query["seconds"] * n, "cpu_s": per_query["cpu_s"] * n,
-            "block_rows": rows, "block_ms": per_block["cpu_s"] * 1e3, "host_query_us": host["cpu_s"] * 1e6,
+            "block_rows": rows, "probe_rows": probe_rows, "block_ms": per_block["cpu_s"] * 1e3,
+            "host_query_us": host["cpu_s"] * 1e6,
             "host_part": where, "pool_rows": real["pool_rows"], "base": SEARCH_BASE,
             **count_ops(blocks, n_blocks * rows, sizes)}  # ops a block over the queries a GPU block holds
 

@@ -226,14 +226,14 @@ def cmd_cache(args, cfg: Config) -> None:
 
     root, runs = memo_root(cfg), cfg.run.root
     if args.verify:
-        checked, bad = verify(root, dry_run=args.dry_run)
+        checked, bad = verify(root, dry_run=args.dry_run, key=cfg.runner.memo_key_bytes())
         for path, why in bad:
             print(f"bad {path}: {why}")
         print(f"{checked} packs verified, " + (f"{len(bad)} failed" if bad else "none failed"))
         if bad:
             raise MemoUnverified(f"memo: {len(bad)} of {checked} packs failed verification ("
                                  f"{'would be moved' if args.dry_run else 'moved'} to {root / '.quarantine'}/, "
-                                 f"never served); their writers are named above")
+                                 f"never served); their files' owners are named above")
         return
     if args.prune or args.older_than is not None or args.unreferenced:
         gone = prune(root, runs, args.older_than, args.unreferenced, args.dry_run)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +45,7 @@ def _rows(memo: RowMemo, texts, calls: list, schema=None) -> pa.Table:
 
 
 TEXTS = [f"sentence {i}" + "x" * (i % 7) for i in range(100)]
+OWNER = f"file owned by uid {os.getuid()}"  # what a refusal names: the file's owner (fstat), not the pack's claim
 
 
 def _forge(pack: Path, table: pa.Table, honest_hash: bool = True, user: str = "mallory") -> None:
@@ -81,8 +84,8 @@ def test_a_pack_of_another_width_is_never_served(tmp_path, caplog, verify):
         got = _rows(_memo(tmp_path, verify), TEXTS, calls)
         _rows(_memo(tmp_path, verify), TEXTS[:3], [])
     assert got.equals(_vectors(TEXTS)) and calls == [TEXTS]
-    named = _named(caplog, str(pack), "fixed_size_binary[8]", "mallory@elsewhere")
-    assert len(named) == 1 and "moved to" in named[0]
+    named = _named(caplog, str(pack), "fixed_size_binary[8]", OWNER)  # who the filesystem says, not the claim
+    assert len(named) == 1 and "moved to" in named[0] and "mallory" not in named[0]
     assert len(list((tmp_path / ".quarantine").rglob("*.parquet"))) == 1  # aside, not deleted
     assert _rows(_memo(tmp_path), TEXTS, calls).equals(_vectors(TEXTS)) and len(calls) == 1  # rewritten whole
 
@@ -96,7 +99,7 @@ def test_other_values_under_a_stale_hash_are_caught_without_the_audit(tmp_path, 
     calls: list = []
     with caplog.at_level(logging.WARNING, logger="contramine.memo"):
         assert _rows(_memo(tmp_path, verify=0.0), TEXTS, calls).equals(_vectors(TEXTS))
-    assert calls == [TEXTS] and _named(caplog, str(pack), "do not hash to its record", "mallory")
+    assert calls == [TEXTS] and _named(caplog, str(pack), "do not hash to its record", OWNER)
 
 
 @pytest.mark.parametrize("changed", ["every row", "one row"])
@@ -117,8 +120,9 @@ def test_the_audit_catches_a_pack_rewritten_with_a_valid_hash(tmp_path, caplog, 
     with caplog.at_level(logging.WARNING, logger="contramine.memo"):
         got = _rows(memo, TEXTS, calls)
     assert got.equals(_vectors(TEXTS))  # the run's rows equal a fresh computation's
-    named = _named(caplog, str(pack), "failed the audit", "mallory@elsewhere (pid 7) at then")
-    assert len(named) == 1 and "moved to" in named[0]
+    mtime = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(pack.stat().st_mtime))
+    named = _named(caplog, str(pack), "failed the audit", f"{OWNER}", f"modified {mtime}")
+    assert len(named) == 1 and "moved to" in named[0] and "mallory" not in named[0]
     assert len(list((tmp_path / ".quarantine").rglob("*.parquet"))) == 1  # aside, for whoever looks into it
     assert pack_record(pq.read_schema(pack))["writer"]["user"] != "mallory"  # its rows, written again by this run
     assert sorted(t for c in calls for t in c) == sorted(TEXTS)  # its rows, all computed again
@@ -286,7 +290,7 @@ def test_cache_verify_checks_every_pack_and_quarantines_what_fails(tmp_path, cap
     pq.write_table(pq.read_table(packs[1]).replace_schema_metadata(None), packs[1])
     assert cli_main(["cache", "--verify", "--dry-run", "--set", f"run.root={runs}"]) == 2
     out, err = capsys.readouterr()
-    assert all(p.exists() for p in packs) and f"bad {packs[0]}:" in out and "mallory@elsewhere" in out
+    assert all(p.exists() for p in packs) and f"bad {packs[0]}:" in out and OWNER in out and "mallory" not in out
     assert err.strip().splitlines()[-1].startswith("error: memo: 2 of 3 packs failed verification")
     assert cli_main(["cache", "--verify", "--set", f"run.root={runs}"]) == 2
     capsys.readouterr()

@@ -5,6 +5,7 @@ tests/test_row_memo.py."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -104,7 +105,7 @@ def test_a_grown_corpus_another_layout_and_another_run_send_only_new_rows_to_the
 
     # a pack rewritten with the same keys and other values (valid Parquet, checksums and values hash, another
     # writer's record), and one with 2-d vectors: the audit and the schema check refuse them, named with their
-    # writer; the run's tables equal the fresh run's
+    # file's owner (fstat, not the forged record); the run's tables equal the fresh run's
     negate_pack = _forge(root / ".memo" / "negate", lambda t: t.set_column(
         t.schema.get_field_index("text"), "text", pa.array([f"not {x}" for x in t.column("text").to_pylist()])))
     emb_pack = _forge(root / ".memo" / "embeddings", lambda t: t.set_column(
@@ -114,7 +115,8 @@ def test_a_grown_corpus_another_layout_and_another_run_send_only_new_rows_to_the
         mine(grown, "c", upto="negate")  # the stages through negate: embeddings' and negate's memos
     got = table_hashes(root / "c")
     assert got == {t: want[t] for t in got} and {"embeddings", "negations"} <= set(got)
-    named = [r.getMessage() for r in caplog.records if "mallory@elsewhere" in r.getMessage()]
+    named = [r.getMessage() for r in caplog.records if f"file owned by uid {os.getuid()}" in r.getMessage()]
+    assert not any("mallory" in m for m in named), named
     assert any(str(negate_pack) in m and "failed the audit" in m for m in named), named
     assert any(str(emb_pack) in m and "fixed_size_binary[8]" in m for m in named), named
     quarantined = list((root / ".memo" / ".quarantine").rglob("*.parquet"))  # moved aside, not deleted

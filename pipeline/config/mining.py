@@ -4,14 +4,16 @@ version (pipeline/engine/codeversion.py) never covers the training settings.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import AliasChoices, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from pipeline.config.base import ARTIFACTS, CHECKOUT, SHARED_DATA, Section
 from pipeline.config.names import inside, name_problem
 
+MEMO_KEY_ENV = "CONTRAMINE_MEMO_KEY"  # where runner.memo_key comes from when no profile or --set gives it
 RUNS_ROOT = "run.root (artifacts/ unless set)"  # where a run name's folder is, in its refusal
 
 
@@ -52,12 +54,32 @@ class RunnerCfg(Section):
                                   "folder on a shared filesystem serves a team or a cluster")
     memo_verify: float = Field(0.001, ge=0, le=1, description="the memo's audit: this share of the rows a run takes "
                                "from the memo, and at least one row of every pack it reads, is computed again and "
-                               "compared; a pack with a differing row is quarantined, named with its writer, and its "
-                               "rows recomputed (docs/mining.md, \"Whom a shared memo trusts\"); 0 = off")
+                               "compared; a pack with a differing row is quarantined, named with its file's owner, "
+                               "and its rows recomputed (docs/mining.md, \"Whom a shared memo trusts\"); 0 = off")
     keep_replaced_s: float = Field(300.0, ge=0, description="how long the shards a stage's commit replaces stay on "
                                    "disk, so that a `sql` or report that listed them before the commit finishes "
                                    "(pipeline/engine/grace.py); the table's next commit or `contramine cache --prune` "
                                    "removes them after; 0 = at once")
+    memo_key: SecretStr | None = Field(None, exclude=True, repr=False, validate_default=True,
+                                       description="the team's memo key: packs' values hashes become "
+                                       "HMAC-SHA256 under it, and a pack without the keyed hash is refused, so a "
+                                       "writer without the key cannot forge one others accept; unset, it is taken "
+                                       f"from ${MEMO_KEY_ENV}; never written into a run's config record, manifests "
+                                       "or logs (docs/mining.md, \"Whom a shared memo trusts\")")
+
+    @field_validator("memo_key", mode="after")
+    @classmethod
+    def _memo_key(cls, v: SecretStr | None) -> SecretStr | None:
+        # from the environment of every process that runs a stage (a Dask worker too: the key is never sent)
+        v = v if v is not None else (SecretStr(os.environ[MEMO_KEY_ENV]) if os.environ.get(MEMO_KEY_ENV) else None)
+        if v is not None and len(v.get_secret_value()) < 16:
+            raise ValueError(f"runner.memo_key (or ${MEMO_KEY_ENV}) must be at least 16 characters: a short key is "
+                             f"guessed")
+        return v
+
+    def memo_key_bytes(self) -> bytes | None:
+        """The team key as the HMAC takes it (None: unkeyed, as without a team key)."""
+        return self.memo_key.get_secret_value().encode() if self.memo_key is not None else None
 
     @model_validator(mode="after")
     def _address(self):

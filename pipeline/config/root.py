@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from pipeline.config.backtranslation import BacktranslateCfg
 from pipeline.config.base import Section, result_settings
@@ -15,7 +15,7 @@ from pipeline.config.training import CompareCfg, TrainCfg
 
 class Config(Section):
     run: RunCfg = RunCfg()
-    runner: RunnerCfg = RunnerCfg()
+    runner: RunnerCfg = Field(default_factory=RunnerCfg)  # a fresh one: runner.memo_key comes from the environment now
     data: DataCfg = DataCfg()
     sentences: SentencesCfg = SentencesCfg()
     encoder: EncoderCfg = EncoderCfg()

@@ -22,15 +22,18 @@ Layout: <memo root>/<stage>/<memo name>-<namespace hash>/ with `_namespace.json`
 schema of its values) and packs `<blake2b of the pack's keys>.parquet`: a `key` column (16 bytes) and the value
 columns, one pack per shard computation, written atomically (temp file, fsync, rename) with Parquet page checksums.
 Each pack's key-value metadata (`contramine.memo`, written with it in the same file) records its writer (user,
-host, pid, time, the stage's code version) and the blake2b of its values. Two writers of the same rows write the same
+host, pid, time, the stage's code version: its writer's claim, never repeated as fact) and the blake2b of its
+values, with a team key (`runner.memo_key`) also their HMAC-SHA256 (`mac`). Two writers of the same rows write the same
 name and replace each other with equal values; a writer killed mid-write leaves only a temp file no reader opens.
 
 What is served, and what is not. A row is served only when its whole 16-byte key matches, from a pack that reads
 (page checksums), whose values have the namespace's schema (the stage's, or the one `_namespace.json` records:
-another vector width is another schema) and hash to what its record says. A pack that fails any of these is named
-once in the log with its writer, moved aside to `<memo root>/.quarantine/<stage>/<namespace>/` (never deleted), and
-its rows are computed again. On top, the audit (`runner.memo_verify`): a share of the reused rows, and at least one
-row of every pack a lookup reads, is computed again and compared; a pack with a differing row is quarantined the
+another vector width is another schema) and hash to what its record says (with a team key, also to its `mac`: a
+pack without one is refused). A pack that fails any of these (or is a FIFO, socket or device named like one: opened
+non-blocking, checked with fstat) is named once in the log with its file's owner uid and mtime, moved aside to
+`<memo root>/.quarantine/<stage>/<namespace>/` (never deleted), and its rows are computed again. On top, the
+audit (`runner.memo_verify`): a share of the reused rows, and at least one row of every pack a lookup reads, is
+computed again and compared; a pack with a differing row is quarantined the
 same way and all its rows are recomputed, so a run's tables equal a fresh run's even when a writer of a shared memo
 (or a bug in a namespace key) stored wrong values. A memo the run cannot write (another user's) is used read-only,
 said once; a folder under the memo root that is a symbolic link is neither read nor written, said once. Deletes
@@ -60,12 +63,11 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.engine.memo_audit import audit_rows, same_rows
 from pipeline.engine.memo_index import NamespaceIndex, index_new_packs, key_prefixes, namespace_index
-from pipeline.engine.memo_packs import NAMESPACE, PACK, file_signature, own_files, pack_record, read_pack, \
-    recorded_schema, schema_text, writer_of
+from pipeline.engine.memo_packs import NAMESPACE, PACK, file_signature, owner_of, own_files, read_pack, \
+    recorded_schema, schema_text
 from pipeline.engine.memo_store import quarantine, say_once, write_pack
 from pipeline.engine.safe_paths import UnsafePath, check_below
 
@@ -104,8 +106,10 @@ class RowMemo:
     `verify`: the audit's share of reused rows (runner.memo_verify); `exact`: False where rows may differ in their
     last bits (a GPU with runner.memo = "on"), so the audit compares vectors to 1e-4."""
 
-    def __init__(self, root: Path, stage: str, name: str, facts: dict, verify: float = 0.0, exact: bool = True):
+    def __init__(self, root: Path, stage: str, name: str, facts: dict, verify: float = 0.0, exact: bool = True,
+                 key: bytes | None = None):
         self.root, self.stage, self.name, self.facts = Path(root), stage, name, facts
+        self.key = key  # the team's runner.memo_key: packs' values hashes are keyed (HMAC-SHA256), others refused
         self.namespace = f"{name}-{namespace_hash(facts)}"
         self.dir = self.root / stage / self.namespace
         self.counts = Counts()
@@ -133,13 +137,13 @@ class RowMemo:
             self._schema = recorded_schema(self.dir)
         return self._schema
 
-    def _refuse(self, index: NamespaceIndex, path: Path, why: str, record: dict | None = None,
-                sig: tuple | None = None):
-        """A pack that is not served: named once (with its writer), quarantined, forgotten by the index."""
+    def _refuse(self, index: NamespaceIndex, path: Path, why: str, st: os.stat_result | None = None):
+        """A pack that is not served: named once with who the filesystem says wrote it (owner uid, mtime: the pack's
+        own writer record is its writer's claim), quarantined, forgotten by the index."""
+        sig = file_signature(st) if st is not None else None
         moved = quarantine(self.root, path)
         where = f"moved to {moved}" if moved else "left in place (not served by this process)"
-        say_once(("bad", path, sig), f"memo: {path} {why} ({writer_of(record)}): {where}; its rows are computed "
-                                     f"again")
+        say_once(("bad", path, sig), f"memo: {path} {why} ({owner_of(st)}): {where}; its rows are computed again")
         with index.lock:
             index.drop(path.name)
             if not moved and sig is not None:
@@ -168,8 +172,8 @@ class RowMemo:
             bad = index_new_packs(index, self.dir, expected)
             prefix, loc, packs = index.prefix, index.loc, list(index.packs)
         self._packs = packs  # the pack numbers this lookup returns name these (rows() may refuse one of them)
-        for path, problem, record, sig in bad:
-            self._refuse(index, path, problem, record, sig)
+        for path, problem, _record, st in bad:
+            self._refuse(index, path, problem, st)
         if not len(prefix):
             return none
         asked = key_prefixes(keys)
@@ -187,11 +191,11 @@ class RowMemo:
             if path is None:
                 continue
             sel = np.flatnonzero(pack_of == number)
-            table, sig, problem = read_pack(path, expected)
+            table, st, problem = read_pack(path, expected, self.key)
             if table is None and problem is None:
                 continue  # gone meanwhile: its rows are computed
             if problem is not None:
-                self._refuse(index, path, problem, pack_record(table.schema) if table is not None else None, sig)
+                self._refuse(index, path, problem, st)
                 continue
             values = table.take(pa.array(row_of[sel]))
             stored = values.column("key").combine_chunks().buffers()[1].to_pybytes()
@@ -214,7 +218,7 @@ class RowMemo:
         """Write one pack of rows (atomically, with its writer record and values hash); its name is the hash of its
         keys, so two writers of the same rows write the same file. None when nothing was written (no rows, a
         read-only memo: said once)."""
-        return write_pack(self.root, self.dir, self.stage, self.name, self.facts, keys, values)
+        return write_pack(self.root, self.dir, self.stage, self.name, self.facts, keys, values, self.key)
 
     # ---- reading, computing, auditing ------------------------------------------------------------------------------
     def rows(self, keys: list[bytes], compute: Callable[[np.ndarray], pa.Table],
@@ -284,13 +288,11 @@ class RowMemo:
         with index.lock:
             if index.number.get(path.name) != number:
                 return  # refused meanwhile by another shard of this process
-        record, sig = None, None
         try:
-            sig = file_signature(os.stat(path, follow_symlinks=False))
-            record = pack_record(pq.read_schema(path))
-        except (OSError, pa.ArrowException):
-            pass
-        self._refuse(index, path, why, record, sig)
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            st = None
+        self._refuse(index, path, why, st)
 
 
 class NoMemo:

@@ -4,7 +4,9 @@ and their sizes, the ones no run's manifest names, and every pack checked as a l
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,10 +14,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.engine.memo_packs import FORMAT, NAMESPACE, OWN, PACK, QUARANTINE, TEMP, own_files, pack_record, \
-    read_pack, recorded_schema, schema_text, values_schema, writer_of
+from pipeline.engine.memo_packs import FORMAT, NAMESPACE, OWN, PACK, QUARANTINE, TEMP, namespace_facts, open_pack, \
+    owner_of, own_files, read_pack, recorded_schema, schema_text, values_schema
 from pipeline.engine.memo_store import log, quarantine, say_once
-from pipeline.engine.safe_paths import UnsafePath, check_below, open_folder
+from pipeline.engine.safe_paths import UnsafePath, check_below, not_regular, open_folder, read_regular
 from pipeline.errors import ExpectedError
 
 
@@ -42,15 +44,24 @@ def namespaces(root: Path) -> list[NamespaceInfo]:
             continue
         try:
             check_below(root, ns / NAMESPACE, final=True)
+            st = (ns / NAMESPACE).lstat()
+            if not stat.S_ISREG(st.st_mode):  # a FIFO there would hang whoever reads it: never opened
+                raise not_regular(ns / NAMESPACE, st.st_mode)
         except UnsafePath as e:
             say_once(("link", ns), f"memo: {e}; left out")
+            continue
+        except FileNotFoundError:
             continue
         packs = own_files(ns, PACK)
         rows, sizes, used = 0, [], []
         for p in packs:
+            fd, _ = open_pack(p)  # non-blocking, fstat-checked: a FIFO swapped in since the listing is skipped
+            if fd is None:
+                continue
             try:
-                st = p.stat()
-                rows += pq.ParquetFile(p).metadata.num_rows
+                with os.fdopen(fd, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    rows += pq.ParquetFile(f).metadata.num_rows
             except (OSError, pa.ArrowException):
                 continue
             sizes.append(st.st_size)
@@ -64,8 +75,11 @@ def referenced_namespaces(runs_root: Path) -> set[str]:
     """`<stage>/<namespace>` of every memo a committed manifest under `runs_root` names (its stage's `memo`)."""
     refs = set()
     for man in Path(runs_root).glob("*/*/_manifest.json"):
-        try:
-            manifest = json.loads(man.read_text())
+        try:  # non-blocking, fstat-checked: a FIFO at a run's manifest is named, never waited on
+            manifest = json.loads(read_regular(man, follow=True))
+        except UnsafePath as e:
+            say_once(("manifest", man), f"memo: {e}; not read for the namespaces it names")
+            continue
         except (OSError, json.JSONDecodeError, UnicodeDecodeError):
             continue
         if not isinstance(manifest, dict) or not isinstance(manifest.get("memo"), dict):
@@ -131,21 +145,20 @@ def prune(root: Path, runs_root: Path, older_than_days: float | None = None, unr
 
 
 class MemoUnverified(ExpectedError, RuntimeError):
-    """`contramine cache --verify` found packs that fail: one line (each pack and its writer are listed above it)."""
+    """`contramine cache --verify` found packs that fail: one line (each pack and its file's
+    owner are listed above it)."""
 
 
-def verify(root: Path, dry_run: bool = False) -> tuple[int, list[tuple[Path, str]]]:
+def verify(root: Path, dry_run: bool = False, key: bytes | None = None) -> tuple[int, list[tuple[Path, str]]]:
     """`contramine cache --verify`: every pack of every namespace read whole (page checksums) and checked as a
     lookup checks it — the key column, the namespace's value schema (the one `_namespace.json` records, else the one
-    most packs have), the writer record, the values hash. Each pack that fails is quarantined (not with
-    `dry_run`). Returns (packs checked, [(pack, why and who wrote it)]). Recomputing rows needs the models and the
+    most packs have), the writer record, the values hash (keyed with the team's `key` when given: a pack without
+    it fails). Each pack that fails is quarantined (not with `dry_run`). Returns (packs checked, [(pack, why and
+    who the filesystem says wrote it: owner uid, mtime)]). Recomputing rows needs the models and the
     rows' inputs, which a pack does not hold: a run does that (`runner.memo_verify = 1` on a new run name)."""
     checked, bad = 0, []
     for ns in namespaces(root):
-        try:
-            facts = json.loads((ns.path / NAMESPACE).read_text()).get("facts") or {}
-        except (OSError, ValueError, AttributeError):
-            facts = {}
+        facts = namespace_facts(ns.path)
         if facts.get("format") != FORMAT:  # an older version's namespace: never read now, pruned once unreferenced
             log.info(f"memo: {ns.path} is of an older memo format: not read by this version, not verified "
                      f"(`contramine cache --unreferenced` removes it once no run names it)")
@@ -154,18 +167,21 @@ def verify(root: Path, dry_run: bool = False) -> tuple[int, list[tuple[Path, str
         if expected is None:  # no record: the schema most packs have
             seen: dict[str, int] = {}
             for p in ns.pack_files:
+                fd, _ = open_pack(p)
+                if fd is None:
+                    continue
                 try:
-                    text = schema_text(values_schema(pq.read_schema(p)))
+                    with os.fdopen(fd, "rb") as f:
+                        text = schema_text(values_schema(pq.read_schema(f)))
                 except (OSError, pa.ArrowException):
                     continue
                 seen[text] = seen.get(text, 0) + 1
             expected = max(seen, key=seen.get) if seen else None
         for p in ns.pack_files:
             checked += 1
-            table, _, problem = read_pack(p, expected)
+            table, st, problem = read_pack(p, expected, key)
             if problem is None:
                 continue
-            record = pack_record(table.schema) if table is not None else None
             moved = None if dry_run else quarantine(root, p)
-            bad.append((p, f"{problem} ({writer_of(record)})" + (f": moved to {moved}" if moved else "")))
+            bad.append((p, f"{problem} ({owner_of(st)})" + (f": moved to {moved}" if moved else "")))
     return checked, bad

@@ -4,7 +4,6 @@ stage ends.
 """
 from __future__ import annotations
 
-import errno
 import os
 import threading
 from pathlib import Path
@@ -13,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.engine.memo_packs import PACK, file_signature, pack_problem, pack_record
+from pipeline.engine.memo_packs import PACK, file_signature, open_pack, pack_problem, pack_record
 from pipeline.engine.memo_store import say_once
 
 
@@ -94,7 +93,7 @@ def key_prefixes(keys: pa.Array | list[bytes]) -> np.ndarray:
 
 def index_new_packs(index: NamespaceIndex, folder: Path, expected: str | None) -> list[tuple]:
     """Index the packs of the namespace `folder` written since this process last looked (their footers and key
-    columns only); returns (path, why, record, signature) of each that is refused (the caller names and quarantines
+    columns only); returns (path, why, record, fstat) of each that is refused (the caller names and quarantines
     them)."""
     try:
         names = sorted(e.name for e in os.scandir(folder) if PACK.fullmatch(e.name) and e.name not in
@@ -104,17 +103,14 @@ def index_new_packs(index: NamespaceIndex, folder: Path, expected: str | None) -
     prefixes, locs, bad = [], [], []
     for name in names:
         path = folder / name
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue  # pruned or quarantined meanwhile
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                say_once(("link", path), f"memo: {path} is a symbolic link: not read (remove it)")
-            continue
+        fd, why = open_pack(path)  # non-blocking and fstat-checked: a FIFO named like a pack never stalls a stage
+        if fd is None:
+            if why is not None:  # a link, FIFO, socket or device: named once, never read (a pack is a plain file)
+                say_once(("not a pack", path), f"memo: {path} {why}: not read (remove it)")
+            continue  # else pruned or quarantined meanwhile
         with os.fdopen(fd, "rb") as f:
-            sig = file_signature(os.fstat(f.fileno()))
-            if index.refused.get(name) == sig:
+            st = os.fstat(f.fileno())
+            if index.refused.get(name) == file_signature(st):
                 continue
             try:
                 pf = pq.ParquetFile(f, page_checksum_verification=True)
@@ -123,7 +119,7 @@ def index_new_packs(index: NamespaceIndex, folder: Path, expected: str | None) -
             except (OSError, pa.ArrowException) as e:
                 problem, record = f"does not read ({type(e).__name__}: {e})", None
         if problem is not None:
-            bad.append((path, problem, record, sig))
+            bad.append((path, problem, record, st))
             continue
         number = len(index.packs)
         index.packs.append(path)

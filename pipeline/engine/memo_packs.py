@@ -4,6 +4,7 @@ the hash of its values) and the checks a pack must pass before a row of it is se
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -16,10 +17,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.engine.safe_paths import UnsafePath, kind_of, open_regular, read_regular
+
 FORMAT = 2  # 2: packs carry their writer and values hash; in every namespace's facts, so format 1 is never read
 NAMESPACE = "_namespace.json"
 QUARANTINE = ".quarantine"
-RECORD = b"contramine.memo"  # the pack's key-value metadata: {format, writer, values, rows}
+RECORD = b"contramine.memo"  # the pack's key-value metadata: {format, writer, values, rows[, mac]}
 KEY = pa.binary(16)
 # The only names the memo writes in a namespace, so the only ones it reads or removes (fullmatch):
 PACK = re.compile(r"[0-9a-f]{32}\.parquet")
@@ -28,14 +31,33 @@ OWN = re.compile(rf"{PACK.pattern}|{TEMP.pattern}|{re.escape(NAMESPACE)}")  # al
 
 
 # ---- what a pack records ---------------------------------------------------------------------------------------------
-def values_hash(values: pa.Table) -> str:
+def values_hash(values: pa.Table, key: bytes | None = None) -> str:
     """blake2b-128 of a table's values, from their logical content (not their Arrow layout: a slice, a chunking or a
-    validity buffer does not change it), column by column with names and types."""
-    h = hashlib.blake2b(digest_size=16)
+    validity buffer does not change it), column by column with names and types. With the team's `key`
+    (runner.memo_key), HMAC-SHA256 of the same bytes: only a holder of the key can make a pack's `mac` match."""
+    return values_hashes(values, key)[1 if key else 0]
+
+
+def values_hashes(values: pa.Table, key: bytes | None = None) -> tuple[str, str | None]:
+    """(the plain hash, the keyed one or None), from one pass over the values."""
+    plain = hashlib.blake2b(digest_size=16)
+    keyed = hmac.new(key, digestmod=hashlib.sha256) if key else None
+    h = _Both(plain, keyed) if keyed else plain
     for name, col in zip(values.column_names, values.columns):
         h.update(f"{name}:{_type_text(col.type)}:{len(col)}\0".encode())
         _hash_array(h, col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
-    return h.hexdigest()
+    return plain.hexdigest(), keyed.hexdigest() if keyed else None
+
+
+class _Both:
+    """Two hashes fed the same bytes."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def update(self, data) -> None:
+        self.a.update(data)
+        self.b.update(data)
 
 
 def _hash_array(h, arr: pa.Array) -> None:
@@ -84,11 +106,19 @@ def pack_record(schema: pa.Schema) -> dict | None:
     return record if isinstance(record, dict) and record.get("format") == FORMAT else None
 
 
-def writer_of(record: dict | None) -> str:
-    w = (record or {}).get("writer")
-    if not isinstance(w, dict):
-        return "writer unknown"
-    return f"written by {w.get('user')}@{w.get('host')} (pid {w.get('pid')}) at {w.get('time')}, code {w.get('code')}"
+def owner_of(st: os.stat_result | None) -> str:
+    """Who the filesystem says wrote a file: its owner's uid (and name, where this host knows it) and its mtime, from
+    fstat of the file as opened. A pack's own writer record is the writer's claim, forged as easily as its values."""
+    if st is None:
+        return "owner unknown"
+    try:
+        import pwd
+
+        name = f" ({pwd.getpwuid(st.st_uid).pw_name})"
+    except (ImportError, KeyError):
+        name = ""
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(st.st_mtime))
+    return f"file owned by uid {st.st_uid}{name}, modified {when}"
 
 
 def schema_text(schema: pa.Schema) -> str:
@@ -124,14 +154,20 @@ def pack_problem(table_schema: pa.Schema, expected: str | None) -> str | None:
     return None
 
 
-def values_problem(table: pa.Table) -> str | None:
-    """Why a whole pack's values are not what its record says (rows, values hash), or None."""
+def values_problem(table: pa.Table, key: bytes | None = None) -> str | None:
+    """Why a whole pack's values are not what its record says (rows, values hash; with the team's `key`, also the
+    keyed hash `mac`: a pack written without the key, or rewritten with its hashes recomputed, fails), or None."""
     record = pack_record(table.schema)
     values = table.drop_columns(["key"])
     if record.get("rows") != table.num_rows:
         return f"{table.num_rows} rows where its record says {record.get('rows')}"
-    if record.get("values") != values_hash(values):
+    plain, mac = values_hashes(values, key)
+    if record.get("values") != plain:
         return "values that do not hash to its record's hash (changed after they were written)"
+    if key and not isinstance(record.get("mac"), str):
+        return "no keyed values hash (written without the team's runner.memo_key)"
+    if key and not hmac.compare_digest(record["mac"], mac):
+        return "values whose keyed hash is not the team key's (forged, or written with another runner.memo_key)"
     return None
 
 
@@ -149,30 +185,52 @@ def own_files(folder: Path, pattern: re.Pattern) -> list[Path]:
 
 
 def recorded_schema(folder: Path) -> str | None:
-    """The value schema a namespace folder's `_namespace.json` records, or None (no such plain file, or unreadable)."""
-    path = folder / NAMESPACE
+    """The value schema a namespace folder's `_namespace.json` records, or None (no such plain file, or unreadable:
+    a link, a FIFO or a device there is never opened for long, safe_paths.open_regular)."""
     try:
-        if path.is_file() and not path.is_symlink():
-            recorded = json.loads(path.read_text()).get("values")
-            return recorded if isinstance(recorded, str) else None
-    except (OSError, ValueError, AttributeError):
-        pass
-    return None
+        recorded = json.loads(read_regular(folder / NAMESPACE, limit=1 << 20)).get("values")
+        return recorded if isinstance(recorded, str) else None
+    except (OSError, ValueError, AttributeError, UnsafePath):
+        return None
 
 
-def read_pack(path: Path, expected: str | None) -> tuple[pa.Table | None, tuple | None, str | None]:
-    """(the whole pack, its file's signature, why it is not served or None); (None, None, None) when gone."""
+def namespace_facts(folder: Path) -> dict:
+    """The facts `_namespace.json` records ({} when it is no plain file or does not parse)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        facts = json.loads(read_regular(folder / NAMESPACE, limit=1 << 20)).get("facts")
+        return facts if isinstance(facts, dict) else {}
+    except (OSError, ValueError, AttributeError, UnsafePath):
+        return {}
+
+
+def open_pack(path: Path) -> tuple[int | None, str | None]:
+    """(a read descriptor of the pack, None), or (None, why it is not opened): a link, a FIFO, a socket or a device
+    named like a pack is refused at once (opened non-blocking, checked with fstat: safe_paths.open_regular), never
+    waited on; (None, None) when it is gone."""
+    try:
+        return open_regular(path), None
     except FileNotFoundError:
-        return None, None, None
+        return None, None
+    except UnsafePath:
+        try:
+            return None, f"is {kind_of(os.lstat(path).st_mode)}, not a regular file"
+        except FileNotFoundError:
+            return None, None
     except OSError as e:
-        return None, None, f"does not open ({type(e).__name__}: {e.strerror})"
+        return None, f"does not open ({type(e).__name__}: {e.strerror})"
+
+
+def read_pack(path: Path, expected: str | None, key: bytes | None = None
+              ) -> tuple[pa.Table | None, os.stat_result | None, str | None]:
+    """(the whole pack, its file's fstat, why it is not served or None); (None, None, None) when gone."""
+    fd, why = open_pack(path)
+    if fd is None:
+        return None, None, why
     with os.fdopen(fd, "rb") as f:
-        sig = file_signature(os.fstat(f.fileno()))
+        st = os.fstat(f.fileno())
         try:
             table = pq.read_table(f, page_checksum_verification=True)
         except (OSError, pa.ArrowException) as e:
-            return None, sig, f"does not read ({type(e).__name__}: {e})"
-    problem = pack_problem(table.schema, expected) or values_problem(table)
-    return table, sig, problem
+            return None, st, f"does not read ({type(e).__name__}: {e})"
+    problem = pack_problem(table.schema, expected) or values_problem(table, key)
+    return table, st, problem

@@ -44,7 +44,7 @@ def open_memo(stage, spec, cfg, plan: dict, force: bool = False) -> "RowMemo | N
     if memo_state(stage, cfg, plan) != "on":
         return NoMemo(stage.name, spec.name)
     memo = RowMemo(memo_root(cfg), stage.name, spec.name, namespace_facts(stage, spec, cfg, plan),
-                   verify=cfg.runner.memo_verify, exact=not _on_gpu(plan))
+                   verify=cfg.runner.memo_verify, exact=not _on_gpu(plan), key=cfg.runner.memo_key_bytes())
     memo.read = not force
     return memo
 

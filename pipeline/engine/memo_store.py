@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.engine.atomic import atomic_file, atomic_write_json
-from pipeline.engine.memo_packs import FORMAT, KEY, NAMESPACE, QUARANTINE, RECORD, schema_text, values_hash, \
+from pipeline.engine.memo_packs import FORMAT, KEY, NAMESPACE, QUARANTINE, RECORD, schema_text, values_hashes, \
     writer_record
 from pipeline.engine.safe_paths import UnsafePath, make_dirs, open_folder
 
@@ -85,17 +85,18 @@ def quarantine(root: Path, pack: Path) -> Path | None:
 
 
 def write_pack(root: Path, folder: Path, stage: str, memo: str, facts: dict, keys: list[bytes],
-               values: pa.Table) -> Path | None:
+               values: pa.Table, key: bytes | None = None) -> Path | None:
     """Write one pack of rows into the namespace `folder` of the memo at `root` (atomically, with its writer record
-    and values hash); its name is the hash of its keys, so two writers of the same rows write the same file. None
-    when nothing was written (no rows, a read-only memo: said once)."""
+    and values hash, keyed with the team's `key` when given); its name is the hash of its keys, so two writers of the
+    same rows write the same file. None when nothing was written (no rows, a read-only memo: said once)."""
     if not keys or root in _READ_ONLY:
         return None
     name = hashlib.blake2b(b"".join(keys), digest_size=16).hexdigest() + ".parquet"
     key_col = pa.FixedSizeBinaryArray.from_buffers(KEY, len(keys), [None, pa.py_buffer(b"".join(keys))])
     values = values.replace_schema_metadata(None)
-    record = {"format": FORMAT, "writer": writer_record(facts), "values": values_hash(values),
-              "rows": len(keys)}
+    plain, mac = values_hashes(values, key)  # mac: HMAC-SHA256 under the team's runner.memo_key, when set
+    record = {"format": FORMAT, "writer": writer_record(facts), "values": plain, "rows": len(keys),
+              **({"mac": mac} if mac else {})}
     table = values.add_column(0, pa.field("key", KEY, nullable=False), key_col) \
         .replace_schema_metadata({RECORD: json.dumps(record, sort_keys=True)})
     # vectors (fixed-size binary) do not compress: written plain, they write and read at disk speed

@@ -135,12 +135,10 @@ class Folder:
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.EMLINK):
                 raise linked(self.path / name, self.root, os.readlink(name, dir_fd=self.fd)) from None
+            if e.errno == errno.ENXIO:  # a socket
+                raise not_regular(self.path / name, self.lstat(name).st_mode) from None
             raise
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise UnsafePath(f"{self.path / name} inside {self.root} is not a regular file: remove it and run again")
-        os.set_blocking(fd, True)
-        return fd
+        return _regular(fd, self.path / name)
 
     def replace(self, src: str, dst: str, to: "Folder | None" = None) -> None:
         """Rename `src` here to `dst` (in `to`, default here), replacing `dst`: a link at `dst` is replaced itself, its
@@ -182,6 +180,60 @@ class Folder:
 
     def fsync(self) -> None:
         os.fsync(self.fd)
+
+
+# ---- reading a file someone else may have planted: never a FIFO's endless wait, never a device's bytes -------------
+def kind_of(mode: int) -> str:
+    """What a non-regular entry is, in words (for the one line that refuses it)."""
+    for test, words in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                        (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"),
+                        (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def not_regular(path: Path | str, mode: int) -> UnsafePath:
+    return UnsafePath(f"{path} is {kind_of(mode)}, not a regular file: contramine reads only plain files there; "
+                      f"remove it and run again")
+
+
+def _regular(fd: int, path: Path | str) -> int:
+    """`fd` (opened O_NONBLOCK) when it is a regular file, now blocking again; else closed and UnsafePath."""
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise not_regular(path, mode)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def open_regular(path: Path | str, follow: bool = False) -> int:
+    """A read-only descriptor of `path`, checked with fstat to be a regular file: opened O_NONBLOCK, so a FIFO
+    planted there answers at once instead of waiting for a writer forever, then made blocking again. Not following
+    a link unless `follow` (a link is UnsafePath then). FileNotFoundError when absent; UnsafePath (one line naming
+    it) for a FIFO, socket, device, folder or link. Every reader of a file under a run or the memo opens it here
+    (or through `Folder.open_file`, the same check relative to an open folder)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    if not follow:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EMLINK) and not follow:
+            raise UnsafePath(f"{path} is a symbolic link (to {os.readlink(path)}): contramine does not read "
+                             f"through links there; remove it and run again") from None
+        if e.errno in (errno.EISDIR, errno.ENXIO):  # a folder opened for writing; a socket
+            raise not_regular(path, os.lstat(path).st_mode) from None
+        raise
+    return _regular(fd, path)
+
+
+def read_regular(path: Path | str, follow: bool = False, limit: int | None = None) -> bytes:
+    """The bytes of `path`, opened by `open_regular` (a FIFO, socket, device or link is UnsafePath in one line);
+    with `limit`, at most that many bytes."""
+    with os.fdopen(open_regular(path, follow), "rb") as f:
+        return f.read() if limit is None else f.read(limit)
 
 
 def open_folder(root: Path | str, path: Path | str, create: bool = True) -> Folder | None:

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.engine.atomic import atomic_file, atomic_write_json
+from pipeline.engine.safe_paths import UnsafePath, kind_of, open_folder, read_regular
 from pipeline.engine.shard_names import MANIFEST, OLD_PART, OWN, PART  # noqa: F401  (the store's names, re-exported)
 from pipeline.errors import ExpectedError
 from pipeline.schema import SCHEMAS
@@ -45,9 +46,13 @@ def shard_file(i: int, n: int, key: str | None = None) -> str:
 def read_manifest(table_dir: Path) -> dict | None:
     """The table's committed manifest, checked (`check_manifest`), or None when the table has none."""
     p = Path(table_dir) / MANIFEST
-    if not p.is_file():
+    try:  # non-blocking, fstat-checked (safe_paths.open_regular): a FIFO or device there is one line, never a hang
+        raw = read_regular(p, follow=True)
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    return parse_manifest(table_dir, p.read_bytes())
+    except UnsafePath:
+        raise manifest_error(table_dir, f"is {kind_of(p.lstat().st_mode)}, not a regular file") from None
+    return parse_manifest(table_dir, raw)
 
 
 def parse_manifest(table_dir: Path, raw: bytes) -> dict:
@@ -280,9 +285,8 @@ class Store:
         why = self._verified.check(table, path, self._entry(table, i, n).get("hash"))
         if why is None:
             try:
-                data = pq.read_table(path, page_checksum_verification=True)
-                self._verified.save()
-                return data
+                self._verified.save()  # (what passed: the Parquet read below checks the pages as a second line)
+                return pq.read_table(path, page_checksum_verification=True)
             except FileNotFoundError:
                 why = "is missing"
             except (pa.ArrowInvalid, OSError) as e:
@@ -362,8 +366,7 @@ class Store:
         if (line := first_damaged(self._verified, self.dir(table), files)) is not None:  # remembered for readers
             raise TableCorrupt(line)
         try:  # what the manifest being replaced lists and this one does not: kept for a grace period (grace.py)
-            listed = {e["file"] for e in files}
-            replaced = [e["file"] for e in committed_files(self.dir(table)) or [] if e["file"] not in listed]
+            replaced = [e["file"] for e in committed_files(self.dir(table)) or [] if e not in files]
         except TableCorrupt:
             replaced = []
         atomic_write_json(self.dir(table) / MANIFEST, {**manifest, "table": table, "shards": n, "files": files},

@@ -25,6 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as pads
 
+from pipeline.engine.safe_paths import UnsafePath, read_regular
 from pipeline.engine.store import MANIFEST, TableCorrupt, committed_files, parse_manifest, read_manifest
 from pipeline.errors import ExpectedError
 from pipeline.hints import command
@@ -291,7 +292,9 @@ def _copy_table(source: RunTables, table: str, tmp: Path) -> None:
         for p in list(tmp.iterdir()):  # what an attempt before this one linked
             _remove_entry(p)
         try:
-            raw = (src_dir / MANIFEST).read_bytes()
+            raw = read_regular(src_dir / MANIFEST, follow=True)  # a FIFO there: one line, never a hang
+        except UnsafePath as e:
+            raise TableUnreadable(f"--reuse-from: table `{table}` of {source.dir}/: {e}") from None
         except FileNotFoundError:
             raise TableUnreadable(f"--reuse-from: table `{table}` of {source.dir}/ lost its manifest while it was "
                                   f"copied (a stage of that run is writing it): run again when it has finished"
