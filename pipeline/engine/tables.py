@@ -7,8 +7,10 @@
 
 A table is the file list its manifest names (store.py): exactly those files are read, so shards that a rerun wrote
 and did not commit (it was killed, or is still running) are never read, and the previous computation is served
-whole until the next commit. Readers take no lock. A commit removes the files the previous manifest named: a
-read that started before it and finds a file gone reads the new manifest once more. Imports neither torch nor
+whole until the next commit. Readers take no lock. A commit keeps the files the previous manifest named for
+runner.keep_replaced_s (grace.py), so a read that listed them finishes; one that finds a file gone all the same
+reads the new manifest once more. Every listed file is checked against the hash its manifest records before it
+is served (verify.py): a damaged one is one line naming it and the stage run that rewrites it. Imports neither torch nor
 Prefect, and discovers no stage (a missing table's error names its writer: that path alone looks the stages up).
 
 Folder names become SQL view names only when they are plain identifiers (`[A-Za-z0-9_]+`), and are quoted: a run
