@@ -92,7 +92,7 @@ def check_inputs(cfg: Config, stage: str) -> None:
             from pipeline.engine.verify import damaged_line
 
             raise InputMissing(damaged_line(store.dir(table), store.shard_path(table, damaged[0], cfg.run.shards).name,
-                                            f"is missing or changed since written ({len(damaged)} shard(s) of it)"))
+                                            f"is missing or changed since written (shards {damaged} of it)"))
 
 
 def reuse_source(value: str, cfg: Config) -> Path:
