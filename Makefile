@@ -35,6 +35,7 @@ SEEDS   ?=
 FROM    ?=
 FORMAT  ?= triplet
 PRUNE   ?=
+MEMO    ?=
 PORT    ?=
 N       ?= 1000000
 # `make test`: the suite in TEST_WORKERS pytest-xdist processes, whole files per process (a module's fixtures are
@@ -45,7 +46,7 @@ PYTEST_ARGS ?= -q
 # Everything passed on to the CLI, only when set.
 ARGS = --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(CORPUS),--corpus $(CORPUS)) $(if $(SET),--set $(SET)) $(if $(FORCE),--force)
 
-.PHONY: install mine stage sql test eval report export cache train compare tensorboard bench gpu-check gpu-wheels gpu-rehearsal scale clean
+.PHONY: install mine stage sql test eval report export cache verify train compare tensorboard bench gpu-check gpu-wheels gpu-rehearsal scale clean
 install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test "$(ACCEL)" = cpu || test "$(ACCEL)" = gpu || { echo "ACCEL must be cpu or gpu, not '$(ACCEL)'"; exit 2; }
@@ -75,6 +76,10 @@ report: $(STAMP)
 # the row memo (docs/mining.md "What is reused"): its size per stage; PRUNE="--older-than 30 --unreferenced" prunes
 cache: $(STAMP)
 	$(BIN)/python -m flows.cli cache $(ARGS) $(PRUNE)
+
+# every shard of RUN against its manifest's hash (pipeline/engine/verify.py); MEMO=1: the row memo's packs too
+verify: $(STAMP)
+	$(BIN)/python -m flows.cli verify $(ARGS) $(if $(MEMO),--memo)
 
 # a run's mined rows as a Hugging Face dataset folder (FORMAT: triplet | n-tuple | labeled-pair | osscse-triplet, and for
 # contramine's sentence-transformers losses: sentences | debcse | osscse-prompt | dclr)

@@ -6,6 +6,7 @@
     python -m flows.cli report [--run R]
     python -m flows.cli export [--run R] [--format triplet ...]
     python -m flows.cli cache  [--prune] [--older-than DAYS] [--unreferenced] [--verify] [--dry-run]
+    python -m flows.cli verify [--run R] [--memo]      every shard checked against its manifest's hash
     python -m flows.cli train | eval | compare | bench | scale | doctor  [their own options: --help]
 
 `contramine` (the installed script) is the same command line. A hint it prints names the command the user ran:
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from . import env  # noqa: F401
 from pipeline.config import Config, ConfigError, configure, split_overrides
-from pipeline.errors import ExpectedError
+from pipeline.errors import ExpectedError, unwritable
 from pipeline.hints import command
 from pipeline.stages import ORDER
 
@@ -87,11 +88,11 @@ def check_inputs(cfg: Config, stage: str) -> None:
             raise InputMissing(f"table `{table}` of run {cfg.run.name!r} has {man.get('shards')} shards but run.shards "
                                f"is {cfg.run.shards}: rerun from its stage, or set run.shards={man.get('shards')}")
         damaged = [i for i in range(cfg.run.shards) if not store.intact(table, i, cfg.run.shards)]
-        if damaged:
-            writer = writer_of(table)
-            raise InputMissing(f"table `{table}` of run {cfg.run.name!r}: shards {damaged} are missing or changed "
-                               f"since written: run `{command('stage', stage=writer, run=cfg.run.name)}` (it "
-                               f"recomputes them) first")
+        if damaged:  # the first damaged shard by name, and the stage run that rewrites it (verify.damaged_line)
+            from pipeline.engine.verify import damaged_line
+
+            raise InputMissing(damaged_line(store.dir(table), store.shard_path(table, damaged[0], cfg.run.shards).name,
+                                            f"is missing or changed since written (shards {damaged} of it)"))
 
 
 def reuse_source(value: str, cfg: Config) -> Path:
@@ -193,6 +194,31 @@ def cmd_export(args, cfg: Config) -> None:
         print(f"{fmt}: wrote {export_run(cfg.run.dir, fmt)} (load it with datasets.load_dataset(<that folder>))")
 
 
+class RunDamaged(ExpectedError, RuntimeError):
+    """`contramine verify` found a damaged shard or memo pack (each named above): exit 2."""
+
+
+def cmd_verify(args, cfg: Config) -> None:
+    """Every shard of the run against its manifest's hash (engine/verify.py); --memo: `cache --verify` too."""
+    from pipeline.engine.upkeep import verify_run
+
+    if not cfg.run.dir.is_dir():
+        raise InputMissing(f"{cfg.run.dir}: no such run (`{command('mine', run=cfg.run.name)}` first)")
+    tables, checked, bad = verify_run(cfg.run.dir)
+    for line in bad:
+        print(f"damaged: {line}")
+    print(f"run {cfg.run.name!r}: {checked} shard(s) of {tables} table(s) checked, "
+          + (f"{len(bad)} damaged" if bad else "none damaged"))
+    if args.memo:
+        args.verify = True
+        try:
+            cmd_cache(args, cfg)
+        except ExpectedError as e:
+            bad.append(str(e))
+    if bad:
+        raise RunDamaged(f"verify: {len(bad)} damaged (named above); a stage run with --force rewrites a table")
+
+
 def cmd_cache(args, cfg: Config) -> None:
     """The row memo (pipeline/engine/memo.py, memo_cache.py): its size per stage and namespace, and pruning."""
     from pipeline.engine.memo_cache import MemoUnverified, namespaces, prune, referenced_namespaces, verify
@@ -211,6 +237,10 @@ def cmd_cache(args, cfg: Config) -> None:
         return
     if args.prune or args.older_than is not None or args.unreferenced:
         gone = prune(root, runs, args.older_than, args.unreferenced, args.dry_run)
+        if args.prune:  # and the shards commits replaced, past runner.keep_replaced_s (pipeline/engine/grace.py)
+            from pipeline.engine.upkeep import prune_replaced
+
+            gone += prune_replaced(runs, cfg.runner.keep_replaced_s, args.dry_run)
         for path, why in gone:
             print(f"{'would remove' if args.dry_run else 'removed'} {path}: {why}")
         print(f"{len(gone)} {'would go' if args.dry_run else 'removed'}")
@@ -256,6 +286,11 @@ def run_delegated(name: str, rest: list[str]) -> int:
     except ExpectedError as e:
         say_last("error: " + " ".join(str(e).splitlines()))
         return 2
+    except OSError as e:
+        if unwritable(e) is None:
+            raise
+        say_last(f"error: {name}: {unwritable(e)}")
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
                        ("sql", "DuckDB over a run's tables"), ("report", "the mining report of a run"),
                        ("export", "a run's mined rows as a Hugging Face dataset folder"),
                        ("cache", "the row memo: its size per stage; --prune by age or by what no run uses; "
-                                 "--verify every pack")):
+                                 "--verify every pack"),
+                       ("verify", "check every shard of a run against its manifest (--memo: the row memo too)")):
         s = sub.add_parser(name, help=what)
         if name == "stage":
             s.add_argument("name", help=f"one of: {', '.join(ORDER)}")
@@ -293,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--format", nargs="+", default=["triplet"], choices=list(FORMATS),
                            help="the sentence-transformers dataset format(s) to write")
         if name == "cache":
-            s.add_argument("--prune", action="store_true", help="remove temp files of killed writes (an hour old)")
+            s.add_argument("--prune", action="store_true", help="remove temp files of killed writes (an hour old), and shards "
+                           "that commits replaced over runner.keep_replaced_s ago")
             s.add_argument("--older-than", type=float, default=None, metavar="DAYS",
                            help="remove packs not used for this many days")
             s.add_argument("--unreferenced", action="store_true",
@@ -302,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
                            help="read every pack whole and check it as a lookup does (checksums, schema, writer "
                                 "record, values hash); move a pack that fails to <memo>/.quarantine/ (exit 2)")
             s.add_argument("--dry-run", action="store_true", help="say what would go, remove or move nothing")
+        if name == "verify":
+            s.add_argument("--memo", action="store_true", help="also verify every pack of the row memo (as `cache "
+                           "--verify`: a pack that fails moves to <memo>/.quarantine/)")
+            s.add_argument("--dry-run", action="store_true", help="with --memo: move no pack")
         if name == "sql":
             s.add_argument("--query", "-q", default=None)
             s.add_argument("--max-rows", type=int, default=40)
@@ -315,11 +356,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = configure(args.profile, args.run, args.corpus, args.set)
         {"mine": cmd_mine, "stage": cmd_stage, "sql": cmd_sql, "report": cmd_report,
-         "export": cmd_export, "cache": cmd_cache}[args.cmd](args, cfg)
+         "export": cmd_export, "cache": cmd_cache, "verify": cmd_verify}[args.cmd](args, cfg)
     except ExpectedError as e:
         # raised before Prefect started, or inside a shard task: Prefect's flow call re-raises the task's own
         # exception. One line, whatever the message holds, and the last one.
         say_last("error: " + " ".join(str(e).splitlines()))
+        return 2
+    except OSError as e:  # a write the file system refused (a read-only run folder): one line, else the traceback
+        if unwritable(e) is None:
+            raise
+        say_last(f"error: {args.cmd}: {unwritable(e, cfg.run.dir if 'cfg' in locals() else None)}")
         return 2
     return 0
 

@@ -15,6 +15,10 @@ expected error class derives from `ExpectedError`, defined here, so this module 
 """
 from __future__ import annotations
 
+import errno
+import os
+from pathlib import Path
+
 import logging
 
 
@@ -27,6 +31,27 @@ class ExpectedError(Exception):
 class StageError(ExpectedError, RuntimeError):
     """A stage cannot go on with this input or these settings; the message is one line naming the file, row, key
     or model (e.g. a precomputed-embeddings file without a vector for some text, an index below its recall floor)."""
+
+
+def unwritable(e: BaseException, run_dir: Path | None = None) -> str | None:
+    """The one line for a write the file system refused (read-only, or not this user's to write), or None for any
+    other error. A read-only run folder is served by the commands that only read it (`sql`, `verify`); the others
+    write below it (report/, export/, train/, the tables) and end here."""
+    if not isinstance(e, OSError) or e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return None
+    what = f"{e.strerror} writing {e.filename}" if e.filename else str(e.strerror)
+    if run_dir is not None and Path(run_dir).is_dir() and not _writable(Path(run_dir)):
+        return (f"run folder {run_dir} is read-only ({what}): `sql` and `verify` read it as it is; report, export, "
+                f"train and the stages write into it: copy the run under a writable run.root, or make it writable")
+    return (f"cannot write ({what}): a read-only folder or one this user may not write; `sql` and `verify` only "
+            f"read a run, report, export, train and the stages write into it")
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        return os.access(folder, os.W_OK) and not os.statvfs(folder).f_flag & os.ST_RDONLY
+    except OSError:
+        return False
 
 
 def is_expected(exc: BaseException | None) -> bool:

@@ -168,7 +168,7 @@ def test_corpus_text_on_the_page_is_text(tmp_path):
     examples = md[md.index("## 6. Examples"):md.index("## 7.")]
     assert not re.search(r"(?<!\\)<img|(?<!\\)\]\(http|\*\*loud", examples)  # no tag, link, emphasis unescaped
     assert "\\<img src=x onerror=alert(1)\\> a \\| b 0" in examples
-    assert "\\*\\*loud\\*\\* \\_quiet\\_ \\`code\\` \\[link\\](http://example.com) 1" in examples
+    assert "\\*\\*loud\\*\\* \\_quiet\\_ \\`code\\` \\[link\\](http\\://example.com) 1" in examples
     assert "two lines \\&amp; \\$x\\$ \\~\\~gone\\~\\~ \\\\ end 2" in examples
     rows = [ln for ln in examples.splitlines() if ln.startswith("| ") and "sid |" not in ln]
     assert len(rows) == 3 and all(len(re.findall(r"(?<!\\)\|", r)) == 6 for r in rows)  # 5 columns each
@@ -177,3 +177,19 @@ def test_corpus_text_on_the_page_is_text(tmp_path):
     html = gfm.render(examples)
     assert not re.search(r"<(img|a|em|code|del|br)\b", html) and html.count("<strong>") == 1  # the page's "sid 0"
     assert "&lt;img src=x onerror=alert(1)&gt; a | b 0" in html and "**loud** _quiet_ `code` [link](http" in html
+
+
+def test_bidi_controls_are_shown_as_code_points_and_bare_urls_are_not_links():
+    """A right-to-left override in a corpus line would reorder what the page shows after it; a bare URL, `www.` name
+    or address would become a link (GFM's extended autolinks): the page shows the code point, and the link's `:`,
+    `.` or `@` is escaped, so it renders as the characters it is."""
+    from pipeline.markdown import escape
+
+    line = ("pay \u202egnp.exe\u202c to https://evil.example/x, www.evil.example or me@evil.example "
+            "\u2066x\u2069\u200f\u061c")
+    out = escape(line)
+    assert not re.search("[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]", out)
+    assert "(U+202E)gnp.exe(U+202C)" in out and "(U+2066)x(U+2069)(U+200F)(U+061C)" in out
+    assert "https\\://evil.example/x" in out and "www\\.evil.example" in out and "me\\@evil.example" in out
+    html = pytest.importorskip("markdown_it").MarkdownIt("commonmark").render(out)
+    assert "<a" not in html and "https://evil.example/x, www.evil.example or me@evil.example" in html

@@ -118,3 +118,18 @@ def test_a_malformed_source_manifest_is_one_line(tmp_path):
     with pytest.raises(TableUnreadable, match=r"^--reuse-from: table `sentences` of run 'default': .*--force`$"):
         reuse_tables(src, dst)
     assert not (dst / "sentences").exists()
+
+
+def test_reuse_never_changes_the_source_runs_files(tmp_path):
+    """The source's shards are hard links of the new run's: their modes, bytes and times stay as they were."""
+    import os
+
+    src, dst = tmp_path / "default", tmp_path / "other"
+    _table(src, "sentences")
+    shard = src / "sentences" / "part-00000-of-00001.parquet"
+    os.chmod(shard, 0o400)  # e.g. a run its owner made read-only
+    before = shard.stat()
+    assert reuse_tables(src, dst) == ["sentences"]
+    after = shard.stat()
+    assert (dst / "sentences" / shard.name).stat().st_ino == after.st_ino
+    assert (after.st_mode, after.st_mtime_ns, after.st_size) == (before.st_mode, before.st_mtime_ns, before.st_size)

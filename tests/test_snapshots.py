@@ -97,8 +97,13 @@ def test_a_rerun_killed_after_a_shard_leaves_the_old_table_whole_then_finishes(m
     man = Store(run_dir).manifest("embeddings")
     assert (man["shards_computed"], man["shards_cached"]) == (1, 1)
     assert man["files"][0]["file"] in new_files
+    # on disk: the new list, and the mean shards it replaced, kept runner.keep_replaced_s for readers that listed
+    # them (pipeline/engine/grace.py); nothing else
+    sides = {Path(e["file"]).with_suffix(".json").name for e in man["files"] + old_manifest["files"]}
     assert {p.name for p in (run_dir / "embeddings").glob("part-*")} == \
-        {e["file"] for e in man["files"]} | {Path(e["file"]).with_suffix(".json").name for e in man["files"]}
+        {e["file"] for e in man["files"] + old_manifest["files"]} | sides
+    assert sorted(json.loads((run_dir / "embeddings" / ".replaced.json").read_text())) == \
+        sorted(e["file"] for e in old_manifest["files"])
     cls = RunTables(run_dir).read("embeddings")
     assert cls.num_rows == want["embeddings"].num_rows and not cls.equals(want["embeddings"])
 
@@ -180,6 +185,29 @@ def test_a_manifest_names_only_its_own_shards(mean_run, tmp_path):
     shard = Store(run_dir).shard_path("negations", 0, 2)
     shard.unlink()
     shard.symlink_to(tmp_path / "elsewhere.parquet")
-    with pytest.raises(TableUnreadable, match=r"missing or not plain files .*contramine stage negate"):
+    with pytest.raises(TableUnreadable, match=r"is not a plain file .*contramine stage negate"):
         RunTables(run_dir).read("negations")
     assert RunTables(run_dir).files_if_any("negations") == []
+
+
+def test_a_damaged_shard_is_never_served_and_a_rerun_of_its_stage_repairs_it(mean_run, corpus, tmp_path, capsys):
+    """A byte flipped in place in an `embeddings` shard of a mined run: `make sql` on it stops in one line naming the
+    shard; the stage's rerun (no FORCE) recomputes exactly that shard (its key matches, its bytes do not), and every
+    reader serves the original rows again."""
+    cfg, want = mean_run
+    root = tmp_path / "runs"
+    run_dir = _copy(cfg.run.dir, root / "r")
+    shard = Store(run_dir).shard_path("embeddings", 1, 2)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    with open(shard, "r+b") as f:  # in place, as a bad disk would
+        f.write(bytes(data))
+    assert cli_main(["sql", "--run", "r", "--query", "SELECT count(*) FROM embeddings", "--set",
+                     f"run.root={root}"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"error: table `embeddings` of run 'r': shard {shard} is damaged"), last
+    assert cli_main(["stage", "embeddings", "--run", "r", "--corpus", str(corpus), "--set", *SMALL,
+                     f"run.root={root}"]) == 0
+    man = Store(run_dir).manifest("embeddings")
+    assert (man["shards_computed"], man["shards_cached"]) == (1, 1)
+    assert RunTables(run_dir).read("embeddings").equals(want["embeddings"])

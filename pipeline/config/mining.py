@@ -56,6 +56,10 @@ class RunnerCfg(Section):
                                "from the memo, and at least one row of every pack it reads, is computed again and "
                                "compared; a pack with a differing row is quarantined, named with its file's owner, "
                                "and its rows recomputed (docs/mining.md, \"Whom a shared memo trusts\"); 0 = off")
+    keep_replaced_s: float = Field(300.0, ge=0, description="how long the shards a stage's commit replaces stay on "
+                                   "disk, so that a `sql` or report that listed them before the commit finishes "
+                                   "(pipeline/engine/grace.py); the table's next commit or `contramine cache --prune` "
+                                   "removes them after; 0 = at once")
     memo_key: SecretStr | None = Field(None, exclude=True, repr=False, validate_default=True,
                                        description="the team's memo key: packs' values hashes become "
                                        "HMAC-SHA256 under it, and a pack without the keyed hash is refused, so a "

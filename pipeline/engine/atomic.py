@@ -66,7 +66,8 @@ def _settle(folder: Folder, name: str, mode: int) -> None:
             return
         raise
     try:
-        os.fchmod(fd, mode)
+        if os.fstat(fd).st_nlink == 1:  # a hard link (--reuse-from) shares its mode with another run's file: kept
+            os.fchmod(fd, mode)
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -173,7 +173,7 @@ def finish_stage(name: str, cfg: Config, results: list[dict], wall: float, plan:
     the manifest."""
     resources.release(name)
     release_indexes()  # the stage's memo lookup indexes in this process (16 bytes a row): freed
-    stage, store, n = load_stages()[name], Store(cfg.run.dir), cfg.run.shards
+    stage, store, n = load_stages()[name], Store(cfg.run.dir, cfg.runner.keep_replaced_s), cfg.run.shards
     plan = _plan(name, cfg, plan)
     store.staged.update(staged_files(stage, n, results))  # the stage's own manifest functions see the new shards
     manifest = {

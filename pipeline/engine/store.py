@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,16 +29,10 @@ import pyarrow.parquet as pq
 
 from pipeline.engine.atomic import atomic_file, atomic_write_json
 from pipeline.engine.safe_paths import UnsafePath, kind_of, open_folder, read_regular
+from pipeline.engine.shard_names import MANIFEST, OLD_PART, OWN, PART  # noqa: F401  (the store's names, re-exported)
 from pipeline.errors import ExpectedError
 from pipeline.schema import SCHEMAS
 
-# fullmatch, and \Z not $: a name ending in a newline is not a part (pipeline/config/names.py does the same)
-PART = re.compile(r"part-(\d{5})-of-(\d{5})(?:\.([0-9a-f]{16}))?\.parquet\Z")
-OLD_PART = re.compile(r"part-(\d{5})-of-(\d{5})\.parquet\Z")  # a manifest without a file list names these
-MANIFEST = "_manifest.json"
-# what a writer of a table folder makes there besides the manifest: shards, their sidecars and their temp files
-_SHARD = r"part-\d{5}-of-\d{5}(?:\.[0-9a-f]{16})?\.(?:parquet|json)"
-OWN = re.compile(rf"{_SHARD}|\.{_SHARD}\.[a-z0-9_]+\.tmp")
 
 
 def shard_file(i: int, n: int, key: str | None = None) -> str:
@@ -89,25 +82,10 @@ class TableCorrupt(ExpectedError, ValueError):
 
 
 def manifest_error(table_dir: Path, why: str, man=None) -> TableCorrupt:
-    """The one line: which table of which run, what is wrong, and the stage run that writes the table again (the
-    manifest's own `stage` where it names one of the run order's stages, else looked up: that imports the stages)."""
-    table_dir = Path(table_dir)
-    table, run = table_dir.name, table_dir.parent.name
-    stage = man.get("stage") if isinstance(man, dict) else None
-    try:
-        from pipeline.stages import ORDER
+    """The one line: which table of which run, what is wrong, and the stage run that writes the table again."""
+    from pipeline.engine.verify import table_line
 
-        if stage not in ORDER:
-            from pipeline.engine.discovery import writer  # the error path only
-
-            stage = writer(table)
-    except Exception:  # noqa: BLE001 - naming the writer must never hide the refusal itself
-        stage = None
-    from pipeline.hints import command
-
-    fix = (f"rewrite it with `{command('stage', stage=stage, run=run, force=True)}`" if stage else
-           f"no stage writes `{table}`: remove {table_dir} or write it again")
-    return TableCorrupt(f"table `{table}` of run {run!r}: {table_dir / MANIFEST} {why}: {fix}")
+    return TableCorrupt(table_line(table_dir, f"{Path(table_dir) / MANIFEST} {why}", man))
 
 
 def _typed(value, kind) -> bool:
@@ -242,9 +220,11 @@ class Store:
     but not committed yet (finish_stage: its manifest functions see the new shards); everything else reads the
     committed snapshot."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, keep_replaced_s: float = 0.0):
         self.root = Path(run_dir)
         self.staged: dict[str, list[dict]] = {}
+        self.keep_replaced_s = keep_replaced_s  # finish(): how long the shards a commit replaces stay (grace.py)
+        self._verified = None  # verify.Verified, made at the first input shard read
 
     def dir(self, table: str) -> Path:
         return self.root / table
@@ -295,13 +275,23 @@ class Store:
         return combine(*(self.shard_hash(table, i, n) for i in range(n)))
 
     def read_shard(self, table: str, i: int, n: int) -> pa.Table:
+        """Shard i of a committed table, its bytes checked against the hash its commit records (verify.py) and its
+        Parquet pages against their checksums: a damaged one is TableCorrupt, one line naming it and the fix."""
+        from pipeline.engine.verify import Verified, damaged_line
+
         path = self.shard_path(table, i, n)
-        try:
-            return pq.read_table(path)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: shard missing; run the stage that writes `{table}`") from None
-        except (pa.ArrowInvalid, OSError) as e:
-            raise RuntimeError(f"{path}: unreadable Parquet shard ({e}); rerun its stage with --force") from None
+        if self._verified is None:
+            self._verified = Verified(self.root)
+        why = self._verified.check(table, path, self._entry(table, i, n).get("hash"))
+        if why is None:
+            try:
+                self._verified.save()  # (what passed: the Parquet read below checks the pages as a second line)
+                return pq.read_table(path, page_checksum_verification=True)
+            except FileNotFoundError:
+                why = "is missing"
+            except (pa.ArrowInvalid, OSError) as e:
+                why = f"is not readable Parquet ({' '.join(str(e).split())[:120]})"
+        raise TableCorrupt(damaged_line(self.dir(table), path.name, why))
 
     def read(self, table: str, n: int | None = None) -> pa.Table:
         """Whole table: every shard in order (sorted by sid for per-sentence tables)."""
@@ -329,7 +319,8 @@ class Store:
         path = self.shard_path(table, i, n, key)
         with atomic_file(path, root=self.root) as tmp:  # no folder below the run is a link (safe_paths.py)
             # Fixed writer options: the same table always gives the same bytes.
-            pq.write_table(data, tmp, compression="zstd", row_group_size=64_000, write_statistics=True)
+            pq.write_table(data, tmp, compression="zstd", row_group_size=64_000, write_statistics=True,
+                           write_page_checksum=True)
         info = ShardInfo(table, i, n, key, file_hash(path), data.num_rows, cached=False, file=path.name,
                          seconds=seconds)
         atomic_write_json(path.with_suffix(".json"),
@@ -364,17 +355,25 @@ class Store:
         """Commit: the manifest naming exactly `files` replaces the last one in one rename; then every shard file
         no longer listed (an older computation, another layout, a killed writer's temp file) is removed: only names
         a writer of this module makes (OWN), never another file, a folder or a link's target. Only the run's one
-        writer (lock.py) calls this, so no other writer's file is in flight."""
+        writer (lock.py) calls this, so no other writer's file is in flight. Each listed file is checked against its
+        hash first (TableCorrupt: nothing is committed), which the first reader after the commit then need not do."""
         if len(files) != n or any(not PART.fullmatch(e["file"]) for e in files):
             raise ValueError(f"table {table}: a commit needs {n} shard files, got {[e.get('file') for e in files]}")
+        from pipeline.engine.grace import collect
+        from pipeline.engine.verify import Verified, first_damaged
+
+        self._verified = self._verified or Verified(self.root)
+        if (line := first_damaged(self._verified, self.dir(table), files)) is not None:  # remembered for readers
+            raise TableCorrupt(line)
+        try:  # what the manifest being replaced lists and this one does not: kept for a grace period (grace.py)
+            replaced = [e["file"] for e in committed_files(self.dir(table)) or [] if e not in files]
+        except TableCorrupt:
+            replaced = []
         atomic_write_json(self.dir(table) / MANIFEST, {**manifest, "table": table, "shards": n, "files": files},
                           root=self.root)
         self.staged.pop(table, None)
-        keep = {e["file"] for e in files} | {str(Path(e["file"]).with_suffix(".json")) for e in files}
-        with open_folder(self.root, self.dir(table)) as d:
-            for e in d.entries():
-                if e.name not in keep:
-                    d.unlink(e.name, OWN)
+        collect(self.root, self.dir(table), files, replaced, self.keep_replaced_s)
+        self._verified.save()
 
 
 def schema_of(table: str) -> pa.Schema | None:

@@ -7,8 +7,10 @@
 
 A table is the file list its manifest names (store.py): exactly those files are read, so shards that a rerun wrote
 and did not commit (it was killed, or is still running) are never read, and the previous computation is served
-whole until the next commit. Readers take no lock. A commit removes the files the previous manifest named: a
-read that started before it and finds a file gone reads the new manifest once more. Imports neither torch nor
+whole until the next commit. Readers take no lock. A commit keeps the files the previous manifest named for
+runner.keep_replaced_s (grace.py), so a read that listed them finishes; one that finds a file gone all the same
+reads the new manifest once more. Every listed file is checked against the hash its manifest records before it
+is served (verify.py): a damaged one is one line naming it and the stage run that rewrites it. Imports neither torch nor
 Prefect, and discovers no stage (a missing table's error names its writer: that path alone looks the stages up).
 
 Folder names become SQL view names only when they are plain identifiers (`[A-Za-z0-9_]+`), and are quoted: a run
@@ -60,6 +62,7 @@ def writer_of(table: str) -> str:
 class RunTables:
     def __init__(self, run_dir: Path | str):
         self.dir = Path(run_dir)
+        self._verified = None  # verify.Verified: the run's remembered shard checks, loaded at the first read
 
     def manifest(self, table: str) -> dict | None:
         try:
@@ -99,21 +102,37 @@ class RunTables:
         except TableCorrupt as e:
             raise TableUnreadable(str(e)) from None
 
-    def _listed(self, table: str) -> tuple[list[Path], list[str]]:
-        """(the paths the last commit lists, the names of those missing or not plain files)."""
-        paths = [self.dir / table / e["file"] for e in self._committed(table) or []]
-        return paths, [p.name for p in paths if not p.is_file() or p.is_symlink()]
+    def _listed(self, table: str) -> tuple[list[Path], list[tuple[str, str]]]:
+        """(the paths the last commit lists, [(name, why)] of those missing, not plain files, or whose bytes do not
+        hash to what the commit records: verify.py)."""
+        from pipeline.engine.verify import Verified
+
+        entries = self._committed(table) or []
+        if self._verified is None:
+            self._verified = Verified(self.dir)
+        paths, bad = [], []
+        for e in entries:
+            path = self.dir / table / e["file"]
+            paths.append(path)
+            why = self._verified.check(table, path, e.get("hash"))
+            if why is not None:
+                bad.append((path.name, why))
+        self._verified.save()
+        return paths, bad
 
     def files(self, table: str) -> list[Path]:
-        """The files the table's last commit lists, in shard (= sid) order; TableMissing (one line naming the stage
-        that writes it) when the run has not got it, TableUnreadable when a listed file is gone or is a link."""
+        """The files the table's last commit lists, in shard (= sid) order, each checked against the hash the commit
+        records; TableMissing (one line naming the stage that writes it) when the run has not got it,
+        TableUnreadable (one line naming the shard and the command that rewrites it) when a listed file is gone,
+        a link or damaged."""
+        from pipeline.engine.verify import damaged_line
+
         paths, bad = self._listed(table)
         if not paths:
             raise self.missing(table)
         if bad:
-            raise TableUnreadable(f"mined table {table!r} at {self.dir / table}/: its manifest lists {len(bad)} "
-                                  f"file(s) that are missing or not plain files (first: {bad[0]}): run "
-                                  f"`{command('stage', stage=writer_of(table), run=self.dir.name)}` to write it again")
+            more = f" ({len(bad) - 1} more shard(s) of it too)" if len(bad) > 1 else ""
+            raise TableUnreadable(damaged_line(self.dir / table, bad[0][0], bad[0][1] + more))
         return paths
 
     def files_if_any(self, table: str) -> list[Path]:
@@ -127,20 +146,35 @@ class RunTables:
     def missing(self, table: str) -> TableMissing:
         tdir, run = self.dir / table, self.dir.name
         what = "no such folder" if not tdir.is_dir() else "no finished shards in it"
-        writer = writer_of(table)
+        from pipeline.engine.discovery import writer as stage_writing
+
+        writer = stage_writing(table)
+        if writer is None:  # a folder of the run that no stage writes: no stage run would bring it
+            return TableMissing(f"table {table!r} at {tdir}/ ({what}): no stage writes `{table}`, so no stage run "
+                                f"brings it; it is a folder of the run that is no mined table (remove it, or ask "
+                                f"for a table a stage writes)")
         return TableMissing(f"mined table {table!r} not found at {tdir}/ ({what}): it is written by the `{writer}` "
                             f"stage — run `{command('mine', run=run)}` (every stage) or "
                             f"`{command('stage', stage=writer, run=run)}` "
                             f"(that stage and what it reads must exist)")
 
     def dataset(self, table: str) -> pads.Dataset:
-        return pads.dataset([str(f) for f in self.files(table)], format="parquet")
+        """The table's checked files as a pyarrow dataset that also verifies each Parquet page's checksum."""
+        fmt = pads.ParquetFileFormat(default_fragment_scan_options=pads.ParquetFragmentScanOptions(
+            page_checksum_verification=True))
+        return pads.dataset([str(f) for f in self.files(table)], format=fmt)
 
     def read(self, table: str, columns: list[str] | None = None) -> pa.Table:
         try:
-            return self.dataset(table).to_table(columns=columns)
-        except FileNotFoundError:  # a commit between listing and reading removed a listed file: the new snapshot
-            return self.dataset(table).to_table(columns=columns)
+            try:
+                return self.dataset(table).to_table(columns=columns)
+            except FileNotFoundError:  # a commit between listing and reading removed a listed file: the new snapshot
+                return self.dataset(table).to_table(columns=columns)
+        except (pa.ArrowInvalid, OSError) as e:  # changed after its check (a page checksum, a vanished file)
+            from pipeline.engine.verify import table_line
+
+            raise TableUnreadable(table_line(self.dir / table, f"cannot be read ({' '.join(str(e).split())[:160]})")
+                                  ) from None
 
     def sql_source(self, table: str) -> str:
         """A DuckDB expression for the table: its current layout's files; `emb` back to FLOAT[d]."""
