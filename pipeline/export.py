@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.config.base import ConfigError
+from pipeline.prompts import OSSCSE_TEMPLATES, fill
 from pipeline.config.names import inside
 from pipeline.engine.atomic import atomic_dir
 from pipeline.engine.lock import run_lock
@@ -122,11 +123,9 @@ def debcse_rows(pairs: pa.Table) -> pa.Table:
 
 
 def osscse_prompt_rows(triplets: pa.Table) -> pa.Table:
-    from trainer.objectives.osscse import OssCSE  # the templates the lean objective reads
-
-    t1, t2 = OssCSE.Settings().templates
+    t1, t2 = OSSCSE_TEMPLATES  # the lean objective's defaults too ([train.osscse] templates)
     t = osscse_triplet_rows(triplets)
-    wrap = lambda col, tpl: pa.array([tpl.replace("{s}", x) for x in col.to_pylist()], pa.string())  # noqa: E731
+    wrap = lambda col, tpl: pa.array([fill(tpl, x) for x in col.to_pylist()], pa.string())  # noqa: E731
     return pa.table({"anchor": wrap(t.column("anchor"), t1), "anchor_t2": wrap(t.column("anchor"), t2),
                      "paraphrase": wrap(t.column("paraphrase"), t1), "negation": wrap(t.column("negation"), t1)})
 
@@ -180,7 +179,9 @@ FORMATS = {
 }
 JOINS = {"dclr": "embeddings"}  # a second table a format reads, joined by sid
 LOSS_OF = {"sentences": "SimCSELoss(model)", "debcse": "DebCSELoss(model)", "osscse-prompt": "OssCSELoss(model)",
-           "dclr": "DCLRLoss(model)"}  # the formats only contramine's losses read (trainer/st_losses/)
+           "dclr": "DCLRLoss(model)"}  # the formats only contramine's losses read (trainer/st_losses/): the card's
+# recipe. Each objective declares the format its loss reads beside it (`loss`, `export_format`); this module stays
+# below the trainer, so the card names the loss here and tests/test_objectives.py checks both say the same.
 SETTINGS_OF = {"sentences": ("sentences", "encoder"),
                "pairs": ("encoder", "neighbours", "noise", "backtranslate", "scores", "ipw"),
                "triplets": ("backtranslate", "negate", "paraphrases")}
