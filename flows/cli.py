@@ -32,7 +32,7 @@ from . import env  # noqa: F401
 from pipeline.config import Config, ConfigError, configure, split_overrides
 from pipeline.errors import ExpectedError
 from pipeline.hints import command
-from pipeline.stages import ORDER
+from pipeline.engine.discovery import module_names
 
 # Prefect logs a failed task or flow run with its traceback; for the errors this CLI reports in one line, the
 # console handler of flows/logging.yml drops that record (pipeline.errors.ExpectedErrors; the API still gets it).
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "--verify every pack")):
         s = sub.add_parser(name, help=what)
         if name == "stage":
-            s.add_argument("name", help=f"one of: {', '.join(ORDER)}")
+            s.add_argument("name", help=f"one of: {', '.join(module_names())}")
         s.add_argument("--profile", default="default", help="a profile's name (configs/<profile>.toml, packaged "
                        "with the install) or a path to a .toml")
         s.add_argument("--run", default=None, help="run name: tables go to artifacts/<run>/")
