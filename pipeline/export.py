@@ -37,12 +37,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.citations import MINED_BY, bibtex
 from pipeline.config.base import ConfigError
-from pipeline.prompts import OSSCSE_TEMPLATES, fill
 from pipeline.config.names import inside
 from pipeline.engine.atomic import atomic_dir
 from pipeline.engine.lock import run_lock
 from pipeline.hints import command
+from pipeline.prompts import OSSCSE_TEMPLATES, fill
 from pipeline.engine.safe_paths import check_below
 from pipeline.engine.tables import RunTables
 
@@ -207,7 +208,17 @@ def dataset_card(run_dir: Path, fmt: str, out: pa.Table, source_rows: int, files
             "## Use it", "", "```python", *usage(fmt), "```", "",
             "## How it was mined (settings of the stages behind it)", "", "```json",
             json.dumps(settings, indent=1, sort_keys=True), "```", ""]
+    papers = papers_of(fmt)
+    if papers:  # the papers whose mining method made these rows (`sentences` is the corpus itself: none)
+        body += ["## Citation", "", "The method that mined these rows is from:", "", "```bibtex", bibtex(*papers),
+                 "```", ""]
     return "\n".join(header + body)
+
+
+def papers_of(fmt: str) -> tuple[str, ...]:
+    """The objectives whose papers' mining method made a format's rows (its table's and a joined table's)."""
+    table = FORMATS[fmt][0]
+    return (*MINED_BY[table], *(MINED_BY[JOINS[fmt]] if fmt in JOINS else ()))
 
 
 def usage(fmt: str) -> list[str]:

@@ -39,6 +39,7 @@ from pipeline.errors import ExpectedError
 from pipeline.models.encoder import Encoder
 from pipeline.models.hub import pick_device, resolve_model
 from trainer import checkpoint as ckpt
+from trainer.model_card import write_card
 from trainer import dist, metrics_log
 from trainer.data import MinedRows, batches_per_epoch, fingerprint, make_loader
 from trainer.train_setup import config_hash, dev_score, eval_max_length, linear_schedule, load_encoder, run_pooling, \
@@ -297,6 +298,7 @@ def final_eval(cfg: Config, model_name: str, pooler: str, prompt: str, eval_len:
     results = dict(named)
     atomic_write_json(best_dir / "results.json", results["best"], indent=2)
     atomic_write_json(best_dir / "start_results.json", results["start"], indent=2)
+    write_card(best_dir)  # the model card gains the STS results
     return results
 
 

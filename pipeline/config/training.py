@@ -90,9 +90,12 @@ class _TrainSettings(Section):
 # Each objective's own settings, [train.<objective>] (e.g. [train.osscse] alpha = 0.05): a section per registered
 # name, declared with their defaults and bounds by the objective's file in trainer/objectives/ and validated by it
 # (`settings_of`) when a run starts; this file stays free of torch.
+_OWN = ("Each objective's own settings, [train.<objective>] (e.g. [train.osscse] alpha = 0.05): declared with their "
+        "defaults and bounds by the objective's file in trainer/objectives/ and validated by it (`settings_of`) when "
+        "a run starts; this file stays free of torch.")
 TrainCfg = create_model("TrainCfg", __base__=_TrainSettings, __module__=__name__,
-                        **{name: (dict, {}) for name in OBJECTIVE_NAMES})
-TrainCfg.__doc__ = "[train] and its [train.<objective>] sections (one per OBJECTIVE_NAMES)."
+                        **{name: (dict, Field({}, description=_OWN if i == 0 else None))
+                           for i, name in enumerate(OBJECTIVE_NAMES)})
 
 
 class CompareVariant(Section):
