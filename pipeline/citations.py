@@ -55,5 +55,6 @@ MINED_BY = {"pairs": ("debcse",), "triplets": ("osscse",), "embeddings": ("dclr"
 
 
 def bibtex(*names: str) -> str:
-    """The BibTeX entries of these objectives' papers, one after another (a blank line between)."""
-    return "\n\n".join(CITATIONS[n] for n in dict.fromkeys(names))
+    """The BibTeX entries of these objectives' papers, one after another (a blank line between); an objective with
+    no entry here (a new one) adds none."""
+    return "\n\n".join(CITATIONS[n] for n in dict.fromkeys(names) if n in CITATIONS)

@@ -60,7 +60,7 @@ def card(meta: dict, results: dict) -> str:
         + (meta.get("st_note") or f"The sentence-transformers modules reproduce it exactly ({meta.get('st_pooling')}"
                                   " pooling, L2-normalised)."), "",
         "`train_config.json` holds the run's whole configuration.", "",
-        "## Citation", "", "```bibtex", bibtex(*papers), "```", ""])
+        *(["## Citation", "", "```bibtex", bibtex(*papers), "```", ""] if bibtex(*papers) else [])])
 
 
 def _summary(cls) -> str:
@@ -72,7 +72,7 @@ def _results(meta: dict, results: dict) -> list[str]:
     dev = meta.get("dev")
     lines = [f"Dev (STS-B dev, Spearman × 100) at the kept step: {json.dumps(dev)}."]
     if "results" not in results:
-        return lines + ["", "The final evaluation has not run (train.final_eval = false)."]
+        return lines + ["", "No final evaluation yet: it runs when training ends, unless train.final_eval = false."]
     named = [("this model", results["results"])] + ([("start", results["start_results"])]
                                                      if "start_results" in results else [])
     lines += ["", "STS test sets (Spearman × 100, SentEval's protocol):", "",
