@@ -93,7 +93,11 @@ def write_doc(results: list[dict], failures: dict, facts: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="contramine bench", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Speed and memory against peer tools measured in the same run, one line per result (a checkout's\n"
+                    "benches).",
+        epilog="examples:\n  contramine bench --smoke\n  contramine bench --only mer")
     ap.add_argument("--only", nargs="*", default=None, choices=MODULES)
     ap.add_argument("--smoke", action="store_true", help="toy sizes; never touches artifacts/bench/ or BENCHMARKS.md")
     args = ap.parse_args(argv)

@@ -264,7 +264,11 @@ def markdown_table(results: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="contramine scale", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="N synthetic sentences through every stage with stand-in models:\n"
+                    "seconds and peak memory per stage and size.",
+        epilog="example:\n  contramine scale --n 80000 --keep")
     ap.add_argument("--n", type=int, default=1_000_000, help="largest corpus size (N); also N/8, N/4, N/2")
     ap.add_argument("--steps", type=int, default=4, help="how many sizes, halving from N (default 4)")
     ap.add_argument("--out", type=Path, default=OUT)

@@ -33,7 +33,7 @@ from . import env  # noqa: F401
 from pipeline.config import Config, ConfigError, configure, split_overrides
 from pipeline.errors import ExpectedError, unwritable
 from pipeline.hints import command
-from pipeline.stages import ORDER
+from pipeline.engine.discovery import module_names
 
 # Prefect logs a failed task or flow run with its traceback; for the errors this CLI reports in one line, the
 # console handler of flows/logging.yml drops that record (pipeline.errors.ExpectedErrors; the API still gets it).
@@ -260,12 +260,38 @@ def cmd_cache(args, cfg: Config) -> None:
 
 
 # Commands whose own module parses the rest of the line (`contramine train --help` prints that module's options).
+DESCRIPTION = """Mine training data for unsupervised contrastive sentence embeddings (DebCSE, OssCSE, SimCSE,
+WhitenedCSE, DCLR) from a plain corpus, look at it with SQL, export it for sentence-transformers, and train and
+evaluate encoders on it. Every stage is cached and resumable: run a command again and it reuses what is intact.
+A bad setting, corpus or model is one `error:` line naming it (exit code 2), before anything is written."""
+EXAMPLES = """examples:
+  contramine mine --corpus sentences.txt --run demo        mine a corpus (artifacts/demo/)
+  contramine sql --run demo -q "SELECT * FROM pairs LIMIT 5"
+  contramine export --run demo --format triplet            a Hugging Face dataset folder
+  contramine train --run demo --objective debcse           an encoder with a model card
+  contramine COMMAND --help                                what COMMAND does, its options, an example"""
+# command -> (what it does, an example): its line in `contramine --help` and the head and foot of its own --help
+COMMANDS = {
+    "mine": ("run every mining stage in order, reusing intact shards", "contramine mine --corpus sentences.txt "
+             "--run demo --set noise.n_variants=4"),
+    "stage": ("run one stage (the tables it reads must exist)", "contramine stage neighbours --run demo --force"),
+    "sql": ("DuckDB over a run's tables: one query, or a shell", 'contramine sql --run demo -q "SELECT count(*) '
+            'FROM pairs"'),
+    "report": ("write the mining report of a run (an HTML page of what was mined and why)",
+               "contramine report --run demo"),
+    "export": ("write a run's mined rows as a Hugging Face dataset folder", "contramine export --run demo --format "
+               "triplet debcse"),
+    "cache": ("the row memo: its size per stage; --prune by age or by what no run uses; --verify every pack",
+              "contramine cache --prune --older-than 30 --dry-run"),
+    "verify": ("check every shard of a run against its manifest's hashes (--memo: the row memo too); exit 2 if "
+               "anything is damaged", "contramine verify --run demo --memo"),
+}
 DELEGATED = {
     "train": ("trainer.train", "train an encoder on a run's mined tables (an objective, a start model, a budget)"),
     "eval": ("trainer.evaluate", "score a model on STS12-16, STS-B and SICK-R (SentEval's protocol)"),
     "compare": ("trainer.compare", "every objective from one start on a run's tables: table, bootstrap, plots"),
-    "bench": ("bench.run", "speed and memory against peers measured in the same run (a checkout's bench/)"),
-    "scale": ("bench.scale", "N synthetic sentences through every stage: seconds and peak RSS (a checkout's bench/)"),
+    "bench": ("bench.run", "speed and memory against peers measured in the same run (in a checkout)"),
+    "scale": ("bench.scale", "N synthetic sentences through every stage: seconds and peak RSS (in a checkout)"),
     "doctor": ("flows.doctor", "what this environment runs on, what it lacks and the one command that installs it"),
 }
 
@@ -295,19 +321,16 @@ def run_delegated(name: str, rest: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(prog="contramine", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    for name, what in (("mine", "every stage, in order"), ("stage", "one stage (what it reads must exist)"),
-                       ("sql", "DuckDB over a run's tables"), ("report", "the mining report of a run"),
-                       ("export", "a run's mined rows as a Hugging Face dataset folder"),
-                       ("cache", "the row memo: its size per stage; --prune by age or by what no run uses; "
-                                 "--verify every pack"),
-                       ("verify", "check every shard of a run against its manifest (--memo: the row memo too)")):
-        s = sub.add_parser(name, help=what)
+    p = argparse.ArgumentParser(prog="contramine", description=DESCRIPTION, epilog=EXAMPLES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    for name, (what, example) in COMMANDS.items():
+        s = sub.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".", epilog="example:\n  "
+                           + example, formatter_class=argparse.RawDescriptionHelpFormatter)
         if name == "stage":
-            s.add_argument("name", help=f"one of: {', '.join(ORDER)}")
-        s.add_argument("--profile", default="default", help="a profile's name (configs/<profile>.toml, packaged "
-                       "with the install) or a path to a .toml")
+            s.add_argument("name", help=f"one of: {', '.join(module_names())}")
+        s.add_argument("--profile", default="default", help="a profile's name (default, simcse-paper, debcse-paper, "
+                       "...: packaged with the install) or a path to a .toml")
         s.add_argument("--run", default=None, help="run name: tables go to artifacts/<run>/")
         s.add_argument("--corpus", default=None, help="a text file (one sentence a line), Parquet or JSON Lines (the "
                        "field data.text_field, default `text`), any of them .gz or .zst, a folder or glob of such "
@@ -344,8 +367,8 @@ def main(argv: list[str] | None = None) -> int:
                            "--verify`: a pack that fails moves to <memo>/.quarantine/)")
             s.add_argument("--dry-run", action="store_true", help="with --memo: move no pack")
         if name == "sql":
-            s.add_argument("--query", "-q", default=None)
-            s.add_argument("--max-rows", type=int, default=40)
+            s.add_argument("--query", "-q", default=None, help="one SQL statement (default: an interactive shell)")
+            s.add_argument("--max-rows", type=int, default=40, help="rows printed at most")
     for name, (module, what) in DELEGATED.items():
         sub.add_parser(name, help=f"{what}; options: contramine {name} --help", add_help=False)
     if argv and argv[0] in DELEGATED:

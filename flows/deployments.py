@@ -58,12 +58,12 @@ ENTRY = """\
 """
 
 
-def render(stage_names: list[str], first_reads_corpus: bool = True) -> str:
+def render(stages: dict) -> str:
+    """prefect.yaml for `stages` (name -> Stage, in run order: discovery.load_stages())."""
     out = [HEADER, ENTRY.format(name="mine", description="Every mining stage in order (cached shards are verified "
                                                          "and reused).", force="[]")]
-    for i, name in enumerate(stage_names):
-        what = "reads the corpus; every other stage reads its tables" if i == 0 and first_reads_corpus \
-            else "its input tables must exist in the run"
+    for name, stage in stages.items():
+        what = "reads its corpus, no table" if not stage.inputs else "its input tables must exist in the run"
         out.append(ENTRY.format(name=name, description=f"Stage `{name}` alone ({what}).", force="false"))
     return "".join(out)
 
@@ -71,7 +71,7 @@ def render(stage_names: list[str], first_reads_corpus: bool = True) -> str:
 def main() -> int:
     from pipeline.engine.runner import load_stages
 
-    sys.stdout.write(render(list(load_stages())))
+    sys.stdout.write(render(load_stages()))
     return 0
 
 

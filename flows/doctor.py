@@ -86,7 +86,11 @@ def missing_models() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="contramine doctor", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="contramine doctor", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Say what this environment runs on (torch, FAISS, CUDA), what it lacks, and the one command that\n"
+                    "installs it.",
+        epilog="example:\n  contramine doctor --accel cpu")
     ap.add_argument("--accel", choices=("cpu", "gpu"), default=None, help="what the install was asked for")
     args = ap.parse_args(argv)
     faiss_versions = {d: installed(d) for d in ("faiss-cpu", "faiss-gpu")}

@@ -41,13 +41,16 @@ KEYED_ELSEWHERE = {"run.seed": "yes (every stage)", "run.shards": "yes (the layo
 
 
 def comments(cls) -> dict[str, str]:
-    """key -> the source comment on its line or on the lines right above it (settings documented as comments)."""
+    """key -> the source comment on its line or on the lines right above it (settings documented as comments), in
+    the class and the classes it builds on (TrainCfg is made from its base, one section per objective)."""
     import inspect
 
-    try:
-        lines = inspect.getsource(cls).splitlines()
-    except (OSError, TypeError):
-        return {}
+    lines = []
+    for c in reversed(cls.__mro__):
+        try:
+            lines += inspect.getsource(c).splitlines()
+        except (OSError, TypeError):
+            continue
     out, above = {}, []
     for line in lines:
         text = line.strip()

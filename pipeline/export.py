@@ -37,11 +37,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.citations import MINED_BY, bibtex
 from pipeline.config.base import ConfigError
 from pipeline.config.names import inside
 from pipeline.engine.atomic import atomic_dir
 from pipeline.engine.lock import run_lock
 from pipeline.hints import command
+from pipeline.prompts import OSSCSE_TEMPLATES, fill
 from pipeline.engine.safe_paths import check_below
 from pipeline.engine.tables import RunTables
 
@@ -122,11 +124,9 @@ def debcse_rows(pairs: pa.Table) -> pa.Table:
 
 
 def osscse_prompt_rows(triplets: pa.Table) -> pa.Table:
-    from trainer.objectives.osscse import OssCSE  # the templates the lean objective reads
-
-    t1, t2 = OssCSE.Settings().templates
+    t1, t2 = OSSCSE_TEMPLATES  # the lean objective's defaults too ([train.osscse] templates)
     t = osscse_triplet_rows(triplets)
-    wrap = lambda col, tpl: pa.array([tpl.replace("{s}", x) for x in col.to_pylist()], pa.string())  # noqa: E731
+    wrap = lambda col, tpl: pa.array([fill(tpl, x) for x in col.to_pylist()], pa.string())  # noqa: E731
     return pa.table({"anchor": wrap(t.column("anchor"), t1), "anchor_t2": wrap(t.column("anchor"), t2),
                      "paraphrase": wrap(t.column("paraphrase"), t1), "negation": wrap(t.column("negation"), t1)})
 
@@ -180,7 +180,9 @@ FORMATS = {
 }
 JOINS = {"dclr": "embeddings"}  # a second table a format reads, joined by sid
 LOSS_OF = {"sentences": "SimCSELoss(model)", "debcse": "DebCSELoss(model)", "osscse-prompt": "OssCSELoss(model)",
-           "dclr": "DCLRLoss(model)"}  # the formats only contramine's losses read (trainer/st_losses/)
+           "dclr": "DCLRLoss(model)"}  # the formats only contramine's losses read (trainer/st_losses/): the card's
+# recipe. Each objective declares the format its loss reads beside it (`loss`, `export_format`); this module stays
+# below the trainer, so the card names the loss here and tests/test_objectives.py checks both say the same.
 SETTINGS_OF = {"sentences": ("sentences", "encoder"),
                "pairs": ("encoder", "neighbours", "noise", "backtranslate", "scores", "ipw"),
                "triplets": ("backtranslate", "negate", "paraphrases")}
@@ -206,7 +208,17 @@ def dataset_card(run_dir: Path, fmt: str, out: pa.Table, source_rows: int, files
             "## Use it", "", "```python", *usage(fmt), "```", "",
             "## How it was mined (settings of the stages behind it)", "", "```json",
             json.dumps(settings, indent=1, sort_keys=True), "```", ""]
+    papers = papers_of(fmt)
+    if papers:  # the papers whose mining method made these rows (`sentences` is the corpus itself: none)
+        body += ["## Citation", "", "The method that mined these rows is from:", "", "```bibtex", bibtex(*papers),
+                 "```", ""]
     return "\n".join(header + body)
+
+
+def papers_of(fmt: str) -> tuple[str, ...]:
+    """The objectives whose papers' mining method made a format's rows (its table's and a joined table's)."""
+    table = FORMATS[fmt][0]
+    return (*MINED_BY[table], *(MINED_BY[JOINS[fmt]] if fmt in JOINS else ()))
 
 
 def usage(fmt: str) -> list[str]:

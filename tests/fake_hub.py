@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -255,3 +256,15 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# what a user's shell on a connected machine would not have: the suite's offline switches, caches and Prefect server
+USER_ENV_DROPS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE",
+                  "PREFECT_HOME", "PREFECT_API_URL")
+
+
+def user_env(endpoint: str, hf_home: Path) -> dict:
+    """The environment of a user on a connected machine: theirs, with no offline switch, plus the endpoint."""
+    env = {k: v for k, v in os.environ.items() if k not in USER_ENV_DROPS and not k.startswith("PYTEST")}
+    env.update(HF_ENDPOINT=endpoint, HF_HOME=str(hf_home))
+    return env

@@ -10,6 +10,10 @@ minutes of pip (11-18 min on the 2-core box under load). .ci/run runs it as its 
 
     .venv/bin/python -m pytest -q -p no:cacheprovider tests/pip_install_check.py
 
+The install reuses what this machine has: the versions of the checkout's own venv (`pip freeze`) are its
+constraints, so pip resolves without a search and finds every wheel in its cache (the venv was installed from it)
+or in PIP_FIND_LINKS instead of downloading, while the wheel's own requirements still decide what is installed.
+
 CONTRAMINE_INSTALL_VENV=<a venv made by this check before> reuses that venv's dependencies (the wheel itself is
 installed again): for working on the check, never in CI.
 """
@@ -49,6 +53,15 @@ def _run(cmd: list[str], cwd: Path, env: dict, timeout: int = 1200) -> subproces
     return r
 
 
+def venv_constraints(path: Path) -> Path:
+    """The checkout venv's versions (less the project itself, an editable install) as a pip constraints file."""
+    frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True,
+                            text=True, check=True).stdout.splitlines()
+    path.write_text("".join(f"{line}\n" for line in frozen if "==" in line
+                            and not line.lower().startswith("contramine=")))
+    return path
+
+
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> Path:
     """The wheel (pip wheel, its build isolated as pip builds it for a user) in a fresh venv with its dependencies."""
@@ -69,7 +82,7 @@ def venv(tmp_path_factory) -> Path:
         r = _run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], work, env)
         assert r.returncode == 0, r.stderr[-3000:]
     t0 = time.monotonic()
-    args = ["--no-deps", "--force-reinstall"] if reuse else []
+    args = ["--no-deps", "--force-reinstall"] if reuse else ["-c", str(venv_constraints(work / "constraints.txt"))]
     r = _run([str(venv / "bin" / "pip"), "install", "-q", *args, f"{wheel}[cpu]"], work, env,
              timeout=INSTALL_MINUTES * 60)
     assert r.returncode == 0, r.stderr[-3000:]

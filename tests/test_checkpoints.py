@@ -134,6 +134,28 @@ def test_best_loads_with_automodel_and_sentence_transformers(mean_run):
     np.testing.assert_allclose(st.encode(texts), ours.encode(texts), atol=1e-5)
 
 
+def test_best_carries_a_model_card_that_sentence_transformers_loads(mean_run):
+    """`make train` writes best/README.md: objective, data, settings, the STS results of the final evaluation, and
+    the papers to cite; sentence-transformers loads the folder with that card (and would push it to the Hub)."""
+    from sentence_transformers import SentenceTransformer
+
+    from pipeline.citations import CITATIONS
+
+    cfg, res = mean_run
+    best = Path(res["best_dir"])
+    card = (best / "README.md").read_text(encoding="utf-8")
+    assert card.startswith("---\nlibrary_name: sentence-transformers\n")
+    objective = cfg.train.objective
+    assert f"- {objective}\n" in card and f"of run `{cfg.run.name}`" in card  # which objective, which data
+    assert '"max_steps": 6' in card  # the settings
+    results = json.loads((best / "results.json").read_text())
+    row = next(line for line in card.splitlines() if line.startswith("| this model |"))
+    assert row.split(" | ")[-1].rstrip(" |") == f"{results['sts']['avg']:.2f}"  # the final STS results
+    assert CITATIONS[objective] in card
+    st = SentenceTransformer(str(best), device="cpu")
+    assert st._model_card_text == card
+
+
 @pytest.mark.parametrize("pooler,exact", [("cls_before_pooler", True), ("cls", True), ("mean", True),
                                           ("avg_first_last", False), ("mask", False)])
 def test_sentence_transformers_modules_per_pooler(tmp_path, pooler, exact):

@@ -86,6 +86,10 @@ def test_export_equals_the_format_and_loads_with_datasets(mined, fmt, tmp_path):
     if FORMATS[fmt][0] != "sentences":
         assert ('"rules": "root"' if FORMATS[fmt][0] == "triplets" else '"m_neg": 3') in card  # the settings behind it
     assert all(f"`{c}`" in card for c in FORMATS[fmt][2])
+    # the papers whose method mined the rows, as BibTeX (pairs: DebCSE's IPW; triplets: OssCSE; dclr: DCLR's vectors)
+    cited = {"pairs": "miao-etal-2023-debcse", "triplets": "shi-etal-2023-osscse", "sentences": None}[FORMATS[fmt][0]]
+    cited = "zhou-etal-2022-debiased" if fmt == "dclr" else cited
+    assert (f"```bibtex\n@inproceedings{{{cited}," in card) if cited else "## Citation" not in card, card[-600:]
 
 
 def test_make_export_command_and_bad_format(mined, capsys):

@@ -38,13 +38,14 @@ def sentence_lengths(ctx: Ctx) -> dict[str, pa.Table]:
 
 @pytest.fixture
 def toy_stage(tmp_path, monkeypatch):
-    """One new module, its name appended to the stage order: nothing else changes."""
+    """One new module in a package of stages (here a plugin package beside the project's, appended to PACKAGES):
+    nothing else changes; its place in the run order follows from what it reads."""
     package = tmp_path / "toystages"
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "lengths.py").write_text(textwrap.dedent(TOY_STAGE))
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(pipeline.stages, "ORDER", [*pipeline.stages.ORDER, "toystages.lengths"])
+    monkeypatch.setattr(pipeline.stages, "PACKAGES", [*pipeline.stages.PACKAGES, "toystages"])
     yield "sentence_lengths"
     SCHEMAS.pop("sentence_lengths", None)
 
@@ -66,7 +67,7 @@ def test_a_toy_stage_is_one_module_and_no_runner_edit(toy_stage, small_corpus, t
     assert got.fetchall()[0][0] == sentences.num_rows  # a view in `make sql` like every other table
     again = mine_flow(profile="default", run="toy", corpus=str(small_corpus), overrides=sets)
     assert again == rows and run.manifest(toy_stage)["shards_cached"] == 2  # cached like every other stage
-    assert f"flows/mine.py:{toy_stage}_flow" in render(list(load_stages()))  # and a deployment of its own
+    assert f"flows/mine.py:{toy_stage}_flow" in render(load_stages())  # and a deployment of its own
 
 
 def test_a_stage_table_without_a_schema_is_refused(tmp_path, monkeypatch):
@@ -76,14 +77,14 @@ def test_a_stage_table_without_a_schema_is_refused(tmp_path, monkeypatch):
     (package / "nameless.py").write_text(textwrap.dedent(TOY_STAGE).replace(
         ', schemas={"sentence_lengths": LENGTHS}', "").replace("sentence_lengths", "nameless_table"))
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(pipeline.stages, "ORDER", [*pipeline.stages.ORDER, "badstages.nameless"])
+    monkeypatch.setattr(pipeline.stages, "PACKAGES", [*pipeline.stages.PACKAGES, "badstages"])
     with pytest.raises(ImportError, match="writes `nameless_table` with no schema"):
         load_stages()
 
 
 def test_prefect_yaml_is_generated_from_the_stage_list():
     """`python -m flows.deployments > prefect.yaml` after adding a stage; this says when someone forgot."""
-    assert (ROOT / "prefect.yaml").read_text() == render(list(load_stages())), \
+    assert (ROOT / "prefect.yaml").read_text() == render(load_stages()), \
         "prefect.yaml is stale: run `.venv/bin/python -m flows.deployments > prefect.yaml`"
 
 
@@ -132,13 +133,34 @@ def test_no_import_circle_in_the_pipeline():
     assert not circles, f"modules on an import circle: {circles}"
 
 
-def test_a_stage_that_reads_a_table_written_after_it_is_refused(monkeypatch):
-    """ORDER is kept by hand; discovery checks it: every table a stage reads is written by a stage before it."""
-    from pipeline.engine import discovery
+def test_the_run_order_follows_reads_and_writes_ties_in_declaration_order():
+    """No hand-kept list: each stage runs after the stages that write what it reads; among stages ready together the
+    first declared runs first (noise is declared after negate and neighbours, and backtranslate, declared first of
+    all, waits for noise's variants)."""
+    names = list(load_stages())
+    for stage in load_stages().values():
+        for table in stage.inputs:
+            writer = next(s for s in load_stages().values() if table in s.writes)
+            assert names.index(writer.name) <= names.index(stage.name), (writer.name, stage.name)
+    assert names == ["pool_sentences", "pool_embeddings", "sentences", "embeddings", "negate", "neighbours", "noise",
+                     "backtranslate", "paraphrases", "scores", "ipw", "pairs", "triplets"]
 
-    order = [s for s in pipeline.stages.ORDER if s != "noise"] + ["noise"]
-    with pytest.raises(ImportError, match="stage backtranslate reads `variants`.*noise writes it later"):
-        discovery._load(tuple(order))
+
+def test_an_unwritten_table_two_writers_or_a_circle_is_refused_naming_the_stages():
+    from pipeline.engine.discovery import run_order
+    from pipeline.engine.spec import Stage
+
+    def toy(name, reads=(), writes=()):
+        return Stage(name, None, "toy", tuple(writes), tuple(reads), ())
+
+    assert [s.name for s in run_order([toy("b", ["a"], ["b"]), toy("a", [], ["a"]), toy("c", [], ["c"])])] \
+        == ["a", "b", "c"]  # b waits for a; c, ready as early as a, keeps its declared place after b
+    with pytest.raises(ImportError, match="stage b reads `x`, which no stage writes"):
+        run_order([toy("b", ["x"], ["b"])])
+    with pytest.raises(ImportError, match="stages a and b both write `t`"):
+        run_order([toy("a", [], ["t"]), toy("b", [], ["t"])])
+    with pytest.raises(ImportError, match=r"in a circle: a \(reads b\), b \(reads a\)"):
+        run_order([toy("a", ["tb"], ["ta"]), toy("b", ["ta"], ["tb"])])
 
 
 def test_the_cli_names_no_stage_and_no_error_class():
@@ -166,7 +188,7 @@ def test_the_cli_names_no_stage_and_no_error_class():
 
 def test_layers_point_down_no_lower_module_imports_a_stage():
     """models/, engine/, report/ and config/ (and the shared modules beside them) import no stage module, lazily or
-    not; only discovery finds the stages, by the names in ORDER."""
+    not; only discovery finds the stages, in the packages of pipeline/stages/__init__.py's PACKAGES."""
     from pipeline.engine.codeversion import PIPELINE, imported_modules
 
     stage_modules = {s.module for s in load_stages().values()}

@@ -10,7 +10,7 @@ from pipeline.engine.runner import load_stages
 from pipeline.engine.store import Store
 from pipeline.engine.tables import RunTables
 from pipeline.schema import table_vectors
-from pipeline.stages import ORDER
+from pipeline.engine.discovery import load_stages
 from pipeline.stages.ipw import ipw_probabilities
 from pipeline.corpus import count_lines
 
@@ -28,7 +28,7 @@ def _mine(corpus, root, name, *extra):
 
 def _computed(cfg):
     store = Store(cfg.run.dir)
-    return {s: store.manifest(next(iter(_outputs(s))))["shards_computed"] for s in ORDER}
+    return {s: store.manifest(next(iter(_outputs(s))))["shards_computed"] for s in load_stages()}
 
 
 def _outputs(stage):
@@ -37,7 +37,7 @@ def _outputs(stage):
 
 def _tables(cfg):
     tables = RunTables(cfg.run.dir)
-    return {t: tables.read(t) for s in ORDER for t in _outputs(s)}
+    return {t: tables.read(t) for s in load_stages() for t in _outputs(s)}
 
 
 @pytest.fixture(scope="module")

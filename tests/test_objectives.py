@@ -131,3 +131,21 @@ def test_old_flat_keys_still_work_with_one_deprecation_line(capsys, monkeypatch)
     assert train.simcse == {"mlp_train_only": False} == train.dclr
     TrainCfg(osscse_alpha=0.08)
     assert "deprecated" not in capsys.readouterr().err  # once per key and process
+
+
+def test_an_objective_is_registered_once_and_declares_its_loss_and_export_beside_it():
+    """OBJECTIVE_NAMES is the one registration: each name is the file that declares the class, its [train.<name>]
+    section exists, its sentence-transformers loss is found from its own `loss`, and the export format it names is one
+    `make export` writes, whose card's recipe names that same loss (pipeline/export.py stays below the trainer)."""
+    from pipeline import export
+    from trainer.st_losses import LOSSES
+
+    for name, cls in OBJECTIVES.items():
+        assert cls.__module__ == f"trainer.objectives.{name}" and name in TrainCfg.model_fields
+        if cls.loss:  # an objective may have no sentence-transformers loss (then it names no export format)
+            assert LOSSES[name].__name__ == cls.loss and cls.export_format in export.FORMATS, name
+    # every format only a contramine loss reads is the declared format of that loss's objective
+    declared = {cls.export_format: cls.loss for cls in OBJECTIVES.values() if cls.loss}
+    for fmt, call in export.LOSS_OF.items():
+        assert call.split("(")[0] in {cls.loss for cls in OBJECTIVES.values() if cls.export_format == fmt}, fmt
+    assert set(export.LOSS_OF) == set(declared)

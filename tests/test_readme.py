@@ -82,8 +82,8 @@ def check_make(args: list[str]) -> None:
     except ConfigError as e:
         raise AssertionError(f"README: make {' '.join(args)}: {e}") from None
     if "STAGE" in assignments:
-        from pipeline.stages import ORDER
-        assert assignments["STAGE"] in ORDER, f"README: no stage {assignments['STAGE']!r}"
+        from pipeline.engine.discovery import load_stages
+        assert assignments["STAGE"] in load_stages(), f"README: no stage {assignments['STAGE']!r}"
     if "OBJECTIVE" in assignments:
         from pipeline.config import OBJECTIVE_NAMES
         assert assignments["OBJECTIVE"] in OBJECTIVE_NAMES

@@ -247,24 +247,25 @@ def test_kill_9_anywhere_then_resume(reference, corpus, tmp_path):
     snap1 = _intact_shards(run_dir)
     assert emb0 in snap1
 
-    _killed_mine(corpus, root, tmp_path, pause_at="tmp:neighbours:1")
+    # the run order (derived from what each stage reads): ... embeddings, negate, neighbours, ... ipw
+    _killed_mine(corpus, root, tmp_path, kill_when="negations/part-00000-of-00002.*.json")
     _assert_untouched(snap1, "the run after the kill during embeddings")
     assert _counts(run_dir)["embeddings"] == (1, 1) and _counts(run_dir)["sentences"] == (0, 2)
-    assert len(list((run_dir / "neighbours").glob(".part-00001-of-00002.*.parquet.*.tmp"))) == 1
-    assert not list((run_dir / "neighbours").glob("part-00001-of-00002.*.parquet"))
     snap2 = _intact_shards(run_dir)
-
-    _killed_mine(corpus, root, tmp_path, kill_when="negations/part-00000-of-00002.*.json")
-    _assert_untouched(snap2, "the run after the kill during a neighbours shard write")
-    assert _counts(run_dir)["neighbours"] == (1, 1)
-    assert not list((run_dir / "neighbours").glob("*.tmp"))
-    snap3 = _intact_shards(run_dir)
-    negate_done = sum(1 for s in snap3 if s.parent.name == "negations")
+    negate_done = sum(1 for s in snap2 if s.parent.name == "negations")
     assert negate_done >= 1
 
-    _killed_mine(corpus, root, tmp_path, pause_at="sidecar:candidates:0")
-    _assert_untouched(snap3, "the run after a kill at a random point of negate")
+    _killed_mine(corpus, root, tmp_path, pause_at="tmp:neighbours:1")
+    _assert_untouched(snap2, "the run after a kill at a random point of negate")
     assert _counts(run_dir)["negate"] == (2 - negate_done, negate_done)
+    assert len(list((run_dir / "neighbours").glob(".part-00001-of-00002.*.parquet.*.tmp"))) == 1
+    assert not list((run_dir / "neighbours").glob("part-00001-of-00002.*.parquet"))
+    snap3 = _intact_shards(run_dir)
+
+    _killed_mine(corpus, root, tmp_path, pause_at="sidecar:candidates:0")
+    _assert_untouched(snap3, "the run after the kill during a neighbours shard write")
+    assert _counts(run_dir)["neighbours"] == (1, 1)
+    assert not list((run_dir / "neighbours").glob("*.tmp"))
     [cand0] = (run_dir / "candidates").glob("part-00000-of-00002.*.parquet")
     assert not cand0.with_suffix(".json").exists()
     snap4 = _intact_shards(run_dir)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.citations import CITATIONS
 from pipeline.export import export_run
 from tiny_bert import build_tiny_bert
 from train_helpers import sentences_rows, write_table
@@ -65,3 +66,6 @@ def test_the_docs_recipe_trains_each_objective(mined, objective, tmp_path, monke
     exec(compile(code, "docs/training.md recipe", "exec"), namespace)
     assert (tmp_path / f"st-{objective}" / "final" / "modules.json").is_file()
     assert namespace["model"].max_seq_length == 32
+    # the model card SentenceTransformerTrainer wrote cites the objective's paper (the loss's `citation`)
+    card = (tmp_path / f"st-{objective}" / "final" / "README.md").read_text(encoding="utf-8")
+    assert CITATIONS[objective.split("-")[0]] in card and "Sentence-BERT" in card

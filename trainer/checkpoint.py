@@ -7,7 +7,8 @@
         config_sentence_transformers.json
         train_config.json                                 the whole Config, the pooler, step, dev scores, and whether
                                                           the sentence-transformers modules reproduce the pooler
-        README.md                                         the same facts for a person
+        README.md                                         the model card: objective, data, settings, STS results,
+                                                          citations (trainer/model_card.py)
         results.json                                      the final evaluation (written after training)
     <run>/train/<objective>/last/    everything a restart needs:
         state.pt        objective state_dict (training-only heads included), optimiser, LR scheduler, grad scaler,
@@ -45,6 +46,7 @@ import torch
 from pipeline.engine.atomic import atomic_dir, atomic_write_bytes, atomic_write_json, recover  # noqa: F401
 from pipeline.engine.safe_paths import check_below
 from pipeline.errors import ExpectedError
+from trainer.model_card import write_card
 
 
 class CheckpointError(ExpectedError, RuntimeError):
@@ -135,17 +137,7 @@ def save_encoder(dst: Path | str, encoder, train_config: dict) -> Path:
         meta = {**train_config, "pooler": encoder.pooler, "max_length": int(encoder.max_length),
                 "prompt": encoder.prompt if encoder.pooler == "mask" else None, **st}
         _write_json(tmp / "train_config.json", meta)
-        note = st["st_note"] or (f"sentence-transformers modules reproduce pooler `{encoder.pooler}` exactly "
-                                 f"({st['st_pooling']} pooling, L2-normalised).")
-        atomic_write_bytes(tmp / "README.md", (
-            f"# {train_config.get('objective', 'trained')} encoder\n\n"
-            f"Trained by contramine (trainer/train.py); step {train_config.get('step')}, "
-            f"dev {train_config.get('dev')}.\n\n"
-            f"- pooler: `{encoder.pooler}`, max length {encoder.max_length}\n"
-            f"- `transformers.AutoModel.from_pretrained(<this folder>)` loads the weights;\n"
-            f"  `pipeline.models.encoder.Encoder.load(<this folder>, pooler=\"{encoder.pooler}\")` embeds as in training.\n"
-            f"- `sentence_transformers.SentenceTransformer(<this folder>)`: {note}\n"
-            f"- train_config.json: the full configuration of the run.\n").encode())
+        write_card(tmp)  # README.md: objective, data, settings, dev score, citations (trainer/model_card.py)
     return dst
 
 

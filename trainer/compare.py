@@ -370,8 +370,13 @@ def _stsb_gold(cfg: Config) -> np.ndarray:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer.compare", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profile", default="default")
+    ap = argparse.ArgumentParser(
+        prog="contramine compare", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train every objective from one start on a run's tables under one step budget and seeds:\n"
+                    "a table with paired bootstrap intervals, and plots.",
+        epilog="example:\n  contramine compare --run default --objectives simcse debcse --seeds 2 "
+               "--set compare.steps=200")
+    ap.add_argument("--profile", default="default", help="a profile's name or a path to a .toml")
     ap.add_argument("--run", help="the mining run whose tables every objective trains on (artifacts/<run>)")
     ap.add_argument("--objectives", nargs="+", help="default: compare.objectives (all five); each brings its "
                     "compare.variants and its rows on compare.mined_runs; a variant's name: that row alone")

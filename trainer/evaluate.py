@@ -308,7 +308,12 @@ def load_results(name: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="contramine eval", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Score a sentence encoder on STS12-16, STS-B and SICK-R with SentEval's protocol; results under\n"
+                    "artifacts/eval/<name>/.",
+        epilog="examples:\n  contramine eval --model artifacts/default/train/debcse/best\n"
+               "  contramine eval --compare minilm debcse-best")
     ap.add_argument("--model", default=DEFAULT_MODEL, help="a local model folder, a hub id or the packaged MiniLM")
     ap.add_argument("--pooler", default=None, choices=POOLERS,
                     help="default: the pooler a contramine checkpoint was trained with (train_config.json), else mean")

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from pipeline.config import Config, load_config
+from pipeline.config import OBJECTIVE_NAMES, Config, load_config
 from pipeline.engine.atomic import atomic_write_json
 from pipeline.engine.lock import run_lock
 from pipeline.hints import command
@@ -40,6 +40,7 @@ from pipeline.errors import ExpectedError
 from pipeline.models.encoder import Encoder
 from pipeline.models.hub import pick_device, resolve_model
 from trainer import checkpoint as ckpt
+from trainer.model_card import write_card
 from trainer import dist, metrics_log
 from trainer.save_last import LastSaver, host_encoder
 from trainer.data import MinedRows, batches_per_epoch, fingerprint, make_loader
@@ -308,15 +309,20 @@ def final_eval(cfg: Config, model_name: str, pooler: str, prompt: str, eval_len:
     results = dict(named)
     atomic_write_json(best_dir / "results.json", results["best"], indent=2)
     atomic_write_json(best_dir / "start_results.json", results["start"], indent=2)
+    write_card(best_dir)  # the model card gains the STS results
     return results
 
 
 # ------------------------------------------------------------------------------------------------------ CLI
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profile", default="default", help="configs/<profile>.toml or a path to a .toml")
+    ap = argparse.ArgumentParser(
+        prog="contramine train", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train a sentence encoder on a run's mined tables with one objective (SimCSE, DebCSE, OssCSE,\n"
+                    "WhitenedCSE, DCLR): best/ and last/ checkpoints, each with a model card.",
+        epilog="example:\n  contramine train --run default --objective debcse --set train.max_steps=100")
+    ap.add_argument("--profile", default="default", help="a profile's name or a path to a .toml")
     ap.add_argument("--run", help="run name (artifacts/<run>): the mined tables to train on")
-    ap.add_argument("--objective", help="simcse | debcse | osscse | whitenedcse | dclr (default: the profile's)")
+    ap.add_argument("--objective", help=f"{' | '.join(OBJECTIVE_NAMES)} (default: the profile's)")
     ap.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                     help="config overrides, e.g. train.lr=1e-5 train.max_steps=100")
     ap.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,

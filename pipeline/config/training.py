@@ -5,13 +5,17 @@ from __future__ import annotations
 import sys
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
 from pipeline.config.base import Section
 from pipeline.config.mining import RUNS_ROOT, Pooler
 from pipeline.config.names import name_problem
 
-OBJECTIVE_NAMES = ("simcse", "debcse", "osscse", "whitenedcse", "dclr")  # trainer/objectives/<name>.py each
+# THE registration of the training objectives: each name is a file, trainer/objectives/<name>.py, that declares the
+# rest beside its class (its [train.<name>] Settings, its sentence-transformers loss, the export format that loss
+# reads). Everything else is derived from this line: the `train.objective` type, TrainCfg's [train.<name>] sections,
+# trainer.objectives.OBJECTIVES, trainer.st_losses.LOSSES. Adding an objective = its file + its name here.
+OBJECTIVE_NAMES = ("simcse", "debcse", "osscse", "whitenedcse", "dclr")
 Objective = Literal[OBJECTIVE_NAMES]  # the one list, as a type
 # Flat keys of the previous release -> [train.<objective>] key: still accepted, with a one-line deprecation note.
 FLAT_OBJECTIVE_KEYS = {
@@ -27,7 +31,8 @@ FLAT_OBJECTIVE_KEYS = {
 _warned: set[str] = set()
 
 
-class TrainCfg(Section):
+class _TrainSettings(Section):
+    """[train]: the settings every objective shares (TrainCfg adds one [train.<name>] section per objective)."""
     objective: Objective = "debcse"
     model: str | None = None  # start weights; None = encoder.model
     pooler: Pooler | None = None  # None = encoder.pooler
@@ -60,14 +65,6 @@ class TrainCfg(Section):
                                           "(pipeline/models/unpad.py): same outputs, no arithmetic on pad tokens")
     tensorboard: bool = Field(True, description="TensorBoard event files beside metrics.jsonl, the same numbers "
                                                 "(make tensorboard RUN=<run>); on where the package is installed")
-    # Each objective's own settings, [train.<objective>] (e.g. [train.osscse] alpha = 0.05): declared with their
-    # defaults and bounds by the objective's file in trainer/objectives/ and validated by it (`settings_of`) when a
-    # run starts; this file stays free of torch.
-    simcse: dict = {}
-    debcse: dict = {}
-    osscse: dict = {}
-    whitenedcse: dict = {}
-    dclr: dict = {}
 
     @model_validator(mode="before")
     @classmethod
@@ -88,6 +85,17 @@ class TrainCfg(Section):
                 print(f"note: train.{flat} is deprecated (accepted until the next release): use {where}",
                       file=sys.stderr)
         return data
+
+
+# Each objective's own settings, [train.<objective>] (e.g. [train.osscse] alpha = 0.05): a section per registered
+# name, declared with their defaults and bounds by the objective's file in trainer/objectives/ and validated by it
+# (`settings_of`) when a run starts; this file stays free of torch.
+_OWN = ("Each objective's own settings, [train.<objective>] (e.g. [train.osscse] alpha = 0.05): declared with their "
+        "defaults and bounds by the objective's file in trainer/objectives/ and validated by it (`settings_of`) when "
+        "a run starts; this file stays free of torch.")
+TrainCfg = create_model("TrainCfg", __base__=_TrainSettings, __module__=__name__,
+                        **{name: (dict, Field({}, description=_OWN if i == 0 else None))
+                           for i, name in enumerate(OBJECTIVE_NAMES)})
 
 
 class CompareVariant(Section):

@@ -1,52 +1,93 @@
-"""Finding the stages: every module of `pipeline/stages/__init__.py: ORDER` declares one `@stage` (spec.py); the
-runner and the store read the stage list from here (neither imports the other for it: no import circle). A stage
-may read only tables that a stage before it in ORDER writes: discovery refuses any other order, naming both."""
+"""Finding the stages: every module of a package in `pipeline/stages/__init__.py: PACKAGES` declares one `@stage`
+(spec.py); the runner and the store read the stage list from here (neither imports the other for it: no import
+circle). The run order is derived from what each stage reads and writes: a topological order (each stage after the
+stages that write the tables it reads), ties broken by declaration order (the packages in turn, each one's modules
+by name). A table no stage writes, two writers of one table, or a circle is refused, naming the stages."""
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
+import pkgutil
 
 from pipeline.engine.spec import Stage
 from pipeline.schema import SCHEMAS
 
 
+def stage_modules(packages: list[str] | tuple[str, ...]) -> list[str]:
+    """The stage modules of `packages`, in declaration order, found without importing them (cheap: the CLI's help
+    names them, and `make sql` must not import torch)."""
+    found = []
+    for package in packages:
+        spec = importlib.util.find_spec(package)
+        found += [f"{package}.{m.name}" for m in sorted(pkgutil.iter_modules(spec.submodule_search_locations),
+                                                           key=lambda m: m.name)
+                  if not m.ispkg and not m.name.startswith("_")]
+    return found
+
+
+def _declared(module_name: str) -> Stage:
+    module = importlib.import_module(module_name)
+    found = [v for v in vars(module).values() if isinstance(v, Stage) and v.module == module.__name__]
+    if len(found) != 1:
+        raise ImportError(f"stage module {module.__name__} declares {len(found)} stages (@stage): expected one")
+    stage = found[0]
+    for table in stage.writes:  # a new stage's own tables join the contract (pipeline/schema.py) here
+        if table in stage.schemas:
+            SCHEMAS.setdefault(table, stage.schemas[table])
+        elif table not in SCHEMAS:
+            raise ImportError(f"stage {stage.name} ({module.__name__}) writes `{table}` with no schema: add it "
+                              f"to pipeline/schema.py or declare it with @stage(schemas=...)")
+    return stage
+
+
+def run_order(declared: list[Stage]) -> list[Stage]:
+    """`declared` in run order: each stage after the writers of every table it reads; among the stages ready to run,
+    the first declared goes first (Kahn's algorithm with a stable tie-break)."""
+    writer: dict[str, Stage] = {}
+    for stage in declared:
+        for table in stage.writes:
+            if table in writer:
+                raise ImportError(f"stages {writer[table].name} and {stage.name} both write `{table}`: one table, "
+                                  "one writer")
+            writer[table] = stage
+    needs = {}
+    for stage in declared:
+        for table in stage.inputs:
+            if table not in writer:
+                raise ImportError(f"stage {stage.name} reads `{table}`, which no stage writes")
+        needs[stage.name] = {writer[t].name for t in stage.inputs} - {stage.name}
+    order: list[Stage] = []
+    waiting = list(declared)
+    while waiting:
+        done = {s.name for s in order}
+        ready = next((s for s in waiting if needs[s.name] <= done), None)
+        if ready is None:
+            raise ImportError("stages read each other's tables in a circle: "
+                              + ", ".join(f"{s.name} (reads {', '.join(sorted(needs[s.name] - done))})"
+                                          for s in waiting))
+        order.append(ready)
+        waiting.remove(ready)
+    return order
+
+
 @functools.cache
-def _load(order: tuple[str, ...]) -> dict[str, Stage]:
-    stages: dict[str, Stage] = {}
-    for entry in order:
-        module = importlib.import_module(entry if "." in entry else f"pipeline.stages.{entry}")
-        found = [v for v in vars(module).values() if isinstance(v, Stage) and v.module == module.__name__]
-        if len(found) != 1:
-            raise ImportError(f"stage module {module.__name__} declares {len(found)} stages (@stage): expected one")
-        stage = found[0]
-        written = {t: s.name for s in stages.values() for t in s.writes}
-        for table in stage.inputs:  # ORDER runs a stage after the stages whose tables it reads
-            if table not in written:
-                later = next((e for e in order[order.index(entry) + 1:] if table in _writes_of(e)), None)
-                raise ImportError(f"stage {stage.name} reads `{table}`, which no stage before it in ORDER writes"
-                                  + (f" (stage module {later} writes it later: move it before {stage.name})"
-                                     if later else ""))
-        for table in stage.writes:  # a new stage's own tables join the contract (pipeline/schema.py) here
-            if table in stage.schemas:
-                SCHEMAS.setdefault(table, stage.schemas[table])
-            elif table not in SCHEMAS:
-                raise ImportError(f"stage {stage.name} ({module.__name__}) writes `{table}` with no schema: add it "
-                                  f"to pipeline/schema.py or declare it with @stage(schemas=...)")
-        stages[stage.name] = stage
-    return stages
-
-
-def _writes_of(entry: str) -> tuple[str, ...]:
-    """The tables the stage module of an ORDER entry writes (for the error message only)."""
-    module = importlib.import_module(entry if "." in entry else f"pipeline.stages.{entry}")
-    return next((v.writes for v in vars(module).values() if isinstance(v, Stage)), ())
+def _load(modules: tuple[str, ...]) -> dict[str, Stage]:
+    return {s.name: s for s in run_order([_declared(m) for m in modules])}
 
 
 def load_stages() -> dict[str, Stage]:
-    """Every stage, in run order (pipeline/stages/__init__.py: ORDER)."""
+    """Every stage, in run order (derived from reads and writes; see the module docstring)."""
     from pipeline import stages
 
-    return _load(tuple(stages.ORDER))
+    return _load(tuple(stage_modules(stages.PACKAGES)))
+
+
+def module_names() -> list[str]:
+    """The stage modules' own names, without importing them (a built-in stage is named as its module)."""
+    from pipeline import stages
+
+    return [m.rsplit(".", 1)[-1] for m in stage_modules(stages.PACKAGES)]
 
 
 def writer(table: str) -> str | None:

@@ -35,9 +35,9 @@ def table_line(table_dir: Path, what: str, man=None) -> str:
     table, run = table_dir.name, table_dir.parent.name
     stage = man.get("stage") if isinstance(man, dict) else None
     try:
-        from pipeline.stages import ORDER
+        from pipeline.engine.discovery import module_names
 
-        if stage not in ORDER:
+        if stage not in module_names():
             from pipeline.engine.discovery import writer  # the error path only
 
             stage = writer(table)

@@ -4,8 +4,10 @@
     cls = get_objective("debcse"); obj = cls(encoder, cfg.train)
     reader tables: obj.tables; DataLoader(collate_fn=obj.collate); loss, metrics = obj(batch)
 
-Adding an objective: a file here with its class (formula docstring, Settings, collate, forward), its line in
-OBJECTIVES below and its name in pipeline/config/training.py's OBJECTIVE_NAMES (and TrainCfg's [train.<name>] field).
+Adding an objective: a file here, <name>.py, with its class (formula docstring, `name`, `tables`, Settings, collate,
+forward, and where it has one its sentence-transformers `loss` and the `export_format` that loss reads), plus its
+name in pipeline/config/training.py's OBJECTIVE_NAMES: the one registration line. OBJECTIVES, the config's
+[train.<name>] section and trainer.st_losses.LOSSES are derived from it.
 Keep its math in a module-level function of the encoded vectors (simcse_loss, debcse_loss, ...) that forward calls:
 its sentence-transformers loss (trainer/st_losses/) calls the same function.
 Encode in ONE forward: collate returns common.joined(encoder, [group, ...]) (every group the step encodes, stacked)
@@ -13,6 +15,9 @@ and forward splits the vectors with self.encode_groups(batch); return metrics as
 """
 from __future__ import annotations
 
+import importlib
+
+from pipeline.config.training import OBJECTIVE_NAMES
 from trainer.objectives.base import Objective, settings_of
 from trainer.objectives.dclr import DCLR
 from trainer.objectives.debcse import DebCSE
@@ -20,13 +25,20 @@ from trainer.objectives.osscse import OssCSE
 from trainer.objectives.simcse import SimCSE
 from trainer.objectives.whitenedcse import WhitenedCSE
 
-OBJECTIVES: dict[str, type[Objective]] = {
-    "simcse": SimCSE,
-    "debcse": DebCSE,
-    "osscse": OssCSE,
-    "whitenedcse": WhitenedCSE,
-    "dclr": DCLR,
-}
+
+def _declared(name: str) -> type[Objective]:
+    """The Objective class that trainer/objectives/<name>.py declares under `name` (a file may import another's
+    class, as DCLR builds on SimCSE: the one whose `name` is the file's is taken)."""
+    module = importlib.import_module(f"{__name__}.{name}")
+    found = [c for c in vars(module).values()
+             if isinstance(c, type) and issubclass(c, Objective) and c.__dict__.get("name") == name]
+    if len(found) != 1:
+        raise TypeError(f"trainer/objectives/{name}.py declares {len(found)} Objective classes named {name!r}, "
+                        "expected one (the name registered in OBJECTIVE_NAMES)")
+    return found[0]
+
+
+OBJECTIVES: dict[str, type[Objective]] = {name: _declared(name) for name in OBJECTIVE_NAMES}  # registration order
 
 
 def check_settings(train_cfg) -> None:

@@ -51,6 +51,10 @@ class Objective(torch.nn.Module, abc.ABC):
     tables: tuple[str, ...] = ("sentences",)
     # The pooler this objective needs whatever the profile says (OssCSE: "mask"); None = the configured one.
     pooler: str | None = None
+    # Its sentence-transformers loss: the class name in trainer/st_losses/<name>.py (None: it has none), and the
+    # `make export` format that loss reads (pipeline/export.py FORMATS). trainer.st_losses.LOSSES is built from these.
+    loss: str | None = None
+    export_format: str | None = None
 
     @classmethod
     def train_pooler(cls, cfg) -> str | None:

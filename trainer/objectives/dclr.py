@@ -37,6 +37,7 @@ from trainer.objectives.simcse import SimCSE
 class DCLR(SimCSE):
     name = "dclr"
     tables = ("sentences", "embeddings")
+    loss, export_format = "DCLRLoss", "dclr"
 
     class Settings(SimCSE.Settings):
         """DCLR §5 (BERT-base): φ = 0.9, k = 1, 4 steps of 1e-3; SimCSE's MLP head in training."""

@@ -70,6 +70,7 @@ def batch_norm(x: torch.Tensor, eps: float = BN_EPS) -> torch.Tensor:
 class DebCSE(Objective):
     name = "debcse"
     tables = ("pairs",)
+    loss, export_format = "DebCSELoss", "debcse"
 
     class Settings(Section):
         negatives: int = Field(2, ge=0, description="m mined negatives per anchor (the pairs' first m)")

@@ -52,6 +52,7 @@ import torch
 from pydantic import Field, field_validator
 
 from pipeline.config import Section
+from pipeline.prompts import OSSCSE_TEMPLATES
 from trainer import dist
 from trainer.objectives.base import Objective, settings_of
 from trainer.objectives.common import cos_rows, info_nce_terms, joined
@@ -60,6 +61,7 @@ from trainer.objectives.common import cos_rows, info_nce_terms, joined
 class OssCSE(Objective):
     name = "osscse"
     tables = ("sentences", "triplets")
+    loss, export_format = "OssCSELoss", "osscse-prompt"
     pooler = "mask"
 
     class Settings(Section):
@@ -68,7 +70,7 @@ class OssCSE(Objective):
         beta: float = Field(0.2, description="β: ... but not by more than this")
         margin_weight: float = Field(1e-3, ge=0, description="λ, the weight of l_m")
         recall_weight: float = Field(2e-3, ge=0, description="γ of l_r = γ/2 Σ (θ − θ*)²")
-        templates: list[str] = ['This sentence : "{s}" means [MASK] .', 'This sentence of "{s}" means [MASK] .']
+        templates: list[str] = list(OSSCSE_TEMPLATES)  # T1, T2: the two PromptBERT templates of the paper
         form: Literal["paper", "start-pooler"] = Field(
             "paper", description="paper: the [MASK] vector of the two templates; start-pooler (ours): no template, "
                                  "the start's own pooler, l_c over two dropout views")

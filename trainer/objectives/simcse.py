@@ -39,6 +39,7 @@ from trainer.objectives.common import MLPHead, cos_matrix, info_nce_terms, joine
 class SimCSE(Objective):
     name = "simcse"
     tables = ("sentences",)
+    loss, export_format = "SimCSELoss", "sentences"
 
     class Settings(Section):
         mlp_train_only: bool = True  # Linear + Tanh over the pooled vector, in training only

@@ -71,6 +71,7 @@ class ShuffledGroupWhitening(torch.nn.Module):
 class WhitenedCSE(Objective):
     name = "whitenedcse"
     tables = ("sentences",)
+    loss, export_format = "WhitenedCSELoss", "sentences"
 
     class Settings(Section):
         """WhitenedCSE §4: 3 positives; the paper's group setting "384" for BERT, their released code 128 groups."""

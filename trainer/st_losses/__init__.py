@@ -25,7 +25,12 @@ from trainer.st_losses.osscse import OssCSELoss
 from trainer.st_losses.simcse import SimCSELoss
 from trainer.st_losses.whitenedcse import WhitenedCSELoss
 
-LOSSES = {"simcse": SimCSELoss, "debcse": DebCSELoss, "osscse": OssCSELoss, "whitenedcse": WhitenedCSELoss,
-          "dclr": DCLRLoss}
+import importlib as _importlib
+
+from trainer.objectives import OBJECTIVES as _OBJECTIVES
+
+# objective name -> its loss, as each objective declares it (`loss`: the class in trainer/st_losses/<name>.py)
+LOSSES = {name: getattr(_importlib.import_module(f"{__name__}.{name}"), cls.loss)
+          for name, cls in _OBJECTIVES.items() if cls.loss}
 
 __all__ = ["LOSSES", "SimCSELoss", "DebCSELoss", "OssCSELoss", "WhitenedCSELoss", "DCLRLoss"]

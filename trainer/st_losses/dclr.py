@@ -19,12 +19,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pipeline.citations import CITATIONS
 from trainer.objectives.common import MLPHead
 from trainer.objectives.dclr import DCLR, dclr_loss
 from trainer.st_losses.common import check_columns, settings, two_views
 
 
 class DCLRLoss(nn.Module):
+    citation = CITATIONS["dclr"]  # its paper's BibTeX: SentenceTransformerTrainer writes it into the model card
+
     def __init__(self, model, temperature: float = 0.05, frozen_model=None, **dclr_settings):
         super().__init__()
         self.model, self.temperature = model, temperature

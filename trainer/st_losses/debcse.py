@@ -20,11 +20,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pipeline.citations import CITATIONS
 from trainer.objectives.debcse import DebCSE, debcse_loss
 from trainer.st_losses.common import check_columns, embed, settings
 
 
 class DebCSELoss(nn.Module):
+    citation = CITATIONS["debcse"]  # its paper's BibTeX: SentenceTransformerTrainer writes it into the model card
+
     def __init__(self, model, temperature: float = 0.05, negatives: int = 2):
         super().__init__()
         self.model, self.temperature = model, temperature

@@ -29,11 +29,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pipeline.citations import CITATIONS
 from trainer.objectives.osscse import OssCSE, osscse_loss, recall_term
 from trainer.st_losses.common import check_columns, embed, settings, two_views
 
 
 class OssCSELoss(nn.Module):
+    citation = CITATIONS["osscse"]  # its paper's BibTeX: SentenceTransformerTrainer writes it into the model card
+
     def __init__(self, model, temperature: float = 0.05, form: str = "paper", alpha: float = 0.05, beta: float = 0.2,
                  margin_weight: float = 1e-3, recall_weight: float = 2e-3):
         super().__init__()

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
+from pipeline.citations import CITATIONS
 from trainer.st_losses.common import check_columns, two_views
 
 
 class SimCSELoss(MultipleNegativesRankingLoss):
+    citation = CITATIONS["simcse"]  # its paper's BibTeX: SentenceTransformerTrainer writes it into the model card
+
     def __init__(self, model, temperature: float = 0.05):
         super().__init__(model, scale=1.0 / temperature)  # MNRL's `temperature` is 1 / scale
 

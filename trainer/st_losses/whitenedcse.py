@@ -18,11 +18,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pipeline.citations import CITATIONS
 from trainer.objectives.whitenedcse import ShuffledGroupWhitening, WhitenedCSE, whitenedcse_loss
 from trainer.st_losses.common import check_columns, settings, two_views
 
 
 class WhitenedCSELoss(nn.Module):
+    citation = CITATIONS["whitenedcse"]  # its paper's BibTeX: SentenceTransformerTrainer writes it into the model card
+
     def __init__(self, model, temperature: float = 0.05, groups: int = 128, positives: int = 3, eps: float = 1e-5,
                  loss_weight: float = 1.0):
         super().__init__()
