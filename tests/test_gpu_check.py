@@ -47,7 +47,7 @@ def search_rows() -> list[str]:
 SPEEDS = [*ENCODE, "encode_st_float32", "encode_st_bf16", *(f"{s}_seconds" for s in SEARCH_ROWS),
           "generate_hf_tokens_per_s", *(g for g in GENERATE if g not in UNMEASURED), "generate_user_hf_tokens_per_s",
           *TRAIN, *COMPILED]
-PEERS = ["encode_float32", "encode_bf16", *(g for g in GENERATE[:2] if g not in UNMEASURED)]
+PEERS = ["encode_float32", "encode_bf16", *(g for g in GENERATE[:3] if g not in UNMEASURED)]
 EXPECTED = ["check_encoder_cpu_vs_cpu", "check_batch_float32", "check_band_pools",
             *(f"gemm_{job}_{p}" for job in ("encode", "generate", "peak") for p in ("bf16", "tf32", "fp32")),
             *ENCODE, "encode_st_float32", "encode_st_bf16", *search_rows(),
@@ -139,7 +139,7 @@ def test_summary_projects_the_1m_path_from_the_measured_rates():
     rows = [row("encode_bf16", "cuda", 5000.0, "sentences/s"),
             row("band_search_d384_seconds", "cuda", 1.0, "s", queries=100_000, base=1_000_000),
             row("band_search_d768_seconds", "cuda", 10.0, "s", queries=100_000, base=1_000_000),
-            row("generate_ours_tokens_per_s", "cuda", 100_000.0, "tokens/s"),
+            row("generate_default_tokens_per_s", "cuda", 100_000.0, "tokens/s"),
             row("generate_old_tokens_per_s", "cuda", 20_000.0, "tokens/s"),
             row("train_debcse_steps_per_s", "cuda", 20.0, "steps/s")]
     p = PATH_1M
@@ -155,7 +155,7 @@ def test_summary_projects_the_1m_path_from_the_measured_rates():
     assert "neighbours 1.7 min" in note and "CPU stages on 1 worker " in note and "old path" not in note
     four = {r["name"]: r for r in summary(rows, "cuda", {"cpus": 16, "workers": 4})}
     assert four["projection_1m_hours"]["value"] == pytest.approx(seconds(100_000, 4) / 3600, rel=1e-3)
-    no_loop = [r for r in rows if r["name"] != "generate_ours_tokens_per_s"]
+    no_loop = [r for r in rows if r["name"] != "generate_default_tokens_per_s"]
     old = {r["name"]: r for r in summary(no_loop, "cuda", {"cpus": 16})}  # workers: 1 by default
     assert old["projection_1m_hours"]["value"] == pytest.approx(seconds(20_000, 1) / 3600, rel=1e-3)
     assert "translation at generate_old_tokens_per_s" in old["projection_1m_hours"]["note"]

@@ -116,9 +116,12 @@ class BacktranslateCfg(Section):
     decoder: Literal["loop", "generate"] = "loop"
     # HF generate's key/value cache: "static" preallocates it once per batch for max_length + 2 tokens (one length
     # for every batch, so a row's output still does not depend on its batch; the shape torch.compile needs);
-    # models without static-cache support (FSMT, the wmt19 models) keep "dynamic". Slower on a CPU
-    # (docs/backtranslation.md); not yet measured on a GPU.
-    kv_cache: Literal["dynamic", "static"] = "dynamic"
+    # models without static-cache support (FSMT, the wmt19 models) keep "dynamic". "auto" = "static" on a GPU, where
+    # generate with it measured fastest (86.6k target tokens/s on an H200 at the 1M path's batches, against 31.1k
+    # for the dynamic cache and 18.2k for our loop: BENCHMARKS.md, 2026-11-28), and "dynamic" on a CPU (static
+    # measured 0.77-0.86x there). A static cache is generate's, so "auto" on a GPU decodes with generate for the
+    # models that support it (Marian); the others (FSMT) keep the loop.
+    kv_cache: Literal["auto", "dynamic", "static"] = "auto"
     # torch.compile HF generate's decoding step (needs kv_cache = "static"; on a GPU with CUDA graphs, as transformers
     # does). Compiles for each new batch shape; on a CPU it measured no faster. Not yet measured on a GPU.
     compile: bool = False

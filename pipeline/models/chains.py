@@ -30,7 +30,7 @@ from pipeline.models.bergamot_files import is_bergamot_folder
 from pipeline.models.cublas import load_cublas
 from pipeline.models.hub import ModelUnavailable, model_fingerprint, pick_device, resolve_model
 from pipeline.models.standin import StandInTranslator, is_standin
-from pipeline.models.translation import batch_token_budget, model_type, target_language_problem
+from pipeline.models.translation import batch_token_budget, model_type, resolve_kv_cache, target_language_problem
 from pipeline.roles import positive_sources
 from pipeline.schema import SCHEMAS
 from pipeline.seeding import row_seed
@@ -165,8 +165,9 @@ def chains_plan(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
         out["batching"] = batching_facts(bt, device, kinds)
     if "hf" in kinds:
         out["dtype"] = resolve_dtype(bt.dtype, device)
-        if bt.kv_cache != "dynamic" or bt.compile:  # only where it departs from the plain path: keys stay as they were
-            out["decoding"] = {"kv_cache": bt.kv_cache, "compile": bt.compile}
+        kv_cache = resolve_kv_cache(bt.kv_cache, device)
+        if kv_cache != "dynamic" or bt.compile:  # only where it departs from the plain path: keys stay as they were
+            out["decoding"] = {"kv_cache": kv_cache, "compile": bt.compile}
     return out
 
 

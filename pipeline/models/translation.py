@@ -2,6 +2,7 @@
 
     row_limit(n_tokens, cfg)                              # a row's cap in generated tokens
     batch_token_budget(cfg.batch_tokens, device, engine)  # a batch's token budget there (0: batch_size rows)
+    resolve_kv_cache(cfg.kv_cache, device)                # "dynamic" or "static" there
     language_settings(name, tokenizer, cfg, type)         # (input prefix, forced first decoder token)
     target_language_problem(name, path, cfg)              # why a model cannot run with these settings, or None
 
@@ -78,6 +79,14 @@ def batch_token_budget(setting: int | str, device: str, engine: str) -> int:
     if setting != "auto":
         return int(setting)
     return AUTO_BATCH_TOKENS[engine, "cuda" if device.startswith("cuda") else "cpu"]
+
+
+def resolve_kv_cache(setting: str, device: str) -> str:
+    """HF generate's key/value cache on `device`: the setting, or for "auto" "static" on a GPU (measured fastest
+    there) and "dynamic" elsewhere."""
+    if setting != "auto":
+        return setting
+    return "static" if device.startswith("cuda") else "dynamic"
 
 
 def language_settings(name: str, tok, cfg: BacktranslateCfg, model_type: str | None) -> tuple[str, str | None]:

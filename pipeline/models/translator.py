@@ -40,7 +40,7 @@ from pipeline.models.fast_tokens import input_ids
 from pipeline.models.mt19937 import mt19937_uniform
 from pipeline.seeding import row_seed
 
-from pipeline.models.translation import batch_token_budget, language_settings, row_limit
+from pipeline.models.translation import batch_token_budget, language_settings, resolve_kv_cache, row_limit
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class Translator:
         self.banned = [w[0] for w in bad if len(w) == 1]
         self.gen.bad_words_ids = [w for w in bad if len(w) > 1] or None
         # a static cache where the model supports one (FSMT does not: it keeps the dynamic cache)
-        self.static_cache = cfg.kv_cache == "static" and bool(getattr(model, "_can_compile_fullgraph", False))
+        self.static_cache = resolve_kv_cache(cfg.kv_cache, device) == "static" and bool(getattr(model, "_can_compile_fullgraph", False))
         self.compile_config = None
         self.loop = self._decode_loop()
         if cfg.compile and self.static_cache:
