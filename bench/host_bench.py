@@ -54,6 +54,7 @@ import argparse
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -89,8 +90,6 @@ def prepare(folder: Path, sizes: dict) -> Path:
     data = folder / f"host-bench-data-v{DATA_VERSION}-{sizes['lines']}-{sizes['spm_vocab']}-{sizes['search_n']}"
     if (data / ".complete").is_file():
         return data
-    import shutil
-
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
     from bench.shapes import sentences
