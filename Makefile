@@ -57,74 +57,74 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[$(ACCEL),test]'
 	if [ "$(ACCEL)" = gpu ] && ! $(BIN)/python -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)'; then \
 	  $(BIN)/pip install -q --force-reinstall --no-deps torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); fi
-	$(BIN)/python -m flows.doctor --accel $(ACCEL)
+	$(BIN)/python -m contramine.flows.doctor --accel $(ACCEL)
 	rm -f $(VENV)/.installed-*; touch $@
 
 mine: $(STAMP)
-	$(BIN)/python -m flows.cli mine $(ARGS) $(if $(FROM),--reuse-from $(FROM))
+	$(BIN)/python -m contramine.flows.cli mine $(ARGS) $(if $(FROM),--reuse-from $(FROM))
 
 stage: $(STAMP)
 	@test -n "$(STAGE)" || { echo "usage: make stage STAGE=<name> [RUN=..] [SET=..] [FORCE=1]"; exit 2; }
-	$(BIN)/python -m flows.cli stage $(STAGE) $(ARGS)
+	$(BIN)/python -m contramine.flows.cli stage $(STAGE) $(ARGS)
 
 sql: $(STAMP)
-	$(BIN)/python -m flows.cli sql $(ARGS) $(if $(Q),--query "$(Q)")
+	$(BIN)/python -m contramine.flows.cli sql $(ARGS) $(if $(Q),--query "$(Q)")
 
 report: $(STAMP)
-	$(BIN)/python -m flows.cli report $(ARGS)
+	$(BIN)/python -m contramine.flows.cli report $(ARGS)
 
 # the row memo (docs/mining.md "What is reused"): its size per stage; PRUNE="--older-than 30 --unreferenced" prunes
 cache: $(STAMP)
-	$(BIN)/python -m flows.cli cache $(ARGS) $(PRUNE)
+	$(BIN)/python -m contramine.flows.cli cache $(ARGS) $(PRUNE)
 
-# every shard of RUN against its manifest's hash (pipeline/engine/verify.py); MEMO=1: the row memo's packs too
+# every shard of RUN against its manifest's hash (pipeline/storage/verify.py); MEMO=1: the row memo's packs too
 verify: $(STAMP)
-	$(BIN)/python -m flows.cli verify $(ARGS) $(if $(MEMO),--memo)
+	$(BIN)/python -m contramine.flows.cli verify $(ARGS) $(if $(MEMO),--memo)
 
 # a run's mined rows as a Hugging Face dataset folder (FORMAT: triplet | n-tuple | labeled-pair | osscse-triplet, and for
 # contramine's sentence-transformers losses: sentences | debcse | osscse-prompt | dclr)
 export: $(STAMP)
-	$(BIN)/python -m flows.cli export $(ARGS) --format $(FORMAT)
+	$(BIN)/python -m contramine.flows.cli export $(ARGS) --format $(FORMAT)
 
 eval: $(STAMP)
-	$(BIN)/python -m flows.cli eval $(if $(MODEL),--model $(MODEL)) $(if $(POOLER),--pooler $(POOLER)) $(if $(NAME),--name $(NAME)) $(if $(COMPARE),--compare $(COMPARE))
+	$(BIN)/python -m contramine.flows.cli eval $(if $(MODEL),--model $(MODEL)) $(if $(POOLER),--pooler $(POOLER)) $(if $(NAME),--name $(NAME)) $(if $(COMPARE),--compare $(COMPARE))
 
 train: $(STAMP)
-	$(BIN)/python -m flows.cli train --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(OBJECTIVE),--objective $(OBJECTIVE)) $(if $(SET),--set $(SET))
+	$(BIN)/python -m contramine.flows.cli train --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(OBJECTIVE),--objective $(OBJECTIVE)) $(if $(SET),--set $(SET))
 
 # every objective from the same start on RUN's tables, same budget, SEEDS seeds: table, paired bootstrap, plots
 compare: $(STAMP)
-	$(BIN)/python -m flows.cli compare --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(OBJECTIVES),--objectives $(OBJECTIVES)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(SET),--set $(SET))
+	$(BIN)/python -m contramine.flows.cli compare --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(OBJECTIVES),--objectives $(OBJECTIVES)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(SET),--set $(SET))
 
 # TensorBoard over artifacts/<RUN>'s training curves (every train/ and compare/ run in it); RUN must name a run folder
 tensorboard: $(STAMP)
 	@test -n "$(RUN)" || { echo "usage: make tensorboard RUN=<run> [PORT=6006]"; exit 2; }
-	$(BIN)/python -m trainer.curves --profile $(PROFILE) --run $(RUN) $(if $(PORT),--port $(PORT))
+	$(BIN)/python -m contramine.trainer.curves --profile $(PROFILE) --run $(RUN) $(if $(PORT),--port $(PORT))
 
 # every bench module (bench/run.py); `python -m bench.run --smoke` runs them at toy size (bench/smoke.py)
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
 
-# GPU speeds at the papers' model sizes and GPU-vs-CPU checks (bench/gpu_check.py) -> artifacts/gpu-check/results.json;
+# GPU speeds at the papers' model sizes and GPU-vs-CPU checks (bench/gpu/check.py) -> artifacts/gpu-check/results.json;
 # the CPU twin (toy sizes) where torch sees no CUDA. No install step: the lent GPU machine has no .venv (its python3
-# and preinstalled packages run it: `PYTHONPATH=. python3 -m bench.gpu_check`).
-# The wheels the GPU machine lacks (bench/gpu_machine.py's CARRIED: pydantic for the config and the objectives,
+# and preinstalled packages run it: `PYTHONPATH=. python3 -m bench.gpu.check`).
+# The wheels the GPU machine lacks (bench/gpu/machine.py's CARRIED: pydantic for the config and the objectives,
 # rapidfuzz for the stages, CTranslate2), for its Python 3.12: carry .gpu-wheels/ with the working tree;
-# bench/gpu_check.py installs them there with no index
+# bench/gpu/check.py installs them there with no index
 gpu-wheels: $(STAMP)
 	rm -rf .gpu-wheels
-	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version $$($(PY) -c 'from bench.gpu_machine import PYTHON; print(PYTHON)') \
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version $$($(PY) -c 'from bench.gpu.machine import PYTHON; print(PYTHON)') \
 	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d .gpu-wheels \
-	  $$($(PY) -m bench.gpu_machine wheels)
+	  $$($(PY) -m bench.gpu.machine wheels)
 	@du -sh .gpu-wheels
 
 # The check's CPU twin, strict, in a throwaway venv with the GPU machine's package versions and only the carried
-# wheels (bench/gpu_rehearsal.py): run it whenever the imports of the stages, the models or the trainer change
+# wheels (bench/gpu/rehearsal.py): run it whenever the imports of the stages, the models or the trainer change
 gpu-rehearsal:
-	$(PY) -m bench.gpu_rehearsal
+	$(PY) -m bench.gpu.rehearsal
 
 gpu-check:
-	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY)) -m bench.gpu_check
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY)) -m bench.gpu.check
 
 # N synthetic sentences through every real stage with stand-in models: seconds and peak RSS per stage at N/8..N
 scale: $(STAMP)

@@ -27,8 +27,8 @@ def rss_mb() -> float:
 
 
 def measure(n: int, out: Path, keep_models: bool = False) -> dict:
-    import flows.mine as mine
-    from pipeline.engine import resources
+    import contramine.flows.mine as mine
+    from contramine.pipeline.engine import resources
 
     if keep_models:  # what a process that never releases does (before resources.py): for comparison only
         resources.release = lambda stage=None: 0

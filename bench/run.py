@@ -21,7 +21,7 @@ import platform
 import time
 import traceback
 
-from pipeline.config import ROOT
+from contramine.pipeline.config import ROOT
 
 MODULES = ["embeddings", "mer", "neighbours", "ivf", "hardneg", "scaling", "growth", "memo_index", "negate",
            "backtranslate", "bergamot", "ct2", "marian", "translate", "train", "st_debcse", "eval", "host"]

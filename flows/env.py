@@ -8,7 +8,7 @@ instead.
 import os
 from pathlib import Path
 
-from pipeline.config.base import ARTIFACTS
+from contramine.pipeline.config.base import ARTIFACTS
 
 DEFAULTS = {
     "PREFECT_HOME": str(ARTIFACTS / ".prefect"),

@@ -29,10 +29,10 @@ COMMANDS = {
 }
 # Commands whose own module parses the rest of the line (`contramine train --help` prints that module's options).
 DELEGATED = {
-    "train": ("trainer.train", "train an encoder on a run's mined tables (an objective, a start model, a budget)"),
-    "eval": ("trainer.evaluate", "score a model on STS12-16, STS-B and SICK-R (SentEval's protocol)"),
-    "compare": ("trainer.compare", "every objective from one start on a run's tables: table, bootstrap, plots"),
+    "train": ("contramine.trainer.train", "train an encoder on a run's mined tables (an objective, a start model, a budget)"),
+    "eval": ("contramine.trainer.evaluate", "score a model on STS12-16, STS-B and SICK-R (SentEval's protocol)"),
+    "compare": ("contramine.trainer.compare", "every objective from one start on a run's tables: table, bootstrap, plots"),
     "bench": ("bench.run", "speed and memory against peers measured in the same run (in a checkout)"),
     "scale": ("bench.scale", "N synthetic sentences through every stage: seconds and peak RSS (in a checkout)"),
-    "doctor": ("flows.doctor", "what this environment runs on, what it lacks and the one command that installs it"),
+    "doctor": ("contramine.flows.doctor", "what this environment runs on, what it lacks and the one command that installs it"),
 }

@@ -1,7 +1,7 @@
 """Prefect flows: one flow per stage (each deployable on its own) and `mine`, which composes them.
 
-The flows hold no logic: each stage flow hands the engine's stage driver (`pipeline.engine.runner.run_stage`) its
-task map (`prefect_map`); the work, the plan and the caching (verified shard keys, pipeline/engine/store.py) live in
+The flows hold no logic: each stage flow hands the engine's stage driver (`contramine.pipeline.engine.runner.run_stage`) its
+task map (`prefect_map`); the work, the plan and the caching (verified shard keys, pipeline/storage/store.py) live in
 pipeline/. Tasks pass paths and settings, never tables, so they run the same on threads or on a Dask cluster.
 """
 from __future__ import annotations
@@ -15,11 +15,11 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from pipeline.config import Config, configure  # noqa: F401  (configure: what flow callers build a config with)
-from pipeline.engine.lock import run_lock
-from pipeline.engine.maps import local_cluster
-from pipeline.engine.runner import load_stages, run_job_json, run_stage
-from pipeline.hints import command
+from contramine.pipeline.config import Config, configure  # noqa: F401  (configure: what flow callers build a config with)
+from contramine.pipeline.storage.lock import run_lock
+from contramine.pipeline.engine.maps import local_cluster
+from contramine.pipeline.engine.runner import load_stages, run_job_json, run_stage
+from contramine.pipeline.hints import command
 
 
 @task(name="shard", cache_policy=NO_CACHE, task_run_name="{name}[{i}]")
@@ -81,7 +81,7 @@ def make_stage_flow(stage: str):
 
 STAGE_FLOWS = {s: make_stage_flow(s) for s in load_stages()}
 # Module attributes so that deployments can name them (flows/mine.py:neighbours_flow); prefect.yaml is generated
-# from the same stage list (python -m flows.deployments).
+# from the same stage list (python -m contramine.flows.deployments).
 globals().update({f"{s}_flow": f for s, f in STAGE_FLOWS.items()})
 
 
@@ -111,7 +111,7 @@ def mine_flow(profile: str = "default", run: str | None = None, corpus: str | No
                                       force=s in (force or []), plan=plan)
             rows[s] = manifest["rows"]
             plan.update(manifest["resources"])
-    from pipeline.report import headline  # matplotlib: imported when a whole mine ends, not by every stage flow
+    from contramine.pipeline.report import headline  # matplotlib: imported when a whole mine ends, not by every stage flow
 
     create_markdown_artifact(key=artifact_key(cfg.run.name, "mine"), markdown=headline(cfg.run.dir),
                              description=f"what run `{cfg.run.name}` mined")

@@ -2,7 +2,7 @@
 and which keys stay out of cache keys (execution settings: how fast, not what; resolved settings: the plan records
 what they resolve to). Each objective's own `[train.<name>]` settings come from its `Settings` class.
 
-    python -m flows.settings_doc > docs/settings.md      # tests/test_docs.py fails when the file is stale
+    python -m contramine.flows.settings_doc > docs/settings.md      # tests/test_docs.py fails when the file is stale
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import sys
 import typing
 
-from pipeline.config import ROOT, SHARED_DATA, Config
+from contramine.pipeline.config import ROOT, SHARED_DATA, Config
 
 OUT = ROOT / "docs" / "settings.md"
 
@@ -82,13 +82,13 @@ def section_table(name: str, cls, keyed_section: bool) -> list[str]:
 
 
 def render() -> str:
-    from pipeline.engine.discovery import load_stages
-    from trainer.objectives import OBJECTIVES
+    from contramine.pipeline.engine.discovery import load_stages
+    from contramine.trainer.objectives import OBJECTIVES
 
     keyed = {s for stage in load_stages().values() for s in stage.settings}
 
     out = ["# Settings reference", "",
-           "Generated from the pydantic config by `python -m flows.settings_doc > docs/settings.md` (a test fails "
+           "Generated from the pydantic config by `python -m contramine.flows.settings_doc > docs/settings.md` (a test fails "
            "when this file is stale). Set any key in a profile (`configs/<name>.toml`) or on the command line: "
            "`make mine SET=\"section.key=value\"`. \"in cache keys\": whether changing the key recomputes the "
            "stages that declare its section; execution settings change how fast, never what, and resolved "

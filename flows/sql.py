@@ -7,7 +7,7 @@ from pathlib import Path
 
 import duckdb
 
-from pipeline.engine.tables import RunTables
+from contramine.pipeline.storage.tables import RunTables
 
 
 def connect(run_dir: Path) -> duckdb.DuckDBPyConnection:

@@ -37,15 +37,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.citations import MINED_BY, bibtex
-from pipeline.config.base import ConfigError
-from pipeline.config.names import inside
-from pipeline.engine.atomic import atomic_dir
-from pipeline.engine.lock import run_lock
-from pipeline.hints import command
-from pipeline.prompts import OSSCSE_TEMPLATES, fill
-from pipeline.engine.safe_paths import check_below
-from pipeline.engine.tables import RunTables
+from contramine.pipeline.citations import MINED_BY, bibtex
+from contramine.pipeline.config.base import ConfigError
+from contramine.pipeline.config.names import inside
+from contramine.pipeline.storage.atomic import atomic_dir
+from contramine.pipeline.storage.lock import run_lock
+from contramine.pipeline.hints import command
+from contramine.pipeline.prompts import OSSCSE_TEMPLATES, fill
+from contramine.pipeline.storage.safe_paths import check_below
+from contramine.pipeline.storage.tables import RunTables
 
 ROWS_PER_FILE = 500_000
 DIGEST_CHARS = 16  # 64 bits of sha256: two different exports of one folder name never share a cache entry
@@ -138,7 +138,7 @@ def dclr_rows(sentences: pa.Table) -> pa.Table:
 
 def with_embeddings(sentences: pa.Table, embeddings: pa.Table) -> pa.Table:
     """sentences + their mined vector as `emb` (float32 lists of d; zeros for a sentence the table lacks)."""
-    from pipeline.schema import table_vectors
+    from contramine.pipeline.schema import table_vectors
 
     sids, vecs = table_vectors(embeddings)
     d = vecs.shape[1] if vecs.ndim == 2 else 0
@@ -230,7 +230,7 @@ def usage(fmt: str) -> list[str]:
                 "from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, "
                 "SentenceTransformerTrainingArguments",
                 "from sentence_transformers.sentence_transformer.training_args import BatchSamplers",
-                f"from trainer.st_losses import {LOSS_OF[fmt].split('(')[0]}  # contramine's (docs/training.md)", "",
+                f"from contramine.trainer.st_losses import {LOSS_OF[fmt].split('(')[0]}  # contramine's (docs/training.md)", "",
                 'train = load_dataset("<this folder or hub id>", split="train")',
                 'model = SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2")',
                 'args = SentenceTransformerTrainingArguments(output_dir="st", batch_sampler=BatchSamplers.NO_DUPLICATES)',
@@ -259,7 +259,7 @@ def _size_category(n: int) -> str:
 def export_run(run_dir: Path | str, fmt: str, dst: Path | str | None = None) -> Path:
     """Write the export folder and swap it in whole (a reader or a kill sees the previous export or this one, never a
     mix); returns its path. Below the run folder (or below `dst`'s own folder, for a `dst` elsewhere) no folder may be
-    a link: the export is neither written into a link's target nor swapped with it (pipeline/engine/atomic.py)."""
+    a link: the export is neither written into a link's target nor swapped with it (pipeline/storage/atomic.py)."""
     if fmt not in FORMATS:
         raise ConfigError(f"export format {fmt!r}: one of {', '.join(FORMATS)}")
     run_dir = Path(run_dir)

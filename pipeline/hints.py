@@ -1,7 +1,7 @@
 """A command as the user runs it, for the hints messages print ("run `make sql RUN=mine1`").
 
 Under make the Makefile exports CONTRAMINE_VIA=make, and a hint names the make target; anywhere else (the installed
-`contramine` script, `python -m flows.cli`) it names the command line:
+`contramine` script, `python -m contramine.flows.cli`) it names the command line:
 
     command("sql", run="mine1")                     make sql RUN=mine1
                                                     contramine sql --run mine1

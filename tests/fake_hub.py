@@ -217,7 +217,7 @@ def build_paper_models(out_dir: str | Path) -> dict[str, Path]:
     the SimCSE encoder and BERT start weights (tiny BERT), opus-mt en-zh (multi-target, like the real one) and
     zh-en (tiny Marian), the four wmt19 models (tiny FSMT)."""
     from tests.tiny_bert import build_tiny_bert
-    from tests.tiny_mt import build_tiny_fsmt, build_tiny_marian
+    from bench.fixtures.tiny_mt import build_tiny_fsmt, build_tiny_marian
 
     out = Path(out_dir)
     bert = build_tiny_bert(out / "bert-base-uncased", seed=0, dropout=0.1)

@@ -3,7 +3,7 @@
 Corpora are built from (bytes, line terminator, expected reason) rows, so the test knows, independently of the
 code under test, how many lines a file has and where each line must end up (None = kept as a sentence).
 
-Run as a script, this module is `python -m flows.cli` with one extra: when CONTRAMINE_PAUSE_AT is set, the process
+Run as a script, this module is `python -m contramine.flows.cli` with one extra: when CONTRAMINE_PAUSE_AT is set, the process
 stops at that point (writes the file named by CONTRAMINE_PAUSE_MARKER, then sleeps) so that the test can kill -9 it
 exactly there. Points:
     compute:<stage>:<shard>          at the start of that shard's computation (earlier shards are finished)
@@ -160,7 +160,7 @@ def run_with_a_table(run: Path) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.schema import SCHEMAS
+    from contramine.pipeline.schema import SCHEMAS
 
     d = run / "sentences"
     d.mkdir(parents=True)
@@ -184,8 +184,8 @@ def _pause(point: str) -> None:
 def install_pause(at: str) -> None:
     import dataclasses
 
-    from pipeline.engine import store
-    from pipeline.engine.runner import load_stages
+    from contramine.pipeline.storage import store
+    from contramine.pipeline.engine.runner import load_stages
 
     kind, what, shard = at.split(":")
     shard = int(shard)
@@ -229,6 +229,6 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     if os.environ.get("CONTRAMINE_PAUSE_AT"):
         install_pause(os.environ["CONTRAMINE_PAUSE_AT"])
-    from flows.cli import main
+    from contramine.flows.cli import main
 
     sys.exit(main())

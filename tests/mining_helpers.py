@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from flows.cli import main as cli_main
-from flows.mine import configure, mine_flow
-from pipeline.engine.runner import load_stages
-from pipeline.engine.store import Store
-from pipeline.engine.tables import RunTables
-from pipeline.schema import table_vectors
-from pipeline.search.band import exact_band_neighbours
+from contramine.flows.cli import main as cli_main
+from contramine.flows.mine import configure, mine_flow
+from contramine.pipeline.engine.runner import load_stages
+from contramine.pipeline.storage.store import Store
+from contramine.pipeline.storage.tables import RunTables
+from contramine.pipeline.schema import table_vectors
+from contramine.pipeline.search.band import exact_band_neighbours
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=2",

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import torch
 
-from pipeline.config import TrainCfg
-from pipeline.models.encoder import Encoder
+from contramine.pipeline.config import TrainCfg
+from contramine.pipeline.models.encoder import Encoder
 from tiny_bert import tiny_encoder
 
 TEXTS = [

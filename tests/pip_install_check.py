@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fake_hub import FakeHub
-from pipeline.engine.tables import RunTables
+from contramine.pipeline.storage.tables import RunTables
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"

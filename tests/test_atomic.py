@@ -1,10 +1,10 @@
-"""Atomic writes shared by the mining stages and the trainer's checkpoints (pipeline/engine/atomic.py)."""
+"""Atomic writes shared by the mining stages and the trainer's checkpoints (pipeline/storage/atomic.py)."""
 import os
 
 import pytest
 
-from pipeline.engine.atomic import _umask, atomic_dir, atomic_file, atomic_write_json, recover
-from pipeline.engine.safe_paths import UnsafePath, make_dirs, open_folder, walk
+from contramine.pipeline.storage.atomic import _umask, atomic_dir, atomic_file, atomic_write_json, recover
+from contramine.pipeline.storage.safe_paths import UnsafePath, make_dirs, open_folder, walk
 
 
 def test_atomic_dir_survives_errors_and_interrupted_swaps(tmp_path):
@@ -35,7 +35,7 @@ def test_atomic_json_leaves_old_file_on_error(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["m.json"]
 
 
-# ---- links (pipeline/engine/safe_paths.py): never written, renamed or deleted through -------------------------------
+# ---- links (pipeline/storage/safe_paths.py): never written, renamed or deleted through -------------------------------
 def _victim(tmp_path):
     v = tmp_path / "victim"
     (v / "sub").mkdir(parents=True)

@@ -8,14 +8,14 @@ import pyarrow as pa
 import pytest
 import torch
 
-from pipeline.models import hub as models
-from pipeline.config import chain_name
-from pipeline.models.chains import backtranslate, load_chain, load_translator
-from pipeline.seeding import row_seed
-from pipeline.config import BacktranslateCfg
-from pipeline.models.hub import ModelUnavailable
-from pipeline.schema import SCHEMAS
-from tests.tiny_mt import build_all, build_tiny_fsmt, build_tiny_marian, corpus_lines
+from contramine.pipeline.models import hub as models
+from contramine.pipeline.config import chain_name
+from contramine.pipeline.models.chains import backtranslate, load_chain, load_translator
+from contramine.pipeline.seeding import row_seed
+from contramine.pipeline.config import BacktranslateCfg
+from contramine.pipeline.models.hub import ModelUnavailable
+from contramine.pipeline.schema import SCHEMAS
+from bench.fixtures.tiny_mt import build_all, build_tiny_fsmt, build_tiny_marian, corpus_lines
 
 # Small limits keep random models (which rarely stop on their own) fast; a spread of lengths makes some rows hit
 # their own cap, which is what batching could otherwise change.
@@ -207,7 +207,7 @@ def test_invalid_generation_settings_are_refused_by_the_config():
 
 def test_row_seed_and_chain_name():
     import numpy as np
-    from pipeline.seeding import row_rng
+    from contramine.pipeline.seeding import row_rng
 
     assert row_seed(1, "s", 2, 3) == row_seed(1, "s", 2, 3) != row_seed(1, "s", 2, 4)
     assert 0 <= row_seed(0, "backtranslate", 5, 1) < 2**63
@@ -237,7 +237,7 @@ def zh_like(tmp_path_factory):
 
 
 def test_multi_target_marian_needs_its_language_token(zh_like):
-    from pipeline.models.translation import marian_language_codes, target_language_problem
+    from contramine.pipeline.models.translation import marian_language_codes, target_language_problem
 
     assert marian_language_codes(zh_like) == [">>cmn_Hans<<", ">>cmn_Hant<<", ">>yue_Hant<<"]
     problem = target_language_problem(zh_like, zh_like, cfg())
@@ -257,13 +257,13 @@ def test_multi_target_marian_needs_its_language_token(zh_like):
 
 
 def test_paper_profiles_name_the_zh_script():
-    from pipeline.config import load_config
+    from contramine.pipeline.config import load_config
 
     assert load_config("debcse-paper").backtranslate.target_lang["Helsinki-NLP/opus-mt-en-zh"] == ">>cmn_Hans<<"
 
 
 def test_mine_stops_before_any_work_without_a_target_language(zh_like, tiny, tmp_path, capsys):
-    from flows.cli import main as cli_main
+    from contramine.flows.cli import main as cli_main
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(LINES[:5]) + "\n")
@@ -277,8 +277,8 @@ def test_mine_stops_before_any_work_without_a_target_language(zh_like, tiny, tmp
 
 
 def test_a_target_language_for_a_single_target_marian_model_stops_mine_before_any_work(tiny, tmp_path, capsys):
-    from flows.cli import main as cli_main
-    from pipeline.models.translation import target_language_problem
+    from contramine.flows.cli import main as cli_main
+    from contramine.pipeline.models.translation import target_language_problem
 
     one = tiny["marian-xx-en"]  # no >>code<< tokens: it translates into one language
     problem = target_language_problem(one, one, cfg(target_lang={one: "de"}))

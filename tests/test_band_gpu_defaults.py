@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config.mining import NeighboursCfg
-from pipeline.search import faiss_index as fx
-from pipeline.search import torch_exact as te
-from pipeline.search.band import band_neighbours, exact_band_neighbours
+from contramine.pipeline.config.mining import NeighboursCfg
+from contramine.pipeline.search import faiss_index as fx
+from contramine.pipeline.search import torch_exact as te
+from contramine.pipeline.search.band import band_neighbours, exact_band_neighbours
 
 
 def test_auto_searches_with_torch_wherever_torch_sees_cuda_even_with_faiss_gpu(monkeypatch):

@@ -11,12 +11,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from pipeline.config import BacktranslateCfg, ConfigError, configure
-from pipeline.degenerate import back_to_back, degenerate_flag, words
-from pipeline.models.bergamot import bergamot_folder
-from pipeline.models.hub import ModelUnavailable, resolve_model
-from pipeline.models.chains import backtranslate, load_chain
-from pipeline.roles import rows_serving
+from contramine.pipeline.config import BacktranslateCfg, ConfigError, configure
+from contramine.pipeline.degenerate import back_to_back, degenerate_flag, words
+from contramine.pipeline.models.bergamot_files import bergamot_folder
+from contramine.pipeline.models.hub import ModelUnavailable, resolve_model
+from contramine.pipeline.models.chains import backtranslate, load_chain
+from contramine.pipeline.roles import rows_serving
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAIN = ["bergamot:en-pt", "bergamot:pt-en"]
@@ -85,7 +85,7 @@ def test_a_folder_that_lacks_a_file_is_named(tmp_path):
 
 
 def test_cli_refuses_sampling_on_bergamot_in_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "mine", "--set", f"run.root={tmp_path}",
+    r = subprocess.run([sys.executable, "-m", "contramine.flows.cli", "mine", "--set", f"run.root={tmp_path}",
                         "backtranslate.do_sample=true"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
@@ -118,8 +118,8 @@ def test_flagged_rows_serve_no_method():
 def test_default_chain_mines_real_back_translations(tmp_path):
     """The default profile's chain: every clean sentence and its first noised copy go there and back; pairs get
     back-translated positives, paraphrases and triplets get paraphrases; degenerate outputs are counted."""
-    from flows.mine import mine_flow
-    from pipeline.engine.tables import RunTables
+    from contramine.flows.mine import mine_flow
+    from contramine.pipeline.storage.tables import RunTables
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(LINES) + "\n", encoding="utf-8")
@@ -144,7 +144,7 @@ def test_default_chain_mines_real_back_translations(tmp_path):
     assert para.num_rows > 0 and set(para.column("text").to_pylist()) <= set(bt.column("text").to_pylist())
     triplets = run.read("triplets")
     assert pc.sum(pc.is_valid(triplets.column("paraphrase"))).as_py() > 0
-    from pipeline.report import write_report
+    from contramine.pipeline.report import write_report
 
     md = write_report(run.dir, tmp_path / "report").read_text()
     assert f"| fine (used) | {bt.num_rows - flagged.num_rows} |" in md  # the report counts the flags

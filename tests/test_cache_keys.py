@@ -6,11 +6,11 @@ import shutil
 
 import torch
 
-from pipeline.config import load_config
-from pipeline.engine.codeversion import PIPELINE, code_version, module_closure
-from pipeline.engine.runner import load_stages, resolve_plan, stage_facts
-from pipeline.models import chains, encoder_resource
-from pipeline.models import hub as models
+from contramine.pipeline.config import load_config
+from contramine.pipeline.engine.codeversion import PIPELINE, code_version, module_closure
+from contramine.pipeline.engine.runner import load_stages, resolve_plan, stage_facts
+from contramine.pipeline.models import chains, encoder_resource
+from contramine.pipeline.models import hub as models
 
 OFFLINE = ["backtranslate.chains=[]"]
 STANDIN = ['backtranslate.chains=[["standin:shuffle-de", "standin:shuffle-en"]]']  # HF-engine models, no weights
@@ -28,7 +28,7 @@ def test_code_version_follows_every_module_a_stage_imports(tmp_path):
     shutil.copytree(PIPELINE, src, ignore=shutil.ignore_patterns("__pycache__"))
     versions = lambda: {s: code_version(STAGES[s].module, root=src) for s in STAGES}  # noqa: E731
     before = versions()
-    assert "pipeline.seeding" in module_closure((STAGES["noise"].module,))  # listed nowhere by hand
+    assert "contramine.pipeline.seeding" in module_closure((STAGES["noise"].module,))  # listed nowhere by hand
     (src / "seeding.py").write_text((src / "seeding.py").read_text() + "\n# a change to per-row seeding\n")
     code_version.cache_clear()  # a new process
     after = versions()
@@ -50,7 +50,7 @@ def test_code_version_covers_the_code_that_ran_and_no_other(tmp_path):
     engines = lambda: {m: code_version(m, root=src) for m in chains.ENGINES.values()}  # noqa: E731
     before, engines_before = versions(), engines()
     for closure in (module_closure((STAGES[s].module,)) for s in STAGES):
-        assert not {"pipeline.config.training", "pipeline.config.root", "pipeline.config.loading",
+        assert not {"contramine.pipeline.config.training", "contramine.pipeline.config.root", "contramine.pipeline.config.loading",
                     *chains.ENGINES.values()} & set(closure)
     for module in ("config/training.py", "models/ct2.py", "models/translator.py", "models/bergamot.py"):
         (src / module).write_text((src / module).read_text() + "\n\ndef added():\n    return 1\n")
@@ -59,7 +59,7 @@ def test_code_version_covers_the_code_that_ran_and_no_other(tmp_path):
     moved = {m for m, v in engines().items() if v != engines_before[m]}
     assert moved == set(chains.ENGINES.values())  # ... the engines' do, and a run's plan names only its own
     plan = chains.chains_plan(load_config("default", BERGAMOT))
-    assert set(plan["code"]) == {"bergamot"} and plan["code"]["bergamot"] == code_version("pipeline.models.bergamot")
+    assert set(plan["code"]) == {"bergamot"} and plan["code"]["bergamot"] == code_version("contramine.pipeline.models.bergamot")
     encoder_py = src / "models" / "encoder.py"
     encoder_py.write_text(encoder_py.read_text() + "\n\ndef added():\n    pass\n")
     code_version.cache_clear()
@@ -140,8 +140,8 @@ def test_library_versions_are_part_of_the_key(tmp_path):
 
     import numpy as np
 
-    from pipeline.engine.store import Store
-    from pipeline.schema import vectors_table
+    from contramine.pipeline.storage.store import Store
+    from contramine.pipeline.schema import vectors_table
 
     cfg = load_config("default", OFFLINE + [f"run.root={tmp_path}", "run.shards=1"])
     vecs = np.eye(4, dtype=np.float32)  # the index is resolved against the run's vectors

@@ -15,17 +15,17 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import load_config
-from pipeline.models.encoder import Encoder
+from contramine.pipeline.config import load_config
+from contramine.pipeline.models.encoder import Encoder
 from tiny_bert import build_tiny_bert, tiny_encoder
-from trainer import checkpoint as ckpt
-from trainer.train import train
+from contramine.trainer import checkpoint as ckpt
+from contramine.trainer.train import train
 from train_helpers import ROOT, read_metrics, sentence, sentences_rows, write_profile, write_senteval, write_table
 
 
 KILLER = """
 import os, sys, time
-import trainer.checkpoint as ckpt
+import contramine.trainer.checkpoint as ckpt
 saves, real = [0], ckpt.save_state
 def save_then_hang(*a, **k):
     real(*a, **k)
@@ -34,7 +34,7 @@ def save_then_hang(*a, **k):
         open(os.environ["SAVED_MARKER"], "w").close()
         time.sleep(600)  # a long training step: the test kills us here
 ckpt.save_state = save_then_hang
-from trainer.train import main
+from contramine.trainer.train import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -55,7 +55,7 @@ def test_kill_and_resume_ends_at_the_same_weights(tmp_path, bert, senteval):
     whole = write_profile(tmp_path / "whole.toml", tmp_path, "whole", bert, senteval, num_workers=2, **common)
     killed = write_profile(tmp_path / "killed.toml", tmp_path, "killed", bert, senteval, num_workers=0, **common)
 
-    p = _run(["-m", "trainer.train", "--profile", str(whole)], env)
+    p = _run(["-m", "contramine.trainer.train", "--profile", str(whole)], env)
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0, out
 
@@ -73,7 +73,7 @@ def test_kill_and_resume_ends_at_the_same_weights(tmp_path, bert, senteval):
     mid = ckpt.load_state(last)
     assert (mid["step"], mid["epoch"], mid["batch_in_epoch"]) == (9, 1, 4)  # killed mid-run, mid-epoch
 
-    p = _run(["-m", "trainer.train", "--profile", str(killed)], env)
+    p = _run(["-m", "contramine.trainer.train", "--profile", str(killed)], env)
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0, out
     assert "resumed at step 9" in out
@@ -139,7 +139,7 @@ def test_best_carries_a_model_card_that_sentence_transformers_loads(mean_run):
     the papers to cite; sentence-transformers loads the folder with that card (and would push it to the Hub)."""
     from sentence_transformers import SentenceTransformer
 
-    from pipeline.citations import CITATIONS
+    from contramine.pipeline.citations import CITATIONS
 
     cfg, res = mean_run
     best = Path(res["best_dir"])
@@ -195,8 +195,8 @@ def test_ddp_two_ranks_match_one_process(tmp_path):
         write_table(tmp_path / run, "sentences", sentences_rows(32))
         profile = write_profile(tmp_path / f"{run}.toml", tmp_path, run, bert, senteval, pooler="mean", dropout=0.0,
                                 max_steps=6, eval_every=3)
-        args = launcher + ["-m", "trainer.train", "--profile", str(profile)] if launcher else \
-            ["-m", "trainer.train", "--profile", str(profile)]
+        args = launcher + ["-m", "contramine.trainer.train", "--profile", str(profile)] if launcher else \
+            ["-m", "contramine.trainer.train", "--profile", str(profile)]
         p = _run(args, env)
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.corpus import CorpusError, split_sentences
+from contramine.pipeline.corpus import CorpusError, split_sentences
 
 from hostile import plain_rows, wiki_lines, write_corpus
 
@@ -90,12 +90,12 @@ def test_input_errors_name_the_path_or_model(capsys, tmp_path):
 
 
 def _run_cli(args: list[str], **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "contramine.flows.cli", *args], capture_output=True, text=True, cwd=ROOT,
                           env=_cli_env(**env), timeout=300)
 
 
 def test_cli_subprocess_stage_before_its_input(tmp_path, capsys):
-    """The real `python -m flows.cli stage neighbours` on a fresh run, as `make stage` runs it: exit 2, one line
+    """The real `python -m contramine.flows.cli stage neighbours` on a fresh run, as `make stage` runs it: exit 2, one line
     saying what to run first, as a make target; the same call from the command line names the command line."""
     root = tmp_path / "runs"
     r = _run_cli(["stage", "neighbours", "--run", "fresh", "--set", *SMALL, f"run.root={root}"], CONTRAMINE_VIA="make")
@@ -113,7 +113,7 @@ def test_one_command_line_lists_every_command_and_delegates_with_one_line_errors
     ends as every other: one `error:` line, exit 2."""
     import pytest
 
-    from flows.cli import main
+    from contramine.flows.cli import main
 
     with pytest.raises(SystemExit):
         main(["--help"])

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from flows.cli import COMMANDS, DELEGATED, main
+from contramine.flows.cli import COMMANDS, DELEGATED, main
 
 # a module run, a source or logging file, a package folder (artifacts/bench/, an output folder, is not one)
 SOURCE = re.compile(r"python -m |[\w/]+\.(py|yml)\b|(?<![\w/])(pipeline|flows|trainer|bench|tests)/")

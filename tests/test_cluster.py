@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows.mine import configure, mine_flow, run_stage_flow
-from pipeline.engine.runner import load_stages, run_stage
-from pipeline.engine.store import Store
-from pipeline.engine.tables import RunTables
+from contramine.flows.mine import configure, mine_flow, run_stage_flow
+from contramine.pipeline.engine.runner import load_stages, run_stage
+from contramine.pipeline.storage.store import Store
+from contramine.pipeline.storage.tables import RunTables
 from processes import free_port, stop_group
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
@@ -118,7 +118,7 @@ def test_a_warm_worker_embeds_with_the_rerun_pooler(cluster, corpus30, tmp_path)
     """The issue's case: `make stage STAGE=embeddings` with pooler mean, then with pooler cls, on warm workers."""
     from tiny_bert import build_tiny_bert
 
-    from pipeline.models.encoder import Encoder
+    from contramine.pipeline.models.encoder import Encoder
 
     enc = build_tiny_bert(tmp_path / "enc", seed=3)
     sets = SMALL + [f"run.root={tmp_path}", f"encoder.model={enc}", "runner.kind=dask",
@@ -257,7 +257,7 @@ def test_a_rerun_killed_on_the_cluster_leaves_the_old_table_whole_then_finishes(
     run_dir = tmp_path / "r"
     mean, old = RunTables(run_dir).read("embeddings"), Store(run_dir).manifest("embeddings")
     listed = {e["file"] for e in old["files"]}
-    cmd = [sys.executable, "-m", "flows.cli", "stage", "embeddings", "--run", "r", "--corpus", str(corpus30),
+    cmd = [sys.executable, "-m", "contramine.flows.cli", "stage", "embeddings", "--run", "r", "--corpus", str(corpus30),
            "--set", *sets, "encoder.pooler=cls"]
     with open(tmp_path / "killed.log", "wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=_cli_env(), stdout=log, stderr=subprocess.STDOUT)

@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-import trainer.train
-from trainer import compare as cmp
-from trainer import compare_report
-from pipeline.config import ConfigError
-from pipeline.engine.tables import TableMissing
-from trainer.evaluate import spearman
+import contramine.trainer.train
+from contramine.trainer import compare as cmp
+from contramine.trainer import compare_report
+from contramine.pipeline.config import ConfigError
+from contramine.pipeline.storage.tables import TableMissing
+from contramine.trainer.evaluate import spearman
 from train_helpers import sentences_rows, write_profile, write_table
 
 
@@ -35,13 +35,13 @@ def _compare(tiny_run, bert, senteval):
 def test_compare_trains_every_objective_and_seed_writes_table_json_plots_and_resumes(
         tiny_run, bert, senteval, monkeypatch):
     calls = []
-    real_train = trainer.train.train
+    real_train = contramine.trainer.train.train
 
     def counting_train(cfg, resume=True):
         calls.append((cfg.train.objective, cfg.train.seed))
         return real_train(cfg, resume)
 
-    monkeypatch.setattr(trainer.train, "train", counting_train)
+    monkeypatch.setattr(contramine.trainer.train, "train", counting_train)
     rep = _compare(tiny_run, bert, senteval)
     out = tiny_run / "compare"
     assert sorted(calls) == [("debcse", 7), ("debcse", 8), ("simcse", 7), ("simcse", 8)]
@@ -134,13 +134,13 @@ def test_compare_has_a_start_row_per_pooler_osscse_in_both_forms_and_rows_on_oth
     and prompt, its Δ is against that start; the start-pooler variant reads the configured pooler; debcse trains on
     the run of compare.mined_runs too (a row of its own, its tables from that run); a rerun reuses everything."""
     calls = []
-    real_train = trainer.train.train
+    real_train = contramine.trainer.train.train
 
     def counting_train(cfg, resume=True):
         calls.append((cfg.train.output.split("/compare/")[1], cfg.run.name))
         return real_train(cfg, resume)
 
-    monkeypatch.setattr(trainer.train, "train", counting_train)
+    monkeypatch.setattr(contramine.trainer.train, "train", counting_train)
     profile = write_profile(osscse_run.parent / "oss.toml", osscse_run.parent, "r", bert, senteval, eval_every=1)
     sets = ["compare.steps=2", "compare.bootstrap=100", "compare.mined_runs=other"]
     rep = cmp.compare(str(profile), None, sets, ["simcse", "debcse", "osscse"], 1)
@@ -162,7 +162,7 @@ def test_compare_has_a_start_row_per_pooler_osscse_in_both_forms_and_rows_on_oth
     assert "train.osscse.form=start-pooler" in rep["runs"]["osscse-start-pooler"][0]["command"]
     assert "--run other" in rep["runs"]["debcse@other"][0]["command"]
     # Δ against its own start: the mask-pooled start's STS-B cosines for osscse, a direct computation
-    gold = cmp._stsb_gold(trainer.train.load_config(str(profile)))
+    gold = cmp._stsb_gold(contramine.trainer.train.load_config(str(profile)))
     for name, start in (("osscse", "start (mask)"), ("osscse-start-pooler", "start (cls_before_pooler)")):
         ours = rep["runs"][name][0]["results"]["cosines"]["STSBenchmark"]
         theirs = rep["starts"][start]["results"]["cosines"]["STSBenchmark"]
@@ -182,7 +182,7 @@ def test_compare_has_a_start_row_per_pooler_osscse_in_both_forms_and_rows_on_oth
 
 
 def test_rows_objectives_then_their_variants_then_their_rows_on_other_mined_runs():
-    from pipeline.config import load_config
+    from contramine.pipeline.config import load_config
 
     cfg = load_config("default", ["compare.mined_runs=simcse-mined"])
     names = lambda objectives: [e["name"] for e in cmp.entries(cfg, objectives)]  # noqa: E731
@@ -205,7 +205,7 @@ def test_a_mined_run_of_other_sentences_or_without_pairs_stops_the_compare_befor
     """compare.mined_runs must name the same corpus mined with another encoder: a run whose sentences differ (another
     corpus, other filters) or that has no pairs yet is refused in one line naming it, and nothing trains or loads."""
     calls = []
-    monkeypatch.setattr(trainer.train, "train", lambda cfg, resume=True: calls.append(cfg) or {})
+    monkeypatch.setattr(contramine.trainer.train, "train", lambda cfg, resume=True: calls.append(cfg) or {})
     monkeypatch.setattr(cmp, "start_results", lambda *a, **k: calls.append(a) or {})
     sents = sentences_rows(12)
     pairs = lambda rows: [{"sid": r["sid"], "anchor": r["text"], "positives": [r["text"] + " too"],  # noqa: E731
@@ -226,7 +226,7 @@ def test_a_mined_run_of_other_sentences_or_without_pairs_stops_the_compare_befor
     # the same sentences mined otherwise (other positives): accepted
     write_table(tmp_path / "same", "sentences", sents)
     write_table(tmp_path / "same", "pairs", [dict(p, positives=["so " + p["anchor"]]) for p in pairs(sents)])
-    cfg = trainer.train.load_config(str(profile), ["compare.mined_runs=same"])
+    cfg = contramine.trainer.train.load_config(str(profile), ["compare.mined_runs=same"])
     plan = cmp.entries(cfg, ["debcse"])
-    cmp.check_inputs(cfg, {e["name"]: trainer.train.load_config(str(profile), [f"run.name={e['run'] or 'r'}"])
+    cmp.check_inputs(cfg, {e["name"]: contramine.trainer.train.load_config(str(profile), [f"run.name={e['run'] or 'r'}"])
                            for e in plan}, plan)

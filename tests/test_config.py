@@ -1,7 +1,7 @@
 """One typed config: profiles, per-key overrides, and one-line errors that name the key."""
 import pytest
 
-from pipeline.config import ConfigError, load_config
+from contramine.pipeline.config import ConfigError, load_config
 
 
 def test_profiles_validate_including_paper_ones():
@@ -49,7 +49,7 @@ def test_section_hash_changes_only_with_its_section():
 
 
 def test_set_splits_between_keys_never_inside_a_toml_value():
-    from pipeline.config import split_overrides
+    from contramine.pipeline.config import split_overrides
 
     text = 'a.b=1 backtranslate.chains=[{models=["x", "y"], role="positives"}] c.d="p q=r" e.f=[1, 2]'
     assert split_overrides(text) == ["a.b=1", 'backtranslate.chains=[{models=["x", "y"], role="positives"}]',
@@ -60,7 +60,7 @@ def test_set_splits_between_keys_never_inside_a_toml_value():
 
 def test_unquoted_paths_and_hub_ids_in_a_list_are_strings():
     """`SET="backtranslate.chains=[[/models/en-xx,/models/xx-en]]"` as a shell user types it, without TOML's quotes."""
-    from pipeline.config import split_overrides
+    from contramine.pipeline.config import split_overrides
 
     cfg = load_config("default", split_overrides(
         "backtranslate.chains=[[/m/en-xx,/m/xx-en],[Helsinki-NLP/opus-mt-en-de, Helsinki-NLP/opus-mt-de-en]] "

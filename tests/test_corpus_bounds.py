@@ -13,14 +13,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.corpus import Corpus, CorpusError, count_lines, split_sentences
-from pipeline.engine.tables import RunTables
+from contramine.pipeline.corpus import Corpus, CorpusError, count_lines, split_sentences
+from contramine.pipeline.storage.tables import RunTables
 
 from mining_helpers import _cli_env
 
 OFFLINE = ["encoder.model=standin:encoder-384", "backtranslate.chains=[]", "run.shards=2"]
 # the CLI, then its own peak RSS (VmHWM: its own address space, not inherited across fork and exec)
-PEAK = ("import re, sys\nfrom flows.cli import main\ncode = main(sys.argv[1:])\n"
+PEAK = ("import re, sys\nfrom contramine.flows.cli import main\ncode = main(sys.argv[1:])\n"
         "hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
         "print('peak_kib', hwm)\nsys.exit(code)")
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from pipeline.corpus import Corpus, CorpusError, split_sentences
-from pipeline.corpus.streams import open_file
+from contramine.pipeline.corpus import Corpus, CorpusError, split_sentences
+from contramine.pipeline.corpus.streams import open_file
 
 from mining_helpers import _cli_env
 
@@ -114,7 +114,7 @@ def test_the_cli_ends_in_one_line_on_a_fifo_corpus(tmp_path):
     """The issue's case: a FIFO as the corpus path said "no such file"; nothing may block on it."""
     fifo = tmp_path / "c.txt"
     os.mkfifo(fifo)
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "stage", "sentences", "--run", "r", "--corpus", str(fifo),
+    r = subprocess.run([sys.executable, "-m", "contramine.flows.cli", "stage", "sentences", "--run", "r", "--corpus", str(fifo),
                         "--set", f"run.root={tmp_path / 'runs'}", "encoder.model=standin:encoder-32"],
                        env=_cli_env(), capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "Traceback" not in r.stderr

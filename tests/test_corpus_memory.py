@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import pipeline.corpus.filter as corpus
-import pipeline.corpus.streams as streams
-from pipeline.corpus import KEEP, split_sentences
-from pipeline.engine.tables import RunTables
+import contramine.pipeline.corpus.filter as corpus
+import contramine.pipeline.corpus.streams as streams
+from contramine.pipeline.corpus import KEEP, split_sentences
+from contramine.pipeline.storage.tables import RunTables
 
 from mining_helpers import _cli_env
 
@@ -23,7 +23,7 @@ BEFORE = ["the first normal line of this corpus", "another normal line before th
 AFTER = ["the last normal line of the corpus", "and one more after it for good measure"]
 # the CLI in this process, then its own peak RSS: VmHWM of its own address space (ru_maxrss would not do: it is
 # inherited across fork and exec, so a child of a pytest worker that has grown to 1.5 GB starts at 1.5 GB)
-PEAK = ("import re, sys\nfrom flows.cli import main\ncode = main(sys.argv[1:])\n"
+PEAK = ("import re, sys\nfrom contramine.flows.cli import main\ncode = main(sys.argv[1:])\n"
         "hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
         "print('peak_kib', hwm)\nsys.exit(code)")
 OFFLINE = ["encoder.model=standin:encoder-384", "backtranslate.chains=[]", "run.shards=2"]

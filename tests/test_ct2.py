@@ -8,16 +8,16 @@ import os
 import pyarrow as pa
 import pytest
 
-from pipeline.config import BacktranslateCfg, ConfigError, load_config
-from pipeline.engine.runner import run_shard, run_stage
-from pipeline.engine.store import Store
-from pipeline.models import ct2
-from pipeline.models.translation import row_limit
-from pipeline.config import chain_name
-from pipeline.models.chains import backtranslate, load_chain, load_translator
-from pipeline.schema import SCHEMAS
-from pipeline.models.chains import chains_plan, generator_notes
-from tests.tiny_mt import build_tiny_fsmt, build_tiny_m2m100, build_tiny_marian, corpus_lines
+from contramine.pipeline.config import BacktranslateCfg, ConfigError, load_config
+from contramine.pipeline.engine.runner import run_shard, run_stage
+from contramine.pipeline.storage.store import Store
+from contramine.pipeline.models import ct2
+from contramine.pipeline.models.translation import row_limit
+from contramine.pipeline.config import chain_name
+from contramine.pipeline.models.chains import backtranslate, load_chain, load_translator
+from contramine.pipeline.schema import SCHEMAS
+from contramine.pipeline.models.chains import chains_plan, generator_notes
+from bench.fixtures.tiny_mt import build_tiny_fsmt, build_tiny_m2m100, build_tiny_marian, corpus_lines
 
 SMALL = dict(max_new_tokens_factor=1.0, max_new_tokens_min=4, max_length=48)
 LINES = corpus_lines(400)[:300]
@@ -226,7 +226,7 @@ def test_on_a_gpu_without_cuda_12_auto_takes_hf_and_ctranslate2_is_refused(tiny,
     """What the GPU check met on the lent H100 (CUDA 13 only): CTranslate2's wheels cannot load libcublas.so.12
     there. `engine = "auto"` then plans HF generate, saying so once; an explicit "ctranslate2" is refused in one line
     before any model loads. On a CPU nothing changes."""
-    from pipeline.models import chains
+    from contramine.pipeline.models import chains
 
     assert chains.ct2_cuda_problem("cpu") is None
     assert "no CUDA device" in chains.ct2_cuda_problem("cuda")  # this box's CPU-only CTranslate2
@@ -251,7 +251,7 @@ def test_cuda_12_cublas_is_looked_for_on_the_loader_path_then_in_the_pip_package
     """pipeline/models/cublas.py: the loader's own search first; else each site folder's nvidia/cublas/lib (where
     `pip install nvidia-cublas-cu12` puts it), cuBLASLt before cuBLAS; a folder that fails to load gives way to the
     next; None when no folder has it (then ct2_cuda_problem says so)."""
-    from pipeline.models.cublas import load_cublas, pip_cublas_folders
+    from contramine.pipeline.models.cublas import load_cublas, pip_cublas_folders
 
     sites = [tmp_path / name for name in ("empty", "broken", "good")]
     for site in sites[1:]:
@@ -297,7 +297,7 @@ def test_a_pip_installed_cublas_answers_ctranslate2s_dlopen_by_name(tmp_path):
                         *extra], check=True, capture_output=True)
     code = ("import ctypes, sys\n"
             "try:\n    ctypes.CDLL('libcublas.so.12')\n    sys.exit(3)\nexcept OSError:\n    pass\n"
-            "from pipeline.models.cublas import load_cublas\n"
+            "from contramine.pipeline.models.cublas import load_cublas\n"
             f"print(load_cublas(paths=[{str(tmp_path / 'site')!r}]))\n"
             "print(ctypes.CDLL('libcublas.so.12').cublasVersion())\n")
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}

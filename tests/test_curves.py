@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.config import load_config
+from contramine.pipeline.config import load_config
 from train_helpers import read_metrics, sentences_rows, write_profile, write_table
-from trainer import curves
-from trainer.train import train
+from contramine.trainer import curves
+from contramine.trainer.train import train
 
 pytest.importorskip("tensorboard")
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from pipeline.config import TrainCfg
+from contramine.pipeline.config import TrainCfg
 from tiny_bert import tiny_encoder
-from trainer.objectives import OBJECTIVES, get_objective
+from contramine.trainer.objectives import OBJECTIVES, get_objective
 
 NAMES = list(OBJECTIVES)
 WORLD = 2

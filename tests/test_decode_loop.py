@@ -10,12 +10,12 @@ import logging
 import pytest
 import torch
 
-from pipeline.config import BacktranslateCfg
-from pipeline.models.chains import load_translator
-from pipeline.seeding import row_seed
+from contramine.pipeline.config import BacktranslateCfg
+from contramine.pipeline.models.chains import load_translator
+from contramine.pipeline.seeding import row_seed
 from tests.host_reads import HostReads
 from tests.test_backtranslate import LINES, cfg, tiny  # noqa: F401 (tiny: the module's fixture)
-from tests.tiny_mt import build_tiny_marian, corpus_lines
+from bench.fixtures.tiny_mt import build_tiny_marian, corpus_lines
 
 MODES = {"greedy": {}, "sampling": dict(do_sample=True, num_return_sequences=3),
          "beam": dict(num_beams=4, num_return_sequences=3),  # transformers' defaults: length_penalty 1, no early stop
@@ -127,7 +127,7 @@ def test_host_reads_at_most_one_in_four_decoding_steps(tmp_path):
 def test_models_the_loop_does_not_know_use_generate_and_say_so(tiny, caplog):
     """M2M100 (and NLLB) keep transformers' generate, and so do generate's own settings (a static cache,
     compilation); the log names the model and why. decoder = "generate" uses generate without a word."""
-    with caplog.at_level(logging.INFO, logger="pipeline.models.translator"):
+    with caplog.at_level(logging.INFO, logger="contramine.pipeline.models.translator"):
         m2m = load_translator(tiny["m2m100"], cfg(target_lang={tiny["m2m100"]: "de"}))
         static = load_translator(tiny["marian-en-xx"], cfg(kv_cache="static"))
         plain = load_translator(tiny["marian-en-xx"], cfg(decoder="generate"))
@@ -152,7 +152,7 @@ def test_marian_input_ids_through_sentencepieces_batch_call_equal_the_tokenizers
     tokenizers go through the tokenizer itself."""
     from transformers import AutoTokenizer
 
-    from pipeline.models.fast_tokens import input_ids
+    from contramine.pipeline.models.fast_tokens import input_ids
 
     path = build_tiny_marian(tmp_path / "m", target_codes=(">>cmn_Hans<<",))
     tok = AutoTokenizer.from_pretrained(path)

@@ -7,12 +7,12 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from pipeline.config import NeighboursCfg
-from pipeline.schema import table_vectors
-from pipeline.search.band import band_neighbours, exact_band_neighbours
-from pipeline.search.faiss_index import build_index
-from pipeline.corpus import split_sentences
-from pipeline.engine.store import Store
+from contramine.pipeline.config import NeighboursCfg
+from contramine.pipeline.schema import table_vectors
+from contramine.pipeline.search.band import band_neighbours, exact_band_neighbours
+from contramine.pipeline.search.faiss_index import build_index
+from contramine.pipeline.corpus import split_sentences
+from contramine.pipeline.storage.store import Store
 
 from hostile import plain_rows, wiki_lines, write_corpus
 

@@ -9,9 +9,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_settings_reference_is_generated_and_current():
-    from flows.settings_doc import OUT, render
+    from contramine.flows.settings_doc import OUT, render
 
-    assert OUT.read_text() == render(), "docs/settings.md is stale: python -m flows.settings_doc > docs/settings.md"
+    assert OUT.read_text() == render(), "docs/settings.md is stale: python -m contramine.flows.settings_doc > docs/settings.md"
     text = OUT.read_text()
     assert "| `batch_size` | int | `128` | no (execution) |" in text  # encoder.batch_size: how fast, not what
     assert "## `[train.osscse]`" in text and "## `[neighbours]`" in text

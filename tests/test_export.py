@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main as cli
-from pipeline import export
-from pipeline.engine import atomic
-from pipeline.export import FORMATS, export_run
+from contramine.flows.cli import main as cli
+from contramine.pipeline import export
+from contramine.pipeline.storage import atomic
+from contramine.pipeline.export import FORMATS, export_run
 from train_helpers import sentences_rows, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +40,7 @@ def mined(tmp_path_factory):
 
 def direct(fmt, pairs, trip, sents=None):
     """Each format straight from its definition, row by row."""
-    from trainer.objectives.osscse import OssCSE
+    from contramine.trainer.objectives.osscse import OssCSE
 
     t1, t2 = OssCSE.Settings().templates
     if fmt == "sentences":
@@ -127,7 +127,7 @@ def test_sentence_transformers_trains_on_each_export(mined, fmt, bert, tmp_path)
     drawn = anchors_per_batch(trainer, anchor)
     assert sum(map(len, drawn)) == len(train)  # one epoch: every row once
     assert not repeats(drawn), f"batches holding one anchor twice: {repeats(drawn)}"
-    out = trainer.train()
+    out = contramine.trainer.train()
     assert out.global_step == 3 and out.training_loss > 0
     assert any(not (a == b).all() for a, b in zip(before, model.parameters()))
     if len(set(train[anchor])) < len(train):  # the fixture repeats anchors: without NO_DUPLICATES they would collide

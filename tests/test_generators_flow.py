@@ -8,9 +8,9 @@ import time
 import pyarrow.compute as pc
 import pytest
 
-from flows.mine import configure, mine_flow
-from pipeline.engine.tables import RunTables
-from tests.tiny_mt import build_tiny_marian
+from contramine.flows.mine import configure, mine_flow
+from contramine.pipeline.storage.tables import RunTables
+from bench.fixtures.tiny_mt import build_tiny_marian
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 SMALL = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=2",
@@ -24,7 +24,7 @@ def tiny_chain(tmp_path_factory):
 
 
 def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "contramine.flows.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           env=env, timeout=300)
 
 
@@ -71,7 +71,7 @@ def test_each_chain_serves_its_method(two_chains, small_corpus, tmp_path):
     cand = RunTables(cfg2.run.dir).read("candidates")
     sources = set(cand.filter(pc.equal(cand.column("kind"), "pos")).column("source").to_pylist())
     assert sources == {"noise"}
-    from pipeline.models.chains import chains_plan, generator_notes
+    from contramine.pipeline.models.chains import chains_plan, generator_notes
     none = configure("default", overrides=["backtranslate.chains=[]"])
     assert generator_notes(none, chains_plan(none)) == [
         "no back-translation chain is configured: DebCSE positive candidates come from the noise variants "
@@ -108,7 +108,7 @@ def test_paper_profiles_fail_fast_offline(tmp_path):
 def test_default_profile_says_once_what_it_cannot_load(tmp_path):
     """The default chain (bundled Bergamot) always loads: nothing to say. With fallback = true, a chain that cannot
     load is named once, and where DebCSE's positives then come from is said plainly."""
-    from pipeline.models.chains import chains_plan, generator_notes
+    from contramine.pipeline.models.chains import chains_plan, generator_notes
 
     notes = lambda cfg: generator_notes(cfg, chains_plan(cfg))  # noqa: E731
     assert notes(configure("default")) == []

@@ -1,4 +1,4 @@
-"""`make gpu-check`'s CPU twin (bench/gpu_check.py --twin: the same code at toy sizes on the CPU) runs to the end in
+"""`make gpu-check`'s CPU twin (bench/gpu/check.py --twin: the same code at toy sizes on the CPU) runs to the end in
 a child process, gives every row, and every equality check in it holds; no section imports FAISS, Prefect or DuckDB
 (the GPU machine has none of them), and only the stage section (every stage module, through `load_stages`) spaCy."""
 from __future__ import annotations
@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_generate import COMPILED_ROWS, GENERATE_ROWS, NOT_IN_CHECKOUT
-from bench.gpu_speeds import ENCODE_ROWS, SEARCH_ROWS, TRAIN_ROWS
+from bench.gpu.generate import COMPILED_ROWS, GENERATE_ROWS, NOT_IN_CHECKOUT
+from bench.gpu.speeds import ENCODE_ROWS, SEARCH_ROWS, TRAIN_ROWS
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def has_decoder_setting() -> bool:
     """Whether this checkout has issue 51's decode loop (`backtranslate.decoder`): else generate_ours has no value."""
-    from pipeline.config.backtranslation import BacktranslateCfg
+    from contramine.pipeline.config.backtranslation import BacktranslateCfg
 
     return "decoder" in BacktranslateCfg.model_fields
 
@@ -66,7 +66,7 @@ EXPECTED = ["check_encoder_cpu_vs_cpu", "check_batch_float32", "check_band_pools
 def twin(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-check")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--twin", "--out", str(out)], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu.check", "--twin", "--out", str(out)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=400)
     result = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else None
     return proc, result, out
@@ -129,12 +129,12 @@ def test_twin_sets_each_job_against_its_peer_and_its_limit_and_writes_the_profil
 
 
 def test_summary_projects_the_1m_path_from_the_measured_rates():
-    """projection_1m_hours = the path's work over each measured rate (bench/gpu_limits.py's PATH_1M): the search at
+    """projection_1m_hours = the path's work over each measured rate (bench/gpu/limits.py's PATH_1M): the search at
     d = 768 scaled from its size to 1M x 1M, the CPU stages on runner.workers cores (not every core), translation at
     our loop's rate, else at the old path's (said so); no projection, and one line saying why, when a rate is
     missing."""
-    from bench.gpu_limits import PATH_1M, summary
-    from bench.gpu_sections import row
+    from bench.gpu.limits import PATH_1M, summary
+    from bench.gpu.sections import row
 
     rows = [row("encode_bf16", "cuda", 5000.0, "sentences/s"),
             row("band_search_d384_seconds", "cuda", 1.0, "s", queries=100_000, base=1_000_000),
@@ -166,7 +166,7 @@ def test_summary_projects_the_1m_path_from_the_measured_rates():
 def test_a_failing_row_is_one_failed_row_and_the_next_row_runs():
     """A generate row that raises (the loop breaking, say) is one row with ok false and its error in one line;
     the rows after it in the section are measured."""
-    from bench.gpu_sections import guarded, row
+    from bench.gpu.sections import guarded, row
 
     def broken():
         raise RuntimeError("CUDA error: an illegal memory access\nmore lines")
@@ -182,7 +182,7 @@ def test_a_failing_row_is_one_failed_row_and_the_next_row_runs():
 def test_a_row_variant_is_settings_a_keyword_or_an_attribute():
     """The speed sections' variant tables: a setting is a keyword of the call or an attribute of the object; a
     misspelt one stops the section naming it."""
-    from bench.gpu_sections import apply_settings
+    from bench.gpu.sections import apply_settings
 
     class Engine:
         precision = "float32"
@@ -199,7 +199,7 @@ def test_a_row_variant_is_settings_a_keyword_or_an_attribute():
 
 # ------------------------------------------------------------------------------- strictness and the machine's versions
 def test_a_skipped_section_fails_when_strict_and_ct2s_cuda_reason_never_does():
-    from bench.gpu_check import failures
+    from bench.gpu.check import failures
 
     skipped = {"name": "stages_skipped", "device": "cuda", "value": None, "unit": "-", "ok": None,
                "note": "skipped: missing module rapidfuzz (imported by pipeline/text_distances.py)"}
@@ -228,7 +228,7 @@ def test_strict_twin_exits_1_naming_the_section_a_missing_module_skips(tmp_path)
     (tmp_path / "site" / "sitecustomize.py").write_text(BLOCK_RAPIDFUZZ)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path / 'site'}"}
-    cmd = [sys.executable, "-m", "bench.gpu_check", "--twin", "--only", "stages", "--wheels", str(tmp_path / "none"),
+    cmd = [sys.executable, "-m", "bench.gpu.check", "--twin", "--only", "stages", "--wheels", str(tmp_path / "none"),
            "--out", str(tmp_path / "out")]
     strict = subprocess.run([*cmd, "--strict"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert strict.returncode == 1, (strict.stdout + strict.stderr)[-3000:]
@@ -241,18 +241,20 @@ def test_strict_twin_exits_1_naming_the_section_a_missing_module_skips(tmp_path)
 
 
 def test_the_machines_versions_live_in_one_place():
-    """`make gpu-wheels` downloads bench/gpu_machine.py's CARRIED, at pyproject's pins; the rehearsal takes the
+    """`make gpu-wheels` downloads bench/gpu/machine.py's CARRIED, at pyproject's pins; the rehearsal takes the
     machine's PREINSTALLED versions with this box's torch; the check's docstring names the file."""
     import re
 
-    from bench import gpu_check, gpu_machine, gpu_rehearsal
+    from bench.gpu import check as gpu_check
+    from bench.gpu import machine as gpu_machine
+    from bench.gpu import rehearsal as gpu_rehearsal
 
-    listed = subprocess.run([sys.executable, "-m", "bench.gpu_machine", "wheels"], cwd=ROOT, capture_output=True,
+    listed = subprocess.run([sys.executable, "-m", "bench.gpu.machine", "wheels"], cwd=ROOT, capture_output=True,
                             text=True, check=True).stdout.split()
     assert listed == gpu_machine.requirements(gpu_machine.CARRIED)
     assert {"pydantic", "rapidfuzz", "ctranslate2"} <= set(gpu_machine.CARRIED)
     makefile = (ROOT / "Makefile").read_text()
-    assert "$(PY) -m bench.gpu_machine wheels" in makefile and "bench.gpu_rehearsal" in makefile
+    assert "$(PY) -m bench.gpu.machine wheels" in makefile and "bench.gpu.rehearsal" in makefile
     pins = dict(re.findall(r'"([A-Za-z0-9_.-]+)==([^"]+)"', (ROOT / "pyproject.toml").read_text()))
     for name, version in gpu_machine.CARRIED.items():
         if name in pins and version:
@@ -261,13 +263,13 @@ def test_the_machines_versions_live_in_one_place():
     here = gpu_rehearsal.preinstalled_here()
     assert f"torch=={pins['torch']}" in here and "transformers==5.17.0" in here and "sentence-transformers==6.0.1" in here
     assert not set(gpu_machine.CARRIED) & set(gpu_machine.PREINSTALLED) - set(gpu_machine.ALSO_THERE)
-    assert "bench/gpu_machine.py" in gpu_check.__doc__ and "make gpu-rehearsal" in gpu_check.__doc__
+    assert "bench/gpu/machine.py" in gpu_check.__doc__ and "make gpu-rehearsal" in gpu_check.__doc__
 
 
 def test_the_gpu_machine_gets_real_sentences_from_the_carried_sample(monkeypatch, tmp_path):
     """Without ../shared (the GPU machine gets the working tree only) the check's sentences are the carried wiki1m
     sample's, the same lines as the shared file's first 8,192, not the seeded fallback words."""
-    from bench import shapes
+    from bench.fixtures import shapes
 
     here = shapes.sentences(shapes.SAMPLE_LINES)
     monkeypatch.setattr(shapes, "WIKI", tmp_path / "absent.txt")

@@ -1,4 +1,4 @@
-"""The host bench (bench/host_bench.py, bench/host_jobs.py) times the GPU jobs with their arithmetic removed; what it
+"""The host bench (bench/host/bench.py, bench/host/jobs.py) times the GPU jobs with their arithmetic removed; what it
 times must still be the job: the hollow index gives the band search's exact pools, the hollow Marian goes through
 HF generate and our decode loop and ends each row at a translation's length, the hollow BERT takes the trainer's padding-free
 path and passes gradients to every weight. The base side is a git export of a commit, and a setting reaches the
@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from bench.host_bench import _bert_tokenizer, _marian_tokenizer, export_base, side_settings
-from bench.host_hollow import WIDTH, HollowIndex, hollow_bert, hollow_marian
-from bench.shapes import sentences
+from bench.host.bench import _bert_tokenizer, _marian_tokenizer, export_base, side_settings
+from bench.host.hollow import WIDTH, HollowIndex, hollow_bert, hollow_marian
+from bench.fixtures.shapes import sentences
 
 
 def test_the_hollow_index_answers_as_torchexact_and_gives_the_exact_band_pools():
-    from bench.gpu_sections import topic_vectors
-    from pipeline.search.band import band_neighbours, exact_band_neighbours
-    from pipeline.search.torch_exact import TorchExact
+    from bench.gpu.sections import topic_vectors
+    from contramine.pipeline.search.band import band_neighbours, exact_band_neighbours
+    from contramine.pipeline.search.torch_exact import TorchExact
 
     x = topic_vectors(600, 384, per_topic=150, seed=2)  # large topics: many pools need a search wider than the table
     exact = TorchExact(x)
@@ -48,9 +48,9 @@ def tokenizers(tmp_path_factory):
 def test_the_hollow_marian_emits_a_translations_length_through_generate_and_our_loop(tokenizers):
     """Each row emits target_lengths' tokens (0.8-1.3x its source's, eos last; one length in 23 never stops and
     runs to its cap), under HF generate and under our decode loop (HollowSteps): the same texts both ways."""
-    from bench.host_hollow import hollow_steps, target_lengths
-    from pipeline.config.backtranslation import BacktranslateCfg
-    from pipeline.models.translator import Translator
+    from bench.host.hollow import hollow_steps, target_lengths
+    from contramine.pipeline.config.backtranslation import BacktranslateCfg
+    from contramine.pipeline.models.translator import Translator
 
     n = torch.arange(1, 200)
     want = target_lengths(n)
@@ -76,8 +76,8 @@ def test_the_hollow_marian_emits_a_translations_length_through_generate_and_our_
 
 
 def test_the_hollow_bert_takes_the_padding_free_path_and_trains_every_weight(tokenizers):
-    from pipeline.models.encoder import Encoder
-    from pipeline.models.unpad import can_unpad
+    from contramine.pipeline.models.encoder import Encoder
+    from contramine.pipeline.models.unpad import can_unpad
 
     tok = tokenizers[0]
     model = hollow_bert(len(tok))

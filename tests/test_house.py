@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-import pipeline.stages
-from flows.deployments import render
-from pipeline.engine import runner
-from pipeline.engine.runner import load_stages
-from pipeline.engine.tables import RunTables
-from pipeline.schema import SCHEMAS
+import contramine.pipeline.stages
+from contramine.flows.deployments import render
+from contramine.pipeline.engine import runner
+from contramine.pipeline.engine.runner import load_stages
+from contramine.pipeline.storage.tables import RunTables
+from contramine.pipeline.schema import SCHEMAS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,7 @@ TOY_STAGE = '''
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.engine.spec import Ctx, stage
+from contramine.pipeline.engine.spec import Ctx, stage
 
 LENGTHS = pa.schema([("sid", pa.int64()), ("n_chars", pa.int32())])
 
@@ -45,14 +45,14 @@ def toy_stage(tmp_path, monkeypatch):
     (package / "__init__.py").write_text("")
     (package / "lengths.py").write_text(textwrap.dedent(TOY_STAGE))
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(pipeline.stages, "PACKAGES", [*pipeline.stages.PACKAGES, "toystages"])
+    monkeypatch.setattr(contramine.pipeline.stages, "PACKAGES", [*contramine.pipeline.stages.PACKAGES, "toystages"])
     yield "sentence_lengths"
     SCHEMAS.pop("sentence_lengths", None)
 
 
 def test_a_toy_stage_is_one_module_and_no_runner_edit(toy_stage, small_corpus, tmp_path, prefect_harness):
-    from flows.mine import mine_flow
-    from flows.sql import connect
+    from contramine.flows.mine import mine_flow
+    from contramine.flows.sql import connect
 
     assert toy_stage in load_stages() and toy_stage not in Path(runner.__file__).read_text()
     sets = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=2",
@@ -77,15 +77,15 @@ def test_a_stage_table_without_a_schema_is_refused(tmp_path, monkeypatch):
     (package / "nameless.py").write_text(textwrap.dedent(TOY_STAGE).replace(
         ', schemas={"sentence_lengths": LENGTHS}', "").replace("sentence_lengths", "nameless_table"))
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(pipeline.stages, "PACKAGES", [*pipeline.stages.PACKAGES, "badstages"])
+    monkeypatch.setattr(contramine.pipeline.stages, "PACKAGES", [*contramine.pipeline.stages.PACKAGES, "badstages"])
     with pytest.raises(ImportError, match="writes `nameless_table` with no schema"):
         load_stages()
 
 
 def test_prefect_yaml_is_generated_from_the_stage_list():
-    """`python -m flows.deployments > prefect.yaml` after adding a stage; this says when someone forgot."""
+    """`python -m contramine.flows.deployments > prefect.yaml` after adding a stage; this says when someone forgot."""
     assert (ROOT / "prefect.yaml").read_text() == render(load_stages()), \
-        "prefect.yaml is stale: run `.venv/bin/python -m flows.deployments > prefect.yaml`"
+        "prefect.yaml is stale: run `.venv/bin/python -m contramine.flows.deployments > prefect.yaml`"
 
 
 @pytest.mark.parametrize("command", ["sql", "report"])
@@ -93,7 +93,7 @@ def test_sql_and_report_import_neither_torch_nor_prefect(command, tmp_path):
     """What makes `make sql Q=...` answer in about a second: the command imports what it uses."""
     probe = textwrap.dedent(f"""
         import sys
-        from flows.cli import main
+        from contramine.flows.cli import main
         main(["{command}", "--run", "empty", "--set", "run.root={tmp_path}"]
              + (["--query", "SELECT 42"] if "{command}" == "sql" else []))
         heavy = sorted({{m.split(".")[0] for m in sys.modules}} & {{"torch", "prefect", "transformers", "faiss"}})
@@ -113,7 +113,7 @@ def test_no_python_file_over_400_lines():
 def test_no_import_circle_in_the_pipeline():
     """No two pipeline modules import each other, directly or through others (lazy imports in functions count: a
     circle there is a module that cannot be read without the other), e.g. store ↔ runner, config ↔ profiles."""
-    from pipeline.engine.codeversion import PIPELINE, imported_modules
+    from contramine.pipeline.engine.codeversion import PIPELINE, imported_modules
 
     names = {".".join(p.relative_to(PIPELINE.parent).with_suffix("").parts).removesuffix(".__init__"): p
              for p in PIPELINE.rglob("*.py")}
@@ -147,8 +147,8 @@ def test_the_run_order_follows_reads_and_writes_ties_in_declaration_order():
 
 
 def test_an_unwritten_table_two_writers_or_a_circle_is_refused_naming_the_stages():
-    from pipeline.engine.discovery import run_order
-    from pipeline.engine.spec import Stage
+    from contramine.pipeline.engine.discovery import run_order
+    from contramine.pipeline.engine.spec import Stage
 
     def toy(name, reads=(), writes=()):
         return Stage(name, None, "toy", tuple(writes), tuple(reads), ())
@@ -168,7 +168,7 @@ def test_the_cli_names_no_stage_and_no_error_class():
     marks the errors the CLI prints as one line: flows/cli.py names neither a stage nor an expected-error class."""
     import ast
 
-    from pipeline.errors import ExpectedError
+    from contramine.pipeline.errors import ExpectedError
 
     source = (ROOT / "flows" / "cli.py").read_text()
     strings = {n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
@@ -176,11 +176,11 @@ def test_the_cli_names_no_stage_and_no_error_class():
     names = {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
     for cls in ("ConfigError", "ModelUnavailable", "CorpusError", "TableMissing", "StageError"):
         assert cls not in names or cls == "ConfigError"  # (it raises ConfigError itself for an unknown stage)
-    from pipeline.config import ConfigError
-    from pipeline.corpus import CorpusError
-    from pipeline.engine.resources import PlanError
-    from pipeline.engine.tables import TableMissing
-    from pipeline.models.hub import ModelUnavailable
+    from contramine.pipeline.config import ConfigError
+    from contramine.pipeline.corpus import CorpusError
+    from contramine.pipeline.engine.resources import PlanError
+    from contramine.pipeline.storage.tables import TableMissing
+    from contramine.pipeline.models.hub import ModelUnavailable
 
     assert all(issubclass(c, ExpectedError) for c in (ConfigError, CorpusError, PlanError, TableMissing,
                                                      ModelUnavailable))
@@ -189,7 +189,7 @@ def test_the_cli_names_no_stage_and_no_error_class():
 def test_layers_point_down_no_lower_module_imports_a_stage():
     """models/, engine/, report/ and config/ (and the shared modules beside them) import no stage module, lazily or
     not; only discovery finds the stages, in the packages of pipeline/stages/__init__.py's PACKAGES."""
-    from pipeline.engine.codeversion import PIPELINE, imported_modules
+    from contramine.pipeline.engine.codeversion import PIPELINE, imported_modules
 
     stage_modules = {s.module for s in load_stages().values()}
     lower = [p for p in PIPELINE.rglob("*.py") if "stages" not in p.relative_to(PIPELINE).parts]

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from fake_hub import FakeHub, build_paper_models, user_env
-from pipeline.models import hub as models
-from pipeline.models.hub import ModelUnavailable, missing_files, resolve_model
+from contramine.pipeline.models import hub as models
+from contramine.pipeline.models.hub import ModelUnavailable, missing_files, resolve_model
 from tiny_bert import build_tiny_bert
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,7 +102,7 @@ def test_cache_with_only_config_json_is_not_a_model(online, busy_repo, monkeypat
     models.clear_cache()
     path = Path(resolve_model("bert-base-uncased", "encoder"))  # reachable: the rest is downloaded
     assert missing_files(path) == [] and "model.safetensors" in hub.fetched("bert-base-uncased")
-    from pipeline.models.encoder import Encoder
+    from contramine.pipeline.models.encoder import Encoder
     enc = Encoder.load("bert-base-uncased", pooler="mean", max_length=16)
     assert enc.tokenizer.vocab_size == len((busy_repo / "vocab.txt").read_text().split())
 
@@ -216,8 +216,8 @@ def test_download_missing_a_tokenizer_file_is_refused(online, paper_models, tmp_
 # ------------------------------------------------------------------------------------------------ a hub dataset corpus
 HUB_CORPUS = """
 import json, sys
-from pipeline.corpus import CorpusError, split_sentences
-from pipeline.corpus import Corpus
+from contramine.pipeline.corpus import CorpusError, split_sentences
+from contramine.pipeline.corpus import Corpus
 out = {}
 for name, corpus in [("hub", Corpus("hf:someone/corpus")), ("text", Corpus(sys.argv[1])),
                      ("pinned", Corpus("hf://datasets/someone/corpus", revision=sys.argv[2]))]:

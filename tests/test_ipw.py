@@ -6,9 +6,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from pipeline.config import IpwCfg
-from pipeline.stages.ipw import ipw_probabilities, ipw_table
-from pipeline.schema import SCHEMAS
+from contramine.pipeline.config import IpwCfg
+from contramine.pipeline.stages.ipw import ipw_probabilities, ipw_table
+from contramine.pipeline.schema import SCHEMAS
 
 
 def _direct(edit, cos, kind, lam, T, normalize):

@@ -15,12 +15,12 @@ import pyarrow as pa
 import pytest
 
 from hostile import one_line, plant, run_with_a_table, tree, victim_folder
-from pipeline.config import load_config
-from pipeline.engine.safe_paths import UnsafePath
-from pipeline.schema import SCHEMAS
+from contramine.pipeline.config import load_config
+from contramine.pipeline.storage.safe_paths import UnsafePath
+from contramine.pipeline.schema import SCHEMAS
 from test_run_folder_safety import tiny_run  # noqa: F401 -- the fixture: a sentences table, a 4-step profile
 from train_helpers import ROOT
-from trainer.train import train
+from contramine.trainer.train import train
 
 
 def _victim(tmp_path: Path) -> tuple[Path, dict]:
@@ -39,7 +39,7 @@ def _table(n: int) -> list[pa.Table]:
 
 
 def test_a_linked_table_folder_is_refused_and_a_commit_deletes_only_its_own_names(tmp_path):
-    from pipeline.engine.store import Store
+    from contramine.pipeline.storage.store import Store
 
     victim, before = _victim(tmp_path)
     run = tmp_path / "r"
@@ -65,7 +65,7 @@ def test_a_linked_table_folder_is_refused_and_a_commit_deletes_only_its_own_name
 
 @pytest.mark.parametrize("link", ["export", "export/sentences"])
 def test_a_linked_export_folder_is_refused_before_anything_is_read(tmp_path, link):
-    from pipeline.export import export_run
+    from contramine.pipeline.export import export_run
 
     victim, before = _victim(tmp_path)
     run = run_with_a_table(tmp_path / "r")
@@ -75,7 +75,7 @@ def test_a_linked_export_folder_is_refused_before_anything_is_read(tmp_path, lin
     _refused(e, run / link)
     assert tree(victim) == before
     if link == "export":  # the command line: exit 2, the one line last, nothing written (~5 s: once)
-        p = subprocess.run([sys.executable, "-m", "flows.cli", "export", "--run", "r", "--format", "sentences",
+        p = subprocess.run([sys.executable, "-m", "contramine.flows.cli", "export", "--run", "r", "--format", "sentences",
                             "--set", f"run.root={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                            env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert p.returncode == 2 and one_line(p.stderr) == f"error: {e.value}", p.stderr
@@ -83,8 +83,8 @@ def test_a_linked_export_folder_is_refused_before_anything_is_read(tmp_path, lin
 
 
 def _hnsw_run(tmp_path: Path):
-    from pipeline.engine.store import Store
-    from pipeline.schema import vectors_table
+    from contramine.pipeline.storage.store import Store
+    from contramine.pipeline.schema import vectors_table
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((400, 8)).astype(np.float32)
@@ -98,7 +98,7 @@ def _hnsw_run(tmp_path: Path):
 
 
 def test_a_linked_index_folder_is_refused_before_the_index_is_built(tmp_path):
-    from pipeline.search import index as ix
+    from contramine.pipeline.search import index as ix
 
     victim, before = _victim(tmp_path)
     cfg, store, _ = _hnsw_run(tmp_path)
@@ -123,7 +123,7 @@ def _plant_hash(plan_path: Path, victim: Path, plan: dict) -> None:  # the right
 
 
 def _plant_consistent(plan_path: Path, victim: Path, plan: dict) -> None:  # other ids, the hash re-recorded
-    from pipeline.engine.store import file_hash
+    from contramine.pipeline.storage.store import file_hash
 
     sids = plan_path.parent / plan["sids"]
     np.save(sids, np.arange(10**6, 10**6 + 400, dtype=np.int64))
@@ -133,7 +133,7 @@ def _plant_consistent(plan_path: Path, victim: Path, plan: dict) -> None:  # oth
 @pytest.mark.parametrize("plant_it", [_plant_sids, _plant_file, _plant_hash, _plant_consistent],
                          ids=["sids-outside", "file-outside", "hash-mismatch", "ids-no-sentence-has"])
 def test_a_planted_index_plan_is_never_loaded_but_built_again(tmp_path, plant_it, caplog):
-    from pipeline.search import index as ix
+    from contramine.pipeline.search import index as ix
 
     cfg, store, sids = _hnsw_run(tmp_path)
     plan = ix.index_plan(cfg, store, 1)
@@ -153,7 +153,7 @@ def test_a_planted_index_plan_is_never_loaded_but_built_again(tmp_path, plant_it
 
 
 def test_a_plan_naming_a_path_outside_the_index_folder_is_refused_by_every_loader(tmp_path):
-    from pipeline.search import index as ix
+    from contramine.pipeline.search import index as ix
 
     cfg, store, _ = _hnsw_run(tmp_path)
     plan = ix.index_plan(cfg, store, 1)
@@ -164,7 +164,7 @@ def test_a_plan_naming_a_path_outside_the_index_folder_is_refused_by_every_loade
 
 
 def test_a_report_rerun_removes_only_the_plots_it_draws(tmp_path):
-    from pipeline.report import write_report
+    from contramine.pipeline.report import write_report
 
     run = run_with_a_table(tmp_path / "r")
     victim, before = _victim(tmp_path)
@@ -177,7 +177,7 @@ def test_a_report_rerun_removes_only_the_plots_it_draws(tmp_path):
 
 
 def test_a_linked_compare_folder_is_refused_before_anything_trains(tiny_run, tmp_path):
-    from trainer import compare as cmp
+    from contramine.trainer import compare as cmp
 
     profile, run, _ = tiny_run
     victim, before = _victim(tmp_path)
@@ -204,7 +204,7 @@ def test_a_linked_training_folder_is_refused_before_anything_trains(tiny_run, tm
 
 def _hold(folder: Path, root: Path, what: str):
     """Another process holding `folder`'s lock until killed (started, and holding, when this returns)."""
-    code = ("import sys, time; from pipeline.engine.lock import run_lock\n"
+    code = ("import sys, time; from contramine.pipeline.storage.lock import run_lock\n"
             "with run_lock(sys.argv[1], sys.argv[3], root=sys.argv[2]):\n    print('held', flush=True); time.sleep(300)")
     p = subprocess.Popen([sys.executable, "-c", code, str(folder), str(root), what], cwd=ROOT, text=True,
                          stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -213,7 +213,7 @@ def _hold(folder: Path, root: Path, what: str):
 
 
 def test_two_trainings_of_one_objective_and_run_the_second_stops_in_one_line(tiny_run):
-    from pipeline.engine.lock import RunBusy, run_lock
+    from contramine.pipeline.storage.lock import RunBusy, run_lock
 
     profile, run, out = tiny_run
     holder = _hold(out, run, "make train simcse")
@@ -227,7 +227,7 @@ def test_two_trainings_of_one_objective_and_run_the_second_stops_in_one_line(tin
         with run_lock(run / "train" / "debcse", "make train debcse", root=run):  # another objective: its own lock
             pass
         # the command line: exit 2, the one line last (~15 s: once)
-        p = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--profile", str(profile)], cwd=ROOT,
+        p = subprocess.run([sys.executable, "-m", "contramine.flows.cli", "train", "--profile", str(profile)], cwd=ROOT,
                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}, capture_output=True,
                            text=True, timeout=300)
         assert p.returncode == 2 and one_line(p.stderr) == f"error: {msg}", p.stderr
@@ -237,10 +237,10 @@ def test_two_trainings_of_one_objective_and_run_the_second_stops_in_one_line(tin
 
 
 def test_export_report_and_compare_lock_their_output_folders(tiny_run, tmp_path):
-    from pipeline.engine.lock import RunBusy
-    from pipeline.export import export_run
-    from pipeline.report import write_report
-    from trainer import compare as cmp
+    from contramine.pipeline.storage.lock import RunBusy
+    from contramine.pipeline.export import export_run
+    from contramine.pipeline.report import write_report
+    from contramine.trainer import compare as cmp
 
     profile, run, _ = tiny_run
     for folder, call in ((run / "report", lambda: write_report(run)),
@@ -252,7 +252,7 @@ def test_export_report_and_compare_lock_their_output_folders(tiny_run, tmp_path)
         finally:
             holder.kill()
             holder.wait()
-    code = ("import sys, time; from pipeline.engine.lock import run_lock\n"
+    code = ("import sys, time; from contramine.pipeline.storage.lock import run_lock\n"
             "with run_lock(sys.argv[1], 'theirs', root=sys.argv[2], name='.sentences.lock'):\n"
             "    print('held', flush=True); time.sleep(300)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(run / "export"), str(run)], cwd=ROOT, text=True,

@@ -1,4 +1,4 @@
-"""A manifest is data (pipeline/engine/store.py: check_manifest): a wrong shape, a file listed twice, a name
+"""A manifest is data (pipeline/storage/store.py: check_manifest): a wrong shape, a file listed twice, a name
 outside the part pattern or a shard count no folder holds is one line naming the table, its run and the command
 that rewrites it, for every reader: `make sql`, `make report`, `make train`, `make export`."""
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipeline.engine.store import MANIFEST, Store, TableCorrupt, check_manifest, committed_files
-from pipeline.engine.tables import RunTables, TableUnreadable
-from pipeline.errors import ExpectedError
-from pipeline.schema import SCHEMAS
+from contramine.pipeline.storage.store import MANIFEST, Store, TableCorrupt, check_manifest, committed_files
+from contramine.pipeline.storage.tables import RunTables, TableUnreadable
+from contramine.pipeline.errors import ExpectedError
+from contramine.pipeline.schema import SCHEMAS
 
 ROOT = Path(__file__).resolve().parent.parent
 PART0 = "part-00000-of-00002.0123456789abcdef.parquet"
@@ -148,7 +148,7 @@ TABLE_OF = {"sql": "sentences", "report": "sentences", "train": "sentences", "ex
 @pytest.mark.parametrize("cmd", ["sql", "report", "train", "export"])
 def test_each_command_says_one_line_for_each_malformed_manifest(tmp_path, capsys, cmd):
     """In process, every shape for each command: exit 2, the last stderr line is the one error, no traceback."""
-    from flows.cli import main
+    from contramine.flows.cli import main
 
     root = tmp_path / "runs"
     run = _mined(root)
@@ -167,7 +167,7 @@ def test_each_command_says_one_line_for_each_malformed_manifest(tmp_path, capsys
 
 
 def test_the_commands_themselves_one_process_each(tmp_path):
-    """`python -m flows.cli <cmd>` (what make runs): exit 2 and exactly one stderr line, for one shape each."""
+    """`python -m contramine.flows.cli <cmd>` (what make runs): exit 2 and exactly one stderr line, for one shape each."""
     root = tmp_path / "runs"
     run = _mined(root)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
@@ -176,7 +176,7 @@ def test_the_commands_themselves_one_process_each(tmp_path):
         table = TABLE_OF[cmd]
         good = (run / table / MANIFEST).read_text()
         _break(run, table, how)
-        p = subprocess.run([sys.executable, "-m", "flows.cli", *_command(cmd, root)], cwd=ROOT, env=env,
+        p = subprocess.run([sys.executable, "-m", "contramine.flows.cli", *_command(cmd, root)], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=300)
         assert p.returncode == 2 and p.stderr.count("\n") == 1, (cmd, p.stderr)
         assert p.stderr.startswith(f"error: table `{table}` of run 'r': "), p.stderr
@@ -184,7 +184,7 @@ def test_the_commands_themselves_one_process_each(tmp_path):
 
 
 def test_sql_serves_the_other_tables_and_names_the_refused_one_once(tmp_path, capsys):
-    from flows.cli import main
+    from contramine.flows.cli import main
 
     root = tmp_path / "runs"
     run = _mined(root)

@@ -1,4 +1,4 @@
-"""A memo that checks what it serves (pipeline/engine/memo.py): writer records and values hashes, the schema check,
+"""A memo that checks what it serves (pipeline/memo/rows.py): writer records and values hashes, the schema check,
 the audit (`runner.memo_verify`), quarantine, `contramine cache --verify`, a read-only memo, no write or delete
 through a link under the memo root, and the lookup index (16 bytes a row, merged, freed).
 
@@ -18,10 +18,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.engine import memo_index, memo_store
-from pipeline.engine.memo import RowMemo, row_key
-from pipeline.engine.memo_cache import prune
-from pipeline.engine.memo_packs import FORMAT, RECORD, pack_record, values_hash
+from contramine.pipeline.memo import index as memo_index
+from contramine.pipeline.memo import store as memo_store
+from contramine.pipeline.memo.rows import RowMemo, row_key
+from contramine.pipeline.memo.cache import prune
+from contramine.pipeline.memo.packs import FORMAT, RECORD, pack_record, values_hash
 
 VEC = pa.schema([("vec", pa.binary(16))])  # a 4-d float32 vector, as the encode memo stores one
 
@@ -148,9 +149,9 @@ def test_the_audit_share_and_one_row_of_every_pack(tmp_path):
 def test_a_pack_of_the_old_format_is_not_served(tmp_path, caplog):
     """A memo written before packs had records: its namespaces have other hashes (FORMAT is in the facts), and a
     record-less pack found in a namespace of this format is refused, named once."""
-    from pipeline.engine.memo_run import namespace_facts
-    from pipeline.engine.runner import load_stages
-    from pipeline.config import configure
+    from contramine.pipeline.memo.run import namespace_facts
+    from contramine.pipeline.engine.runner import load_stages
+    from contramine.pipeline.config import configure
 
     stage = load_stages()["embeddings"]
     facts = namespace_facts(stage, stage.memos[0], configure("default", "x", None, []), {"encoder": {}})
@@ -272,7 +273,7 @@ def test_a_pack_that_is_a_link_is_not_read_nor_removed(tmp_path, caplog):
 
 # ---- contramine cache --verify ---------------------------------------------------------------------------------
 def test_cache_verify_checks_every_pack_and_quarantines_what_fails(tmp_path, capsys):
-    from flows.cli import main as cli_main
+    from contramine.flows.cli import main as cli_main
 
     runs = tmp_path / "runs"
     root = runs / ".memo"

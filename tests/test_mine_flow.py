@@ -5,14 +5,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows.mine import configure, mine_flow
-from pipeline.engine.runner import load_stages
-from pipeline.engine.store import Store
-from pipeline.engine.tables import RunTables
-from pipeline.schema import table_vectors
-from pipeline.engine.discovery import load_stages
-from pipeline.stages.ipw import ipw_probabilities
-from pipeline.corpus import count_lines
+from contramine.flows.mine import configure, mine_flow
+from contramine.pipeline.engine.runner import load_stages
+from contramine.pipeline.storage.store import Store
+from contramine.pipeline.storage.tables import RunTables
+from contramine.pipeline.schema import table_vectors
+from contramine.pipeline.engine.discovery import load_stages
+from contramine.pipeline.stages.ipw import ipw_probabilities
+from contramine.pipeline.corpus import count_lines
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

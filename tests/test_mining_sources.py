@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 from mining_helpers import _mine, _tables
 
-from pipeline.models.precomputed import PrecomputedEncoder, PrecomputedError
-from pipeline.models.standin import StandInEncoder
-from pipeline.schema import table_vectors
-from pipeline.search.band import exact_band_neighbours
-from pipeline.identity import normalise, sentence_id
+from contramine.pipeline.models.precomputed import PrecomputedEncoder, PrecomputedError
+from contramine.pipeline.models.standin import StandInEncoder
+from contramine.pipeline.schema import table_vectors
+from contramine.pipeline.search.band import exact_band_neighbours
+from contramine.pipeline.identity import normalise, sentence_id
 
 STANDIN = "standin:encoder-32"
 FAST = [f"encoder.model={STANDIN}"]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main as cli_main
-from flows.cli import reuse_source
-from pipeline.config import ConfigError, configure, load_config
-from pipeline.config.names import inside
+from contramine.flows.cli import main as cli_main
+from contramine.flows.cli import reuse_source
+from contramine.pipeline.config import ConfigError, configure, load_config
+from contramine.pipeline.config.names import inside
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD_NAMES = ["..", ".", ".hidden", "a/b", "../x", "a\\b", "/etc", "x" * 129]
@@ -30,7 +30,7 @@ def test_cli_refuses_a_run_name_outside_the_root_in_one_line(tmp_path, argv):
     """The real command line (what `make mine RUN=..` runs): exit 2, one line naming run.name, nothing written."""
     root = tmp_path / "runs" / "root"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "flows.cli", *argv, "--set", f"run.root={root}"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "contramine.flows.cli", *argv, "--set", f"run.root={root}"], capture_output=True,
                        text=True, cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("error: config error: run.name '..': a run name is one folder inside run.root"), r.stderr
@@ -68,7 +68,7 @@ def test_compare_variant_keys_and_mined_runs_are_one_folder(tmp_path):
     profile.write_text('inherit = "default"\n[compare.variants."../../x"]\nobjective = "simcse"\n')
     with pytest.raises(ConfigError, match="compare.variants key '../../x'"):
         load_config(str(profile))
-    from trainer.compare import run_overrides
+    from contramine.trainer.compare import run_overrides
 
     cfg = load_config("default", [f"run.root={tmp_path}", "run.name=r"])
     assert f"train.output={tmp_path}/r/compare/simcse-x/seed-1" in run_overrides(
@@ -79,7 +79,7 @@ def test_compare_variant_keys_and_mined_runs_are_one_folder(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["../x", "a/b", ".."])
 def test_export_names_stay_in_the_runs_export_folder(tmp_path, capsys, fmt):
-    from pipeline.export import export_run
+    from contramine.pipeline.export import export_run
 
     with pytest.raises(ConfigError, match=f"export format {fmt!r}: one of triplet"):
         export_run(tmp_path / "r", fmt)
@@ -147,7 +147,7 @@ def test_a_numeric_run_name_mines_into_its_folder(tmp_path, small_corpus):
     from mining_helpers import _cli_env
 
     root = tmp_path / "root"
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "stage", "sentences", "--run", "2024", "--corpus",
+    r = subprocess.run([sys.executable, "-m", "contramine.flows.cli", "stage", "sentences", "--run", "2024", "--corpus",
                         str(small_corpus), "--set", f"run.root={root}", "run.shards=1"], capture_output=True,
                        text=True, cwd=ROOT, env=_cli_env(), timeout=300)
     assert r.returncode == 0, r.stderr

@@ -8,9 +8,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipeline.models.parser import load_nlp
-from pipeline.stages.negate import Negation, negate_root_verb, negate_table, negate_texts
-from pipeline.schema import SCHEMAS
+from contramine.pipeline.models.parser import load_nlp
+from contramine.pipeline.stages.negate import Negation, negate_root_verb, negate_table, negate_texts
+from contramine.pipeline.schema import SCHEMAS
 
 ROOT = Path(__file__).resolve().parents[1]
 WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"
@@ -162,7 +162,7 @@ def test_only_the_root_changes_on_real_wiki_sentences(nlp):
 
 def test_cli_reads_stdin_and_writes_one_line_each():
     lines = ["She likes apples.", "An empty office cubicle.", "Go home.", ""]
-    out = subprocess.run([sys.executable, "-m", "pipeline.stages.negate", "--batch-size", "2"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "contramine.pipeline.stages.negate", "--batch-size", "2"], cwd=ROOT,
                          input="\n".join(lines) + "\n", capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.split("\n") == ["She does not like apples.", "", "Do not go home.", "", ""]
 

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from pipeline.config import NeighboursCfg
-from pipeline.search.band import band_neighbours, exact_band_neighbours, recall_at_pool
-from pipeline.search.faiss_index import build_index
+from contramine.pipeline.config import NeighboursCfg
+from contramine.pipeline.search.band import band_neighbours, exact_band_neighbours, recall_at_pool
+from contramine.pipeline.search.faiss_index import build_index
 
 
 def _unit(x):
@@ -77,7 +77,7 @@ class _NoisyFlatIndex:
     float32 scores): it ranks by the noisy scores, as a float32 index ranks by its rounded ones."""
 
     def __init__(self, x, seed=0, bound=None):
-        from pipeline.search.band import score_tolerance
+        from contramine.pipeline.search.band import score_tolerance
 
         self.x, self.rng = x.astype(np.float64), np.random.default_rng(seed)
         self.bound = 0.9 * (score_tolerance(x.shape[1]) if bound is None else bound)
@@ -119,7 +119,7 @@ def test_tolerance_follows_d_where_a_fixed_1e5_orders_pairs_wrongly():
     """At d = 768 a float32 dot product of unit vectors may be off by up to d·2^-24 ≈ 4.6e-5, more than the fixed
     1e-5 the stage used to assume. Scores carrying such errors, around the band edges and the pool cut-off: the
     tolerance derived from d gives the exact pool every time; a fixed 1e-5 leaves out or misorders pairs."""
-    from pipeline.search.band import score_tolerance
+    from contramine.pipeline.search.band import score_tolerance
 
     assert 4.5e-5 < score_tolerance(768) < 5e-5 and score_tolerance(64) == 1e-5
     rng = np.random.default_rng(5)

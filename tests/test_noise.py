@@ -1,8 +1,8 @@
 """Stage `noise`: one or two inserted frequent words or dropped words, seeded per (sentence, variant)."""
 import pyarrow as pa
 
-from pipeline.config import NoiseCfg
-from pipeline.stages.noise import frequent_words, noise_sentences
+from contramine.pipeline.config import NoiseCfg
+from contramine.pipeline.stages.noise import frequent_words, noise_sentences
 
 
 def _sentences(texts):

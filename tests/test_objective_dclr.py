@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from objective_helpers import ATOL, RTOL, TEXTS, cfg_for, cos, enc_np, encoder_for, head_np, nll, rows_all
-from trainer.objectives import get_objective
+from contramine.trainer.objectives import get_objective
 
 
 def test_dclr_matches_direct():

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from objective_helpers import ATOL, RTOL, TEXTS, cfg_for, cos, enc_np, encoder_for, nll, rows_all
-from trainer.objectives import get_objective
-from trainer.objectives.debcse import DebCSE
+from contramine.trainer.objectives import get_objective
+from contramine.trainer.objectives.debcse import DebCSE
 
 
 def bn_np(x: np.ndarray, eps: float = 1e-5) -> np.ndarray:

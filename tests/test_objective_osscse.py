@@ -7,8 +7,8 @@ import torch
 
 from objective_helpers import ATOL, RTOL, TEXTS, cfg_for, cos, enc_np, encoder_for, nll, rows_all
 from tiny_bert import tiny_encoder
-from trainer.objectives import get_objective
-from trainer.objectives.osscse import OssCSE
+from contramine.trainer.objectives import get_objective
+from contramine.trainer.objectives.osscse import OssCSE
 
 
 
@@ -110,7 +110,7 @@ def test_osscse_start_pooler_views_differ_by_dropout():
 def test_paper_form_warns_about_a_start_trained_for_another_pooler(tmp_path):
     """A sentence-transformers start (1_Pooling/config.json) loses most of what it knows at the [MASK]: the paper's
     form says so at the start of training, naming the pooler it was trained for and the setting that keeps it."""
-    from pipeline.config import load_config
+    from contramine.pipeline.config import load_config
 
     (tmp_path / "1_Pooling").mkdir()
     (tmp_path / "1_Pooling" / "config.json").write_text(

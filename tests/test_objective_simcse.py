@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from objective_helpers import ATOL, RTOL, TEXTS, cfg_for, cos, enc_np, encoder_for, head_np, nll, rows_all
-from trainer.objectives import get_objective
+from contramine.trainer.objectives import get_objective
 
 
 def test_simcse_matches_direct():

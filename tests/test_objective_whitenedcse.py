@@ -8,8 +8,8 @@ import torch
 
 from objective_helpers import ATOL, RTOL, TEXTS, cfg_for, cos, enc_np, encoder_for, head_np, nll, rows_all
 from tiny_bert import tiny_encoder
-from trainer.objectives import get_objective
-from trainer.objectives.whitenedcse import WhitenedCSE
+from contramine.trainer.objectives import get_objective
+from contramine.trainer.objectives.whitenedcse import WhitenedCSE
 
 
 def zca_np(x: np.ndarray, groups: int, eps: float) -> np.ndarray:

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from objective_helpers import TEXTS, cfg_for, encoder_for, rows_all
-from pipeline.config import OBJECTIVE_NAMES, ConfigError, TrainCfg, load_config
-from pipeline.models.encoder import Encoder
+from contramine.pipeline.config import OBJECTIVE_NAMES, ConfigError, TrainCfg, load_config
+from contramine.pipeline.models.encoder import Encoder
 from tiny_bert import build_tiny_bert
-from trainer import dist
-from trainer.objectives import OBJECTIVES, check_settings, get_objective
+from contramine.trainer import dist
+from contramine.trainer.objectives import OBJECTIVES, check_settings, get_objective
 
 
 # ------------------------------------------------------------------------------------------- training, export
@@ -121,7 +121,7 @@ def test_a_typo_in_an_objective_section_is_one_line_naming_the_key():
 
 
 def test_old_flat_keys_still_work_with_one_deprecation_line(capsys, monkeypatch):
-    from pipeline.config import training as settings
+    from contramine.pipeline.config import training as settings
 
     monkeypatch.setattr(settings, "_warned", set())
     train = TrainCfg(osscse_alpha=0.07, whitened_groups=16, mlp_train_only=False)
@@ -137,11 +137,11 @@ def test_an_objective_is_registered_once_and_declares_its_loss_and_export_beside
     """OBJECTIVE_NAMES is the one registration: each name is the file that declares the class, its [train.<name>]
     section exists, its sentence-transformers loss is found from its own `loss`, and the export format it names is one
     `make export` writes, whose card's recipe names that same loss (pipeline/export.py stays below the trainer)."""
-    from pipeline import export
-    from trainer.st_losses import LOSSES
+    from contramine.pipeline import export
+    from contramine.trainer.st_losses import LOSSES
 
     for name, cls in OBJECTIVES.items():
-        assert cls.__module__ == f"trainer.objectives.{name}" and name in TrainCfg.model_fields
+        assert cls.__module__ == f"contramine.trainer.objectives.{name}" and name in TrainCfg.model_fields
         if cls.loss:  # an objective may have no sentence-transformers loss (then it names no export format)
             assert LOSSES[name].__name__ == cls.loss and cls.export_format in export.FORMATS, name
     # every format only a contramine loss reads is the declared format of that loss's objective

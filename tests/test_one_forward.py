@@ -11,15 +11,15 @@ import torch
 
 from host_reads import HostReads
 from objective_helpers import cfg_for, rows_all
-from pipeline.models.unpad import unpad_layout
+from contramine.pipeline.models.unpad import unpad_layout
 from tiny_bert import tiny_encoder
-from trainer.metrics_log import MetricWindow
-from trainer.objectives import get_objective
-from trainer.objectives.dclr import dclr_loss
-from trainer.objectives.debcse import debcse_loss
-from trainer.objectives.osscse import osscse_loss
-from trainer.objectives.simcse import simcse_loss
-from trainer.objectives.whitenedcse import whitenedcse_loss
+from contramine.trainer.metrics_log import MetricWindow
+from contramine.trainer.objectives import get_objective
+from contramine.trainer.objectives.dclr import dclr_loss
+from contramine.trainer.objectives.debcse import debcse_loss
+from contramine.trainer.objectives.osscse import osscse_loss
+from contramine.trainer.objectives.simcse import simcse_loss
+from contramine.trainer.objectives.whitenedcse import whitenedcse_loss
 
 # case -> (objective, pooler, its settings): poolers that read the mask (mean, avg_first_last) see the joint padding
 CASES = {

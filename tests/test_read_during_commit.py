@@ -1,4 +1,4 @@
-"""Readers and a writer at the same time (pipeline/engine/grace.py): a stage's commit keeps the shards it replaces
+"""Readers and a writer at the same time (pipeline/storage/grace.py): a stage's commit keeps the shards it replaces
 for runner.keep_replaced_s, so a `sql` that listed them before the commit answers; the next commit after that, or
 `contramine cache --prune`, removes them."""
 from __future__ import annotations
@@ -8,11 +8,11 @@ import time
 
 import pyarrow as pa
 
-from pipeline.engine.grace import RECORD
-from pipeline.engine.upkeep import prune_replaced
-from pipeline.engine.store import Store
-from pipeline.engine.tables import RunTables
-from pipeline.schema import SCHEMAS
+from contramine.pipeline.storage.grace import RECORD
+from contramine.pipeline.engine.upkeep import prune_replaced
+from contramine.pipeline.storage.store import Store
+from contramine.pipeline.storage.tables import RunTables
+from contramine.pipeline.schema import SCHEMAS
 from test_manifest_shapes import _mined
 
 

@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.engine.lock import RunBusy, run_lock
-from pipeline.engine.memo import RowMemo, row_key
-from pipeline.engine.memo_packs import FORMAT, RECORD, pack_record, values_hash
+from contramine.pipeline.storage.lock import RunBusy, run_lock
+from contramine.pipeline.memo.rows import RowMemo, row_key
+from contramine.pipeline.memo.packs import FORMAT, RECORD, pack_record, values_hash
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = b"a team key of 32 characters, ok"
@@ -67,12 +67,12 @@ def _named(caplog, *words) -> list[str]:
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     """`contramine <args>` in a child, killed after 120 s: a hang fails the test instead of the suite."""
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "contramine.flows.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
 
 
 def _hold(folder: Path, what: str) -> subprocess.Popen:
-    code = ("import sys, time; from pipeline.engine.lock import run_lock\n"
+    code = ("import sys, time; from contramine.pipeline.storage.lock import run_lock\n"
             "with run_lock(sys.argv[1], sys.argv[2]):\n    print('held', flush=True); time.sleep(300)")
     p = subprocess.Popen([sys.executable, "-c", code, str(folder), what], cwd=ROOT, text=True, stdout=subprocess.PIPE,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -158,7 +158,7 @@ def test_a_fifo_named_like_a_pack_never_stalls_a_lookup(tmp_path, caplog):
 
 
 def test_a_fifo_at_a_table_manifest_is_one_line(tmp_path):
-    from pipeline.engine.store import TableCorrupt, read_manifest
+    from contramine.pipeline.storage.store import TableCorrupt, read_manifest
 
     table = tmp_path / "runs" / "r" / "sentences"
     table.mkdir(parents=True)
@@ -241,7 +241,7 @@ def test_cache_verify_with_the_key_catches_what_it_cannot_without(tmp_path):
     _forge_recomputed(next(_memo(runs / ".memo").dir.glob("*.parquet")))
     p = _cli("cache", "--verify", "--dry-run", "--set", f"run.root={runs}")
     assert p.returncode == 0 and "1 packs verified, none failed" in p.stdout, p.stdout + p.stderr  # keyless: passes
-    p = subprocess.run([sys.executable, "-m", "flows.cli", "cache", "--verify", "--dry-run", "--set",
+    p = subprocess.run([sys.executable, "-m", "contramine.flows.cli", "cache", "--verify", "--dry-run", "--set",
                         f"run.root={runs}"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(ROOT), "CONTRAMINE_MEMO_KEY": KEY.decode()})
     assert p.returncode == 2 and "keyed hash" in p.stdout and OWNER in p.stdout and "mallory" not in p.stdout
@@ -249,7 +249,7 @@ def test_cache_verify_with_the_key_catches_what_it_cannot_without(tmp_path):
 
 
 def test_the_memo_key_comes_from_the_environment_and_is_never_recorded(monkeypatch):
-    from pipeline.config import ConfigError, load_config
+    from contramine.pipeline.config import ConfigError, load_config
 
     monkeypatch.setenv("CONTRAMINE_MEMO_KEY", KEY.decode())
     cfg = load_config()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import CONFIG_DIR, ConfigError, load_config, split_overrides
+from contramine.pipeline.config import CONFIG_DIR, ConfigError, load_config, split_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
 # The README and the docs pages it links: every command and query in them must hold (the generated settings
@@ -82,17 +82,17 @@ def check_make(args: list[str]) -> None:
     except ConfigError as e:
         raise AssertionError(f"README: make {' '.join(args)}: {e}") from None
     if "STAGE" in assignments:
-        from pipeline.engine.discovery import load_stages
+        from contramine.pipeline.engine.discovery import load_stages
         assert assignments["STAGE"] in load_stages(), f"README: no stage {assignments['STAGE']!r}"
     if "OBJECTIVE" in assignments:
-        from pipeline.config import OBJECTIVE_NAMES
+        from contramine.pipeline.config import OBJECTIVE_NAMES
         assert assignments["OBJECTIVE"] in OBJECTIVE_NAMES
 
 
 def check_contramine(args: list[str]) -> None:
     """`contramine <command> ...` (the installed script): a command it has, a profile that exists, settings the
     config accepts."""
-    from flows.cli import DELEGATED
+    from contramine.flows.cli import DELEGATED
 
     assert args[0] in {"mine", "stage", "sql", "report", "export", "cache", *DELEGATED}, f"README: contramine {args[0]}"
     option = lambda name, default=None: args[args.index(name) + 1] if name in args else default  # noqa: E731
@@ -115,7 +115,7 @@ def check_deployment(name: str) -> None:
 # ------------------------------------------------------------------------------------------------ for real
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory, prefect_harness):
-    from flows.mine import mine_flow
+    from contramine.flows.mine import mine_flow
 
     lines = (ROOT.parent / "shared" / "data" / "wiki1m_head.txt").read_text(encoding="utf-8").splitlines()[:60]
     corpus = tmp_path_factory.mktemp("readme") / "c.txt"
@@ -128,7 +128,7 @@ def small_run(tmp_path_factory, prefect_harness):
 
 
 def test_readme_sql_runs_on_a_mined_run(small_run):
-    from flows.sql import connect
+    from contramine.flows.sql import connect
 
     con = connect(small_run / "readme")
     statements = [s.strip() for block in blocks("sql") for s in re.split(r";\s*\n", block) if s.strip()]

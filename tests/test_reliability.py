@@ -3,7 +3,7 @@ test_degenerate.py, config and input errors in test_cli_errors.py).
 
 Every mining run here uses tiny corpora (at most 70 lines) and the small settings of test_mine_flow.py. Mining runs
 in-process under `prefect_harness`; where a process must die or an exit code matters, the CLI runs in a subprocess
-(`tests/hostile.py` = `python -m flows.cli` plus a pause hook), pointed at the harness' Prefect server so that it
+(`tests/hostile.py` = `python -m contramine.flows.cli` plus a pause hook), pointed at the harness' Prefect server so that it
 starts no server of its own and a kill leaves no orphan behind.
 
 Hostile inputs (S = succeeds, every line ends in `sentences` or `rejected`, |sentences| + |rejected| = lines;
@@ -83,12 +83,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows.cli import main as cli_main
-from pipeline.config import SentencesCfg
-from pipeline.corpus import as_corpus
-from pipeline.schema import table_vectors
-from pipeline.engine.store import Store, file_hash
-from pipeline.engine.tables import RunTables
+from contramine.flows.cli import main as cli_main
+from contramine.pipeline.config import SentencesCfg
+from contramine.pipeline.corpus import as_corpus
+from contramine.pipeline.schema import table_vectors
+from contramine.pipeline.storage.store import Store, file_hash
+from contramine.pipeline.storage.tables import RunTables
 
 from hostile import KEPT, hostile_rows, wiki_lines, write_corpus
 

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.report import ABSENT, Run, main, overlap_stats, pool_peakedness, random_pair_cosines, write_report
-from pipeline.schema import SCHEMAS
+from contramine.pipeline.report import ABSENT, Run, main, overlap_stats, pool_peakedness, random_pair_cosines, write_report
+from contramine.pipeline.schema import SCHEMAS
 
 WORDS = "the cat dog sat ran on a mat big red house near river tree old man walked quickly slowly home".split()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -67,7 +67,7 @@ def run(tmp_path_factory):
     return {"dir": run, "pairs": pairs}
 
 
-def _overlap(a, b):  # DebCSE Table 4's measure, written out independently of pipeline.text_distances
+def _overlap(a, b):  # DebCSE Table 4's measure, written out independently of contramine.pipeline.text_distances
     wa, wb = a.lower().split(), b.lower().split()
     return sum((Counter(wa) & Counter(wb)).values()) / max(len(wa), len(wb))  # words as multisets
 
@@ -106,7 +106,7 @@ def test_overlap_table_equals_direct_computation(run, tmp_path):
 
 def test_overlap_by_source_pool_against_chosen(run):
     """Table 4's explanation: each pool (kind, source) against what was chosen from it, by direct computation."""
-    from pipeline.report import overlap_by_source
+    from contramine.pipeline.report import overlap_by_source
 
     texts = {p["sid"]: p["anchor"] for p in run["pairs"]}
     cands = pq.read_table(run["dir"] / "candidates" / "part-00000-of-00001.parquet").to_pylist()
@@ -183,7 +183,7 @@ def test_bidi_controls_are_shown_as_code_points_and_bare_urls_are_not_links():
     """A right-to-left override in a corpus line would reorder what the page shows after it; a bare URL, `www.` name
     or address would become a link (GFM's extended autolinks): the page shows the code point, and the link's `:`,
     `.` or `@` is escaped, so it renders as the characters it is."""
-    from pipeline.markdown import escape
+    from contramine.pipeline.markdown import escape
 
     line = ("pay \u202egnp.exe\u202c to https://evil.example/x, www.evil.example or me@evil.example "
             "\u2066x\u2069\u200f\u061c")

@@ -1,4 +1,4 @@
-"""`make mine FROM=<run>` (`--reuse-from`, pipeline/engine/tables.py: reuse_tables): a new run starts from another
+"""`make mine FROM=<run>` (`--reuse-from`, pipeline/storage/tables.py: reuse_tables): a new run starts from another
 run's finished tables, linked not copied, never over its own; a missing or same source is one line."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from flows.cli import main as cli_main
-from pipeline.engine.tables import TableMissing, reuse_tables
+from contramine.flows.cli import main as cli_main
+from contramine.pipeline.storage.tables import TableMissing, reuse_tables
 
 
 def _table(run, name, payload=b"shard"):
@@ -48,7 +48,7 @@ def test_mine_from_a_run_that_does_not_exist_is_one_line_and_mines_nothing(tmp_p
 def _sentences(texts):
     import pyarrow as pa
 
-    from pipeline.schema import SCHEMAS
+    from contramine.pipeline.schema import SCHEMAS
 
     return pa.Table.from_pylist([{"sid": i, "text": t, "n_words": 1, "line_no": i} for i, t in enumerate(texts)],
                                 SCHEMAS["sentences"])
@@ -57,9 +57,9 @@ def _sentences(texts):
 def test_a_table_committed_again_while_copied_is_copied_from_the_new_manifest(tmp_path, monkeypatch):
     """The copy takes its file list from the manifest bytes it copies; a listed file gone meanwhile starts the
     table over from the new manifest: the new run holds one whole snapshot, never a manifest without its files."""
-    from pipeline.engine import tables
-    from pipeline.engine.store import Store
-    from pipeline.engine.tables import RunTables
+    from contramine.pipeline.storage import tables
+    from contramine.pipeline.storage.store import Store
+    from contramine.pipeline.storage.tables import RunTables
 
     src, dst = tmp_path / "src", tmp_path / "dst"
     Store(src).write_table("sentences", [_sentences(["old a"]), _sentences(["old b"])], key="old")
@@ -79,9 +79,9 @@ def test_a_table_committed_again_while_copied_is_copied_from_the_new_manifest(tm
 
 
 def test_a_table_that_keeps_losing_files_is_refused_in_one_line_and_not_left_half(tmp_path, monkeypatch):
-    from pipeline.engine import tables
-    from pipeline.engine.store import Store
-    from pipeline.engine.tables import TableUnreadable
+    from contramine.pipeline.storage import tables
+    from contramine.pipeline.storage.store import Store
+    from contramine.pipeline.storage.tables import TableUnreadable
 
     src, dst = tmp_path / "src", tmp_path / "dst"
     Store(src).write_table("sentences", [_sentences(["a"])], key="k")
@@ -110,7 +110,7 @@ def test_a_table_left_as_only_its_manifest_is_not_the_runs_own(tmp_path):
 
 
 def test_a_malformed_source_manifest_is_one_line(tmp_path):
-    from pipeline.engine.tables import TableUnreadable
+    from contramine.pipeline.storage.tables import TableUnreadable
 
     src, dst = tmp_path / "default", tmp_path / "other"
     _table(src, "sentences")

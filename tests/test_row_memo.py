@@ -1,4 +1,4 @@
-"""The row memo (pipeline/engine/memo.py): only rows with new keys reach a model, a damaged or replaced pack serves no
+"""The row memo (pipeline/memo/rows.py): only rows with new keys reach a model, a damaged or replaced pack serves no
 row, two writers share a namespace, prune, what a namespace holds (a stage's code and the settings that shape a row),
 and `contramine cache`. The end-to-end runs with the real models: tests/test_row_memo_mining.py."""
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.engine.memo import RowMemo, namespace_hash, row_key
-from pipeline.engine.memo_cache import prune
-from pipeline.engine.memo_run import memo_state, namespace_facts
-from pipeline.engine.runner import load_stages
+from contramine.pipeline.memo.rows import RowMemo, namespace_hash, row_key
+from contramine.pipeline.memo.cache import prune
+from contramine.pipeline.memo.run import memo_state, namespace_facts
+from contramine.pipeline.engine.runner import load_stages
 
 ROOT = Path(__file__).resolve().parent.parent
 VALUES = pa.schema([("text", pa.string()), ("n", pa.int64())])
@@ -152,13 +152,13 @@ def test_prune_by_age_and_by_what_no_run_uses(tmp_path):
 
 # ---- what a namespace holds --------------------------------------------------------------------------------------
 def _cfg(*sets):
-    from pipeline.config import configure
+    from contramine.pipeline.config import configure
 
     return configure("default", "x", None, list(sets))
 
 
 def _namespaces(cfg, root=None) -> dict[str, str]:
-    from pipeline.engine import codeversion
+    from contramine.pipeline.engine import codeversion
 
     plan = {"encoder": {"model": "m", "device": "cpu"}, "spacy": {"model": "s"},
             "chains": {"device": "cpu", "dtype": None, "code": {}, "versions": "", "models": {}, "engines": {}}}
@@ -217,7 +217,7 @@ def test_the_memo_stays_off_on_a_gpu_unless_asked():
 def test_contramine_cache_shows_the_memo_per_stage_and_prunes_what_no_run_uses(tmp_path, capsys):
     import json
 
-    from flows.cli import main as cli_main
+    from contramine.flows.cli import main as cli_main
 
     runs = tmp_path / "runs"
     used, unused = _memo(runs / ".memo", {"code": "used"}), _memo(runs / ".memo", {"code": "unused"})

@@ -1,4 +1,4 @@
-"""The row memo end to end (pipeline/engine/memo.py): mining with the real models (MiniLM, the Bergamot en-pt chain,
+"""The row memo end to end (pipeline/memo/rows.py): mining with the real models (MiniLM, the Bergamot en-pt chain,
 spaCy), only rows with new keys reach a model, counted independently of the memo's own counts (a wrapper around
 each model's call), and the tables equal a fresh run's, forged packs included. The memo alone:
 tests/test_row_memo.py."""
@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.engine.memo_packs import pack_record
-from pipeline.engine.runner import load_stages
+from contramine.pipeline.memo.packs import pack_record
+from contramine.pipeline.engine.runner import load_stages
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"
@@ -25,8 +25,8 @@ class ModelCalls:
     """Texts that reached each model, counted outside the memo."""
 
     def __init__(self, monkeypatch):
-        from pipeline.models import bergamot, encoder
-        from pipeline.stages import negate
+        from contramine.pipeline.models import bergamot, encoder
+        from contramine.pipeline.stages import negate
 
         self.n = {"encode": 0, "translate": 0, "negate": 0}
         enc, tr, neg = encoder.Encoder.encode, bergamot.BergamotTranslator.translate, negate.negate_texts
@@ -47,7 +47,7 @@ class ModelCalls:
 
 
 def _memo_counts(run_dir: Path) -> dict:
-    from pipeline.engine.store import Store
+    from contramine.pipeline.storage.store import Store
 
     store, out = Store(run_dir), {}
     for stage in ("embeddings", "backtranslate", "negate", "scores"):
@@ -61,9 +61,9 @@ def test_a_grown_corpus_another_layout_and_another_run_send_only_new_rows_to_the
     """Every stage in order through the runner's own driver (`run_stage`, what the flows map; the Prefect path
     and a real Dask cluster: tests/test_cluster.py)."""
     from mining_helpers import table_hashes
-    from pipeline.config import configure
-    from pipeline.engine.runner import run_stage
-    from pipeline.models import bergamot
+    from contramine.pipeline.config import configure
+    from contramine.pipeline.engine.runner import run_stage
+    from contramine.pipeline.models import bergamot
 
     if not hasattr(bergamot, "BergamotTranslator"):
         pytest.fail("pipeline/models/bergamot.py no longer has BergamotTranslator: count its calls another way")
@@ -129,7 +129,7 @@ def _forge(stage_dir: Path, change) -> Path:
     """Rewrite the largest pack of a stage's namespace with `change`d values and a valid record of another writer."""
     import json
 
-    from pipeline.engine.memo_packs import FORMAT, RECORD, values_hash
+    from contramine.pipeline.memo.packs import FORMAT, RECORD, values_hash
 
     pack = max(stage_dir.glob("*/*.parquet"), key=lambda p: p.stat().st_size)
     table = change(pq.read_table(pack).replace_schema_metadata(None))
@@ -147,10 +147,10 @@ def test_an_edited_line_of_one_part_of_a_folder_corpus_recomputes_only_that_line
     import gzip
     import json
 
-    from pipeline.config import configure
-    from pipeline.engine.runner import run_stage
-    from pipeline.engine.store import Store
-    from pipeline.engine.tables import RunTables
+    from contramine.pipeline.config import configure
+    from contramine.pipeline.engine.runner import run_stage
+    from contramine.pipeline.storage.store import Store
+    from contramine.pipeline.storage.tables import RunTables
 
     lines = WIKI.read_text(encoding="utf-8").splitlines()[:30]
     parts = tmp_path / "corpus"

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from hostile import one_line, run_with_a_table
-from pipeline.config import load_config
-from pipeline.engine.safe_paths import UnsafePath, check_below, open_append
-from trainer import checkpoint as ckpt
-from trainer.train import train
+from contramine.pipeline.config import load_config
+from contramine.pipeline.storage.safe_paths import UnsafePath, check_below, open_append
+from contramine.trainer import checkpoint as ckpt
+from contramine.trainer.train import train
 from train_helpers import ROOT, read_metrics, sentences_rows, write_profile, write_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -83,7 +83,7 @@ def test_poisoned_state_runs_no_code_and_is_one_line(tiny_run, tmp_path, as_torc
         return
     # the command line (once: ~15 s): exit 2, the last line is the one error line, no traceback, no code run
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--profile", str(profile)], cwd=ROOT, env=env,
+    p = subprocess.run([sys.executable, "-m", "contramine.flows.cli", "train", "--profile", str(profile)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2, p.stderr
     assert one_line(p.stderr) == f"error: {msg}"
@@ -157,7 +157,7 @@ class Killed(BaseException):
 def _train_killed_after_first_checkpoint(profile: Path, monkeypatch) -> None:
     """Train, dying right after last/ is saved at step 2 (of 4): a same-configuration rerun resumes at step 2. (last/
     is written on a background thread: the training thread dies once that write is done.)"""
-    from trainer.save_last import LastSaver
+    from contramine.trainer.save_last import LastSaver
 
     real = LastSaver.save
 
@@ -243,7 +243,7 @@ def test_open_append_replaces_a_link_and_check_below_ignores_the_root(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ symlinks: report
 def test_report_replaces_planted_links_and_leaves_their_targets(tmp_path):
-    from pipeline.report import write_report
+    from contramine.pipeline.report import write_report
 
     run = run_with_a_table(tmp_path / "r")
     victim = _outside(tmp_path)
@@ -262,7 +262,7 @@ def test_report_replaces_planted_links_and_leaves_their_targets(tmp_path):
 
 
 def test_report_refuses_a_linked_report_folder(tmp_path):
-    from pipeline.report import write_report
+    from contramine.pipeline.report import write_report
 
     run = run_with_a_table(tmp_path / "r")
     target = tmp_path / "elsewhere"
@@ -271,7 +271,7 @@ def test_report_refuses_a_linked_report_folder(tmp_path):
     with pytest.raises(UnsafePath, match=r"/r/report is a symbolic link inside .*: contramine does not write"):
         write_report(run)
     assert list(target.iterdir()) == []
-    p = subprocess.run([sys.executable, "-m", "pipeline.report", str(run)], cwd=ROOT, capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "contramine.pipeline.report", str(run)], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert p.returncode == 2 and one_line(p.stderr).startswith(f"error: {run / 'report'} is a symbolic link")
     assert list(target.iterdir()) == []
@@ -283,7 +283,7 @@ def test_compare_plots_and_checkpoint_json_replace_links(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from trainer.compare_report import save_png
+    from contramine.trainer.compare_report import save_png
 
     victim = _outside(tmp_path)
     (tmp_path / "sts_bars.png").symlink_to(victim)
@@ -299,7 +299,7 @@ def test_compare_plots_and_checkpoint_json_replace_links(tmp_path):
 
 
 def test_evaluate_refuses_a_linked_eval_folder_before_loading_a_model(tmp_path, monkeypatch, capsys):
-    from trainer import evaluate
+    from contramine.trainer import evaluate
 
     monkeypatch.setattr(evaluate, "ARTIFACTS", tmp_path / "artifacts")
     target = tmp_path / "elsewhere"

@@ -8,10 +8,10 @@ import time
 import pytest
 import torch
 
-from pipeline.config import load_config
-from trainer import checkpoint as ckpt
-from trainer.save_last import LastSaver, host_snapshot
-from trainer.train import train
+from contramine.pipeline.config import load_config
+from contramine.trainer import checkpoint as ckpt
+from contramine.trainer.save_last import LastSaver, host_snapshot
+from contramine.trainer.train import train
 from train_helpers import sentences_rows, write_profile, write_table
 
 
@@ -70,7 +70,7 @@ def test_a_failed_save_is_raised_in_the_training_thread(tmp_path, monkeypatch):
 
 def test_best_is_written_from_its_copy_before_last(tmp_path, monkeypatch):
     from tiny_bert import tiny_encoder
-    from trainer.save_last import host_encoder
+    from contramine.trainer.save_last import host_encoder
 
     enc = tiny_encoder(pooler="mean", seed=1)
     copy = host_encoder(enc)

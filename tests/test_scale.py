@@ -13,15 +13,15 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline.search import band, faiss_index as fx, index as ix
-from pipeline.config import BacktranslateCfg, ConfigError, NeighboursCfg, configure, load_config, shards_for
-from pipeline.engine import devices, resources
-from pipeline.engine.runner import finish_stage, run_job, run_shard
-from pipeline.engine.store import Store
-from pipeline.models.encoder import Encoder
-from pipeline.models.chains import load_translator
-from pipeline.schema import vectors_table
-from trainer.objectives.common import cos_matrix, cos_rows
+from contramine.pipeline.search import band, faiss_index as fx, index as ix
+from contramine.pipeline.config import BacktranslateCfg, ConfigError, NeighboursCfg, configure, load_config, shards_for
+from contramine.pipeline.engine import devices, resources
+from contramine.pipeline.engine.runner import finish_stage, run_job, run_shard
+from contramine.pipeline.storage.store import Store
+from contramine.pipeline.models.encoder import Encoder
+from contramine.pipeline.models.chains import load_translator
+from contramine.pipeline.schema import vectors_table
+from contramine.trainer.objectives.common import cos_matrix, cos_rows
 
 
 # ---- stand-in models -----------------------------------------------------------------------------------------------
@@ -163,7 +163,7 @@ def test_each_dask_worker_takes_its_own_gpu(monkeypatch):
     assert calls == [1]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    from pipeline.models.hub import pick_device
+    from contramine.pipeline.models.hub import pick_device
 
     assert pick_device("auto") == "cuda:1" and pick_device("cpu") == "cpu"
 
@@ -206,7 +206,7 @@ def test_approximate_index_below_min_recall_fails_before_any_shard_and_auto_reac
             "neighbours.nprobe=1", "neighbours.pool_size=16", "neighbours.recall_sample=100"]
     Store(tmp_path / "r").write_table("embeddings", [vectors_table(sids, x)], "k")
     Store(tmp_path / "r").write_table("pool_embeddings", [vectors_table(sids[:0], x[:0])], "k")  # no candidates
-    from pipeline.errors import StageError
+    from contramine.pipeline.errors import StageError
 
     with pytest.raises(StageError, match=r"nprobe 1\) finds 0\.\d+ of the exact pool on 100 sampled queries "
                                          r"\(< neighbours.min_recall 0.99\): set neighbours.nprobe = 'auto'"):
@@ -234,7 +234,7 @@ def test_hnsw_ef_search_auto_rises_to_min_recall_and_its_graph_is_the_same_every
             "neighbours.hnsw_m=4", "neighbours.pool_size=16", "neighbours.recall_sample=100"]
     Store(tmp_path / "r").write_table("embeddings", [vectors_table(sids, x)], "k")
     Store(tmp_path / "r").write_table("pool_embeddings", [vectors_table(sids[:0], x[:0])], "k")
-    from pipeline.errors import StageError
+    from contramine.pipeline.errors import StageError
 
     with pytest.raises(StageError, match=r"hnsw index \(ef_search 16\) finds 0\.\d+ of the exact pool on 100 "
                                          r"sampled queries \(< neighbours.min_recall 0.99\): set neighbours.ef_search"):
@@ -278,7 +278,7 @@ def test_auto_searches_exactly_when_its_approximate_index_cannot_reach_min_recal
     finish_stage("neighbours", cfg, run_job("neighbours", cfg, 0, plan={"index": plan}), 0.0, {"index": plan})
     got = Store(tmp_path / "r").read("neighbours")
     assert got.equals(band.exact_band_neighbours(x, sids, x, sids, 0.25, 0.75, 16))
-    from pipeline.errors import StageError
+    from contramine.pipeline.errors import StageError
 
     with pytest.raises(StageError, match=r"hnsw index \(ef_search 64\) finds .* ef_search 'auto' stopped"):
         ix.index_plan(load_config("default", [*sets, "neighbours.index=hnsw"]), Store(tmp_path / "r"), 1)
@@ -298,7 +298,7 @@ def test_logits_stay_float32_under_bf16_autocast():
 
 def test_scale_corpus_is_the_real_sentences_then_their_recombinations(tmp_path):
     from bench.scale import synthetic_corpus
-    from pipeline.config import SHARED_DATA
+    from contramine.pipeline.config import SHARED_DATA
 
     wiki = (SHARED_DATA / "wiki1m_head.txt").read_text(encoding="utf-8").splitlines()
     tatoeba = set((SHARED_DATA / "tatoeba_en.txt").read_text(encoding="utf-8").splitlines())

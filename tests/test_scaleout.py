@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows.mine import configure, mine_flow, run_stage_flow
-from pipeline.search import band, faiss_index as fx
-from pipeline.config import NeighboursCfg
-from pipeline.engine.runner import load_stages
-from pipeline.engine.store import Store
-from pipeline.engine.tables import RunTables
+from contramine.flows.mine import configure, mine_flow, run_stage_flow
+from contramine.pipeline.search import band, faiss_index as fx
+from contramine.pipeline.config import NeighboursCfg
+from contramine.pipeline.engine.runner import load_stages
+from contramine.pipeline.storage.store import Store
+from contramine.pipeline.storage.tables import RunTables
 from processes import free_port, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,7 +168,7 @@ def test_prefect_yaml_has_one_deployment_per_stage_flow():
     for d in spec["deployments"]:
         assert {"profile", "run", "overrides"} <= set(d["parameters"])
         assert d["work_pool"]["name"] == "contramine-process"
-    import flows.mine as mine
+    import contramine.flows.mine as mine
     assert all(hasattr(mine, e.split(":")[1]) for e in entry)
 
 

@@ -5,8 +5,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.corpus import check_corpus, count_lines, shard_bounds, split_sentences
-from pipeline.identity import sentence_id
+from contramine.pipeline.corpus import check_corpus, count_lines, shard_bounds, split_sentences
+from contramine.pipeline.identity import sentence_id
 
 
 def _split(tmp_path, data: bytes, **kw):
@@ -88,8 +88,8 @@ import json  # noqa: E402
 
 import pytest  # noqa: E402
 
-from pipeline.corpus import CorpusError  # noqa: E402
-from pipeline.corpus import Corpus  # noqa: E402
+from contramine.pipeline.corpus import CorpusError  # noqa: E402
+from contramine.pipeline.corpus import Corpus  # noqa: E402
 
 FORM_LINES = ["the first good sentence here", "", "too short", "the  first good   sentence here",
               "a control\x07 character sentence", "word " * 30, "مرحبا بالعالم يا صديقي 😀",
@@ -187,8 +187,8 @@ def test_the_corpus_identity_covers_every_part_and_the_field(tmp_path):
 def test_record_counts_match_what_is_read(tmp_path, monkeypatch):
     """The counts that size the shards and map a line_no to its part split lines as the reader does (\\n, \\r\\n, a
     bare \\r, a \\r\\n cut between two reads, a BOM, a last line without its end)."""
-    import pipeline.corpus.streams as streams
-    import pipeline.corpus.text as text
+    import contramine.pipeline.corpus.streams as streams
+    import contramine.pipeline.corpus.text as text
 
     data = b"\xef\xbb\xbfone\r\ntwo\rthree\n\nfour\r\r\nfive"
     (tmp_path / "c.txt").write_bytes(data)

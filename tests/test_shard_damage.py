@@ -1,4 +1,4 @@
-"""Every read checks what it reads (pipeline/engine/verify.py): a flipped byte or a truncation in any shard of any
+"""Every read checks what it reads (pipeline/storage/verify.py): a flipped byte or a truncation in any shard of any
 table is never served as data. `sql`, `report`, `train`, `export`, a stage reading it and `contramine verify` each
 stop in one line naming the shard and the command that rewrites it; `sql` serves the other tables; a rewrite of
 the table repairs it; a warm check is remembered by inode, size and mtime."""
@@ -12,10 +12,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipeline.engine.store import MANIFEST, Store, TableCorrupt
-from pipeline.engine.tables import RunTables, TableUnreadable
-from pipeline.engine.verify import CACHE, Verified
-from pipeline.schema import SCHEMAS
+from contramine.pipeline.storage.store import MANIFEST, Store, TableCorrupt
+from contramine.pipeline.storage.tables import RunTables, TableUnreadable
+from contramine.pipeline.storage.verify import CACHE, Verified
+from contramine.pipeline.schema import SCHEMAS
 from test_manifest_shapes import TABLE_OF, _command, _mined
 
 
@@ -47,7 +47,7 @@ def _restore(path: Path, old: bytes) -> None:
 @pytest.mark.parametrize("how", ["flip", "truncate"])
 @pytest.mark.parametrize("cmd", ["sql", "report", "train", "export", "verify"])
 def test_each_command_stops_in_one_line_naming_the_damaged_shard(tmp_path, capsys, cmd, how):
-    from flows.cli import main
+    from contramine.flows.cli import main
 
     root = tmp_path / "runs"
     run = _mined(root)
@@ -73,7 +73,7 @@ def test_each_command_stops_in_one_line_naming_the_damaged_shard(tmp_path, capsy
 
 
 def test_sql_serves_the_other_tables_and_never_the_damaged_one(tmp_path, capsys):
-    from flows.cli import main
+    from contramine.flows.cli import main
 
     root = tmp_path / "runs"
     run = _mined(root)
@@ -113,7 +113,7 @@ def test_a_warm_check_is_remembered_and_a_changed_file_checked_again(tmp_path):
     assert sorted(seen) == sorted([f"sentences/{_shard(run, 'sentences', i).name}" for i in range(2)]
                                   + [f"triplets/{_shard(run, 'triplets').name}"])
     calls = []
-    import pipeline.engine.verify as verify_mod
+    import contramine.pipeline.storage.verify as verify_mod
 
     real = verify_mod.content_hash
     verify_mod.content_hash = lambda f: calls.append(f) or real(f)
@@ -170,7 +170,7 @@ def read_only_root(tmp_path):
 
 
 def test_a_read_only_run_is_read_by_sql_and_verify_and_refused_in_one_line_by_writers(read_only_root, capsys):
-    from flows.cli import main
+    from contramine.flows.cli import main
 
     run = read_only_root / "r"
     assert RunTables(run).read("triplets").num_rows == 12 and not (run / CACHE).exists()  # checked, not remembered
@@ -188,7 +188,7 @@ def test_a_read_only_run_is_read_by_sql_and_verify_and_refused_in_one_line_by_wr
 def test_sql_names_no_stage_for_a_stray_folder(tmp_path, capsys):
     """A folder of the run that no stage writes (here with an empty manifest): `sql` leaves it out in one line that
     suggests no `contramine stage foo` (there is no such stage) and serves the tables."""
-    from flows.cli import main
+    from contramine.flows.cli import main
 
     root = tmp_path / "runs"
     run = _mined(root)
@@ -202,7 +202,7 @@ def test_sql_names_no_stage_for_a_stray_folder(tmp_path, capsys):
 def test_a_stage_whose_input_is_damaged_is_refused_in_one_line_before_it_runs(tmp_path, capsys):
     """`contramine stage embeddings` on a run whose `sentences` shard lost its tail: exit 2, one line naming that
     shard and the stage run that rewrites it; nothing is computed from it."""
-    from flows.cli import main
+    from contramine.flows.cli import main
 
     root = tmp_path / "runs"
     run = _mined(root)
@@ -219,7 +219,7 @@ def test_a_stage_whose_input_is_damaged_is_refused_in_one_line_before_it_runs(tm
 
 def test_verify_with_memo_checks_the_memo_too(tmp_path, capsys):
     """`contramine verify --memo`: the run's shards, then every pack of the row memo (here none), exit 0."""
-    from flows.cli import main
+    from contramine.flows.cli import main
 
     root = tmp_path / "runs"
     _mined(root)

@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from flows.cli import main as cli_main
-from flows.mine import mine_flow
-from pipeline.engine.store import Store
-from pipeline.models.hub import model_fingerprint, resolve_model
-from trainer import compare as cmp
-from trainer.train import main as train_main
+from contramine.flows.cli import main as cli_main
+from contramine.flows.mine import mine_flow
+from contramine.pipeline.storage.store import Store
+from contramine.pipeline.models.hub import model_fingerprint, resolve_model
+from contramine.trainer import compare as cmp
+from contramine.trainer.train import main as train_main
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -1,4 +1,4 @@
-"""A table is one computation or none (pipeline/engine/store.py, tables.py, lock.py): a rerun killed after some of
+"""A table is one computation or none (pipeline/storage/store.py, tables.py, lock.py): a rerun killed after some of
 its shards leaves the previous computation readable whole in every reader, and the next run finishes it, reusing what
 the killed one wrote; one writer per run folder; a folder name is never SQL; a manifest names only its own shards.
 (The same kill on the real Dask cluster: tests/test_cluster.py.)"""
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main as cli_main
-from pipeline.engine.lock import RunBusy, run_lock
-from pipeline.engine.store import Store
-from pipeline.engine.tables import RunTables, TableUnreadable
+from contramine.flows.cli import main as cli_main
+from contramine.pipeline.storage.lock import RunBusy, run_lock
+from contramine.pipeline.storage.store import Store
+from contramine.pipeline.storage.tables import RunTables, TableUnreadable
 
 from hostile import plain_rows, wiki_lines, write_corpus
 from mining_helpers import ROOT, SMALL, TABLES, _cli_env, _mine, _tables
@@ -82,8 +82,8 @@ def test_a_rerun_killed_after_a_shard_leaves_the_old_table_whole_then_finishes(m
     # readers: the tables API (make train, make export, make report), DuckDB views (make sql), the trainer's key
     assert store.manifest("embeddings") == old_manifest
     assert RunTables(run_dir).read("embeddings").equals(want["embeddings"])
-    from flows.sql import connect
-    from trainer.keys import table_hash
+    from contramine.flows.sql import connect
+    from contramine.trainer.keys import table_hash
 
     con = connect(run_dir)
     assert con.sql("SELECT count(*) FROM embeddings").fetchall()[0][0] == want["embeddings"].num_rows
@@ -98,7 +98,7 @@ def test_a_rerun_killed_after_a_shard_leaves_the_old_table_whole_then_finishes(m
     assert (man["shards_computed"], man["shards_cached"]) == (1, 1)
     assert man["files"][0]["file"] in new_files
     # on disk: the new list, and the mean shards it replaced, kept runner.keep_replaced_s for readers that listed
-    # them (pipeline/engine/grace.py); nothing else
+    # them (pipeline/storage/grace.py); nothing else
     sides = {Path(e["file"]).with_suffix(".json").name for e in man["files"] + old_manifest["files"]}
     assert {p.name for p in (run_dir / "embeddings").glob("part-*")} == \
         {e["file"] for e in man["files"] + old_manifest["files"]} | sides
@@ -133,7 +133,7 @@ def test_the_lock_is_one_per_process_and_reentrant(tmp_path):
     with run_lock(tmp_path / "r", "outer"):
         with run_lock(tmp_path / "r", "inner"):  # a stage inside `make mine`
             pass
-        probe = ("import sys; from pipeline.engine.lock import run_lock, RunBusy\n"
+        probe = ("import sys; from contramine.pipeline.storage.lock import run_lock, RunBusy\n"
                  "try:\n    run_lock(sys.argv[1]).__enter__()\nexcept RunBusy as e:\n    print(e); sys.exit(3)")
         r = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "r")], cwd=ROOT, capture_output=True,
                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -160,7 +160,7 @@ def test_a_folder_name_is_never_sql(mean_run, tmp_path, caplog):
     (evil / "_manifest.json").write_text(json.dumps({"shards": 1}))
     (evil / "part-00000-of-00001.parquet").write_bytes(
         Store(run_dir).shard_path("sentences", 0, 2).read_bytes())
-    from flows.sql import connect
+    from contramine.flows.sql import connect
 
     with caplog.at_level("WARNING", logger="contramine.tables"):
         con = connect(run_dir)

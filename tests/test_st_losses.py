@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from pipeline.export import export_run
-from pipeline.models.encoder import Encoder
+from contramine.pipeline.export import export_run
+from contramine.pipeline.models.encoder import Encoder
 from tiny_bert import build_tiny_bert
 from train_helpers import write_table
-from trainer.objectives import get_objective
-from trainer.st_losses import DCLRLoss, DebCSELoss, OssCSELoss, SimCSELoss, WhitenedCSELoss
+from contramine.trainer.objectives import get_objective
+from contramine.trainer.st_losses import DCLRLoss, DebCSELoss, OssCSELoss, SimCSELoss, WhitenedCSELoss
 
 datasets = pytest.importorskip("datasets")
 
@@ -144,7 +144,7 @@ def test_sentence_transformers_trainer_moves_the_weights_as_the_lean_trainer(run
     from sentence_transformers.sentence_transformer.training_args import BatchSamplers
     from transformers import TrainerCallback
 
-    from trainer.train_setup import linear_schedule
+    from contramine.trainer.train_setup import linear_schedule
 
     run_dir, bert = run
     obj, model, loss, rs = both_sides(case, bert)

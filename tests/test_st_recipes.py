@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.citations import CITATIONS
-from pipeline.export import export_run
+from contramine.pipeline.citations import CITATIONS
+from contramine.pipeline.export import export_run
 from tiny_bert import build_tiny_bert
 from train_helpers import sentences_rows, write_table
 

@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from mining_helpers import ROOT, SMALL, _cli_env, _cli_error
-from pipeline.config import ConfigError, load_config
-from pipeline.errors import ExpectedErrors, StageError, is_expected
-from pipeline.models.hub import ModelUnavailable
-from pipeline.models.precomputed import PrecomputedEncoder, PrecomputedError
-from pipeline.models.standin import StandInEncoder
+from contramine.pipeline.config import ConfigError, load_config
+from contramine.pipeline.errors import ExpectedErrors, StageError, is_expected
+from contramine.pipeline.models.hub import ModelUnavailable
+from contramine.pipeline.models.precomputed import PrecomputedEncoder, PrecomputedError
+from contramine.pipeline.models.standin import StandInEncoder
 
 WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"
 STANDIN = "standin:encoder-32"
@@ -45,7 +45,7 @@ def test_logging_config_is_prefects_own_plus_the_filter():
     from prefect.logging.configuration import DEFAULT_LOGGING_SETTINGS_PATH
 
     ours = yaml.safe_load((ROOT / "flows" / "logging.yml").read_text())
-    assert ours.pop("filters") == {"expected_errors": {"()": "pipeline.errors.ExpectedErrors"}}
+    assert ours.pop("filters") == {"expected_errors": {"()": "contramine.pipeline.errors.ExpectedErrors"}}
     assert ours["handlers"]["console"].pop("filters") == ["expected_errors"]
     assert ours == yaml.safe_load(DEFAULT_LOGGING_SETTINGS_PATH.read_text())
 
@@ -62,7 +62,7 @@ def test_contradicting_generation_settings_stop_before_any_work(capsys, tmp_path
 
 
 def test_a_stage_failing_inside_prefect_is_one_line_and_leaves_nothing_half_written(tmp_path):
-    """The real `python -m flows.cli mine` as a user runs it (no PREFECT_API_URL: Prefect's temporary server, which
+    """The real `python -m contramine.flows.cli mine` as a user runs it (no PREFECT_API_URL: Prefect's temporary server, which
     logs its own stop at exit): the `embeddings` shards fail inside their Prefect tasks (the file of vectors lacks
     most sentences). The user sees exactly one `error:` line, the last one, and no traceback; exit code 2."""
     lines = [t for t in WIKI.read_text(encoding="utf-8").splitlines()[:30] if t.strip()]
@@ -71,7 +71,7 @@ def test_a_stage_failing_inside_prefect_is_one_line_and_leaves_nothing_half_writ
     vecs = StandInEncoder(STANDIN).encode(lines[:5])
     pq.write_table(pa.table({"text": lines[:5], "emb": pa.array(list(vecs), pa.list_(pa.float32()))}), vectors)
     env = {k: v for k, v in _cli_env(PREFECT_HOME=str(tmp_path / "prefect")).items() if k != "PREFECT_API_URL"}
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "mine", "--run", "bad", "--corpus", str(corpus), "--set",
+    r = subprocess.run([sys.executable, "-m", "contramine.flows.cli", "mine", "--run", "bad", "--corpus", str(corpus), "--set",
                         *SMALL, f"run.root={root}", f"encoder.model={STANDIN}", f"embeddings.from={vectors}"],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     err = r.stderr.strip().splitlines()

@@ -5,8 +5,8 @@ from collections import Counter
 import jiwer
 import numpy as np
 
-from pipeline.identity import normalise
-from pipeline.text_distances import edit_distance, lexical_overlap, mer
+from contramine.pipeline.identity import normalise
+from contramine.pipeline.text_distances import edit_distance, lexical_overlap, mer
 
 WIKI = "../shared/data/wiki1m_head.txt"
 
@@ -107,7 +107,7 @@ def test_mer_tokenises_like_python_split_and_lower_for_every_code_point():
 
     import pyarrow as pa
 
-    from pipeline.text_distances import _lower_split
+    from contramine.pipeline.text_distances import _lower_split
 
     seps = [chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF]
     texts = [f"{c}Ab{c}cD{c}{c}e{c}" for c in seps] + ["İstanbul ΣΑΣ ẞ straße", "\x1cA\x1fb\x85c\u2028d\u3000E"]
@@ -118,7 +118,7 @@ def test_mer_tokenises_like_python_split_and_lower_for_every_code_point():
 def test_mer_takes_arrow_columns_and_chunks_without_changing_results(monkeypatch):
     import pyarrow as pa
 
-    import pipeline.text_distances as td
+    import contramine.pipeline.text_distances as td
 
     a = ["the cat sat on the mat", "A b C", "", "ΣΑΣ went home", "x y z w"] * 7
     b = ["the dog sat on a mat", "a B c d", "", "σας went away home", "w x y z"] * 7

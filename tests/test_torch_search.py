@@ -4,8 +4,8 @@ import faiss
 import numpy as np
 import pytest
 
-from pipeline.search.band import band_neighbours, exact_band_neighbours
-from pipeline.search.torch_exact import PAD_SCORE, TorchExact
+from contramine.pipeline.search.band import band_neighbours, exact_band_neighbours
+from contramine.pipeline.search.torch_exact import PAD_SCORE, TorchExact
 
 
 def _unit(x):
@@ -143,11 +143,11 @@ def test_neighbours_stage_with_the_torch_engine_equals_faiss_and_never_imports_i
     row for row, with FAISS made unimportable while it plans, loads and searches."""
     import sys
 
-    from pipeline.search import index as ix
-    from pipeline.config import load_config
-    from pipeline.engine.runner import finish_stage, run_job
-    from pipeline.engine.store import Store
-    from pipeline.schema import vectors_table
+    from contramine.pipeline.search import index as ix
+    from contramine.pipeline.config import load_config
+    from contramine.pipeline.engine.runner import finish_stage, run_job
+    from contramine.pipeline.storage.store import Store
+    from contramine.pipeline.schema import vectors_table
 
     x, sids = _corpus(seed=2)
     tables = {}
@@ -172,7 +172,7 @@ def test_neighbours_stage_with_the_torch_engine_equals_faiss_and_never_imports_i
 
 
 def test_torch_engine_is_flat_only():
-    from pipeline.config import ConfigError, load_config
+    from contramine.pipeline.config import ConfigError, load_config
 
     for index in ("ivf", "hnsw"):
         with pytest.raises(ConfigError, match=f"neighbours.engine = 'torch' with index = '{index}'"):
@@ -182,8 +182,8 @@ def test_torch_engine_is_flat_only():
 
 def test_engine_setting_is_not_in_the_section_hashes():
     """The plan records the resolved engine (it is in the key there), the setting would only add a needless one."""
-    from pipeline.config import load_config
-    from pipeline.engine.runner import load_stages
+    from contramine.pipeline.config import load_config
+    from contramine.pipeline.engine.runner import load_stages
 
     base = load_config("default")
     for engine in ("faiss", "torch"):
@@ -215,7 +215,7 @@ def test_band_on_the_device_widens_within_the_block_and_equals_faiss_and_brute_f
     default block (every query in one block here) and 7 queries a block: the pools of flat FAISS (the host
     path) and of the float64 brute force, row for row, with ties, skip_top, queries with fewer than pool_size in
     band, and queries that widen, each widened from the block's scores with what cannot matter masked out."""
-    import pipeline.search.torch_exact as te
+    import contramine.pipeline.search.torch_exact as te
 
     x, sids = _tight_clusters()
     rows = np.r_[0:len(x) - 12:4, len(x) - 12:len(x)]  # a quarter, and the far ones
@@ -244,7 +244,7 @@ def test_resolve_orders_exact_ties_by_sid():
     (columns already in key order) and the sorted one alike."""
     import torch
 
-    from pipeline.search.band import resolve
+    from contramine.pipeline.search.band import resolve
 
     scores = torch.tensor([[0.9, 0.6, 0.6, 0.6, 0.5, 0.4], [0.9, 0.6, 0.6, 0.5, 0.5, 0.3]], dtype=torch.float32)
     ids = torch.tensor([[0, 1, 2, 3, 4, 5], [0, 4, 3, 2, 1, 5]])
@@ -272,7 +272,7 @@ def test_loose_scores_send_what_they_cannot_decide_to_the_exact_path(precision):
     1e-5 apart (far closer than those scores' error) around the pool cut-off and both band edges. With the bound
     score_tolerance(d, precision) the pools equal the float64 brute force; with float32's bound they do not (the
     loose scores misorder and misplace them)."""
-    from pipeline.search.band import score_tolerance
+    from contramine.pipeline.search.band import score_tolerance
 
     d = 384
     rng = np.random.default_rng(7)
@@ -318,7 +318,7 @@ def test_the_loose_bound_holds_where_rounding_errors_all_align_and_is_near_tight
     float32's it does not."""
     import torch
 
-    from pipeline.search.band import INPUT_ROUNDING, score_tolerance
+    from contramine.pipeline.search.band import INPUT_ROUNDING, score_tolerance
 
     x, cos = _aligned(INPUT_ROUNDING[precision])
     d, bound = x.shape[1], score_tolerance(x.shape[1], precision=precision)
@@ -343,7 +343,7 @@ def test_the_loose_bound_holds_where_rounding_errors_all_align_and_is_near_tight
 def test_a_device_that_breaks_the_bound_is_refused(monkeypatch):
     """check_bound measures the scores against float64 before the first band search: a matmul looser than the bound
     (here: the bf16 scores with 1e-2 added) stops the search in one line, before any pool is written."""
-    from pipeline.search.band import Pools
+    from contramine.pipeline.search.band import Pools
 
     x, sids = _corpus()
     exact = TorchExact(x, precision="bf16")
@@ -358,7 +358,7 @@ def test_a_device_that_breaks_the_bound_is_refused(monkeypatch):
 def test_tf32_scores_set_torchs_flag_only_for_their_matmul():
     import torch
 
-    from pipeline.search.torch_exact import _tf32_matmuls
+    from contramine.pipeline.search.torch_exact import _tf32_matmuls
 
     before = torch.backends.cuda.matmul.allow_tf32
     with _tf32_matmuls():
@@ -372,7 +372,7 @@ def test_tree_dot_is_the_float64_dot_whatever_the_batch_and_the_device_path_with
     GPU's code path, run on the CPU) gives the brute force's pools."""
     import torch
 
-    from pipeline.search.torch_exact import tree_dot
+    from contramine.pipeline.search.torch_exact import tree_dot
 
     rng = np.random.default_rng(3)
     for d in (384, 7, 1):

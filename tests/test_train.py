@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import load_config
+from contramine.pipeline.config import load_config
 from tiny_bert import tiny_encoder
-from trainer import checkpoint as ckpt
-from trainer.objectives import OBJECTIVES
-from trainer.objectives.base import settings_of
-from trainer.data import EpochBatches, MinedRows, TableMissing, epoch_permutation, make_loader
-from trainer.train import main, train
+from contramine.trainer import checkpoint as ckpt
+from contramine.trainer.objectives import OBJECTIVES
+from contramine.trainer.objectives.base import settings_of
+from contramine.trainer.data import EpochBatches, MinedRows, epoch_permutation, make_loader
+from contramine.pipeline.storage.tables import TableMissing
+from contramine.trainer.train import main, train
 
 from train_helpers import ROOT, read_metrics, sentences_rows, write_profile, write_table
 
@@ -235,7 +236,7 @@ def test_osscse_says_loudly_when_its_margin_term_has_no_data(all_tables, bert, s
 
 def test_make_eval_uses_the_checkpoints_own_settings(tmp_path, senteval, monkeypatch, capsys):
     """`make eval MODEL=<best>` scores a checkpoint with the pooler, prompt and length it was trained with."""
-    from trainer import evaluate as ev
+    from contramine.trainer import evaluate as ev
 
     enc = tiny_encoder(pooler="mask", seed=4, max_length=24, prompt='My "{s}" is [MASK] .')
     ckpt.save_encoder(tmp_path / "best", enc, {"objective": "osscse", "step": 1})
@@ -297,9 +298,9 @@ def test_dev_evaluation_is_strict_float32_and_training_settings_come_back(tmp_pa
     """During the dev evaluation inside training (every Encoder.encode call, i.e. the dev embeddings), TF32 is off,
     the float32 matmul precision is "highest" and no autocast is on, although the training steps around it run with
     TF32 and bf16 autocast; the training steps after an evaluation see their settings again, and so does the caller."""
-    from pipeline.models.encoder import Encoder
+    from contramine.pipeline.models.encoder import Encoder
 
-    from trainer.objectives.simcse import SimCSE
+    from contramine.trainer.objectives.simcse import SimCSE
 
     seen = {"encode": [], "step": []}
     real_encode, real_forward = Encoder.encode, SimCSE.forward
@@ -330,7 +331,7 @@ def test_best_dev_score_is_what_make_eval_computes_for_best(tmp_path, bert, sent
                                                              tf32_training_settings):
     """The dev numbers best/ was chosen on (train_config.json, metrics.jsonl) equal `make eval`'s for best/, on the
     same data: STS-B dev and SICK trial, all pairs."""
-    from trainer import evaluate as ev
+    from contramine.trainer import evaluate as ev
 
     write_table(tmp_path / "r", "sentences", sentences_rows(24))
     cfg = load_config(str(write_profile(tmp_path / "p.toml", tmp_path, "r", bert, senteval, pooler="mean",

@@ -16,13 +16,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import load_config
-from pipeline.engine.store import Store, file_hash
-from pipeline.engine.tables import TableUnreadable
-from pipeline.schema import SCHEMAS
-from trainer import compare as cmp
-from trainer.data import fingerprint
-from trainer.train import main, train
+from contramine.pipeline.config import load_config
+from contramine.pipeline.storage.store import Store, file_hash
+from contramine.pipeline.storage.tables import TableUnreadable
+from contramine.pipeline.schema import SCHEMAS
+from contramine.trainer import compare as cmp
+from contramine.trainer.keys import fingerprint
+from contramine.trainer.train import main, train
 from train_helpers import read_metrics, sentences_rows, write_profile
 
 
@@ -67,14 +67,14 @@ def mined(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ mined tables
 def test_data_key_is_the_tables_content_hash_and_a_damaged_shard_is_refused(tmp_path):
-    from trainer.data import TableDamaged
+    from contramine.trainer.keys import TableDamaged
 
     rows = sentences_rows(20)
     parts = write_plain_table(tmp_path, "sentences", rows, sidecars=True)
     before = fingerprint(tmp_path, ("sentences",))
     assert before == [["sentences", Store(tmp_path).table_hash("sentences", 2)]]  # the pipeline's table hash
     rewrite_in_place(parts[0], rows[0]["text"])
-    # bytes no stage recorded: refused, never keyed (the read's own check, pipeline/engine/verify.py, names the
+    # bytes no stage recorded: refused, never keyed (the read's own check, pipeline/storage/verify.py, names the
     # shard before the trainer's TableDamaged would)
     with pytest.raises((TableDamaged, TableUnreadable), match=rf"{parts[0]} is damaged: its [\d,]+ bytes do not hash"):
         fingerprint(tmp_path, ("sentences",))
@@ -121,7 +121,7 @@ def test_compare_run_key_follows_the_tables_content(tmp_path, mined, bert, sente
 
 # ------------------------------------------------------------------------------------------------ evaluation data
 def test_eval_data_hash_is_content_not_path(tmp_path, senteval):
-    from trainer.keys import eval_data_hash
+    from contramine.trainer.keys import eval_data_hash
 
     copy = shutil.copytree(senteval, tmp_path / "copy")
     assert eval_data_hash(copy) == eval_data_hash(senteval)  # a copied folder: the same data
@@ -165,7 +165,7 @@ def test_start_json_is_reused_only_for_the_same_weights_settings_data_and_code(t
     gold.write_text("4.999\n" + "".join(gold.read_text().splitlines(keepends=True)[1:]))  # same path, other data
     assert run("train.pooler=mean") == 3
     assert run("train.pooler=mean") == 3
-    import trainer.keys
+    import contramine.trainer.keys
 
-    monkeypatch.setattr(trainer.keys, "eval_code_version", lambda: "other evaluation code")
+    monkeypatch.setattr(contramine.trainer.keys, "eval_code_version", lambda: "other evaluation code")
     assert run("train.pooler=mean") == 4

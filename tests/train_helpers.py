@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.schema import SCHEMAS
+from contramine.pipeline.schema import SCHEMAS
 from tiny_bert import WORDS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +30,7 @@ def write_table(run_dir: Path, name: str, rows: list[dict], parts: int = 2) -> N
     for i, idx in reversed(list(enumerate(chunks))):
         pq.write_table(pa.Table.from_pylist([rows[j] for j in idx], schema=SCHEMAS[name]),
                        d / f"part-{i:05d}-of-{parts:05d}.parquet")
-    # the commit: a manifest without a file list names its layout's part files (pipeline/engine/store.py)
+    # the commit: a manifest without a file list names its layout's part files (pipeline/storage/store.py)
     (d / "_manifest.json").write_text(json.dumps({"shards": parts}))
 
 

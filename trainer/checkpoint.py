@@ -22,14 +22,14 @@ pickle built to run code when loaded, and the weights-only unpickler refuses any
 state that does not load or does not have the form `save_state` writes is a one-line CheckpointError naming the file
 and what to do, never a traceback.
 
-Atomicity: both folders are written by pipeline/engine/atomic.py's `atomic_dir` (a temporary folder, fsynced, then
+Atomicity: both folders are written by pipeline/storage/atomic.py's `atomic_dir` (a temporary folder, fsynced, then
 swapped in with two renames): a kill at any instant leaves the old folder or the new one, never half of one.
 
 The sentence-transformers modules match our poolers exactly for `mean` (mean pooling), `cls_before_pooler` (CLS
 token) and `cls` (CLS token + a Dense/Tanh module carrying the BERT pooler's weights). `avg_first_last` (mean of the
 first and last layers) and `mask` (the hidden state at a prompt's [MASK]) have no sentence-transformers module:
 the folder then gets the closest stock pipeline (mean, resp. CLS) and says so in README.md and train_config.json;
-use pipeline.models.encoder.Encoder with the recorded pooler to get the trained behaviour.
+use contramine.pipeline.models.encoder.Encoder with the recorded pooler to get the trained behaviour.
 """
 from __future__ import annotations
 
@@ -43,10 +43,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.engine.atomic import atomic_dir, atomic_write_bytes, atomic_write_json, recover  # noqa: F401
-from pipeline.engine.safe_paths import check_below
-from pipeline.errors import ExpectedError
-from trainer.model_card import write_card
+from contramine.pipeline.storage.atomic import atomic_dir, atomic_write_bytes, recover
+from contramine.pipeline.storage.safe_paths import check_below
+from contramine.pipeline.errors import ExpectedError
+from contramine.trainer.model_card import write_card
 
 
 class CheckpointError(ExpectedError, RuntimeError):

@@ -1,7 +1,7 @@
 """`make compare`: every objective from the same start, on the same mined run, with the same budget, for several seeds.
 
-    python -m trainer.compare --run default [--objectives simcse debcse] [--seeds 2] [--set compare.steps=200]
-    python -m trainer.compare --run default --set compare.mined_runs=simcse-mined    # + debcse on those pairs
+    python -m contramine.trainer.compare --run default [--objectives simcse debcse] [--seeds 2] [--set compare.steps=200]
+    python -m contramine.trainer.compare --run default --set compare.mined_runs=simcse-mined    # + debcse on those pairs
 
 The rows: each objective; each of its variants (`compare.variants`: the objective under other settings of its own,
 by default OssCSE under the start's own pooler beside the paper's [MASK] templates); and, for each run of
@@ -38,16 +38,15 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import Config, ConfigError, load_config
-from pipeline.config.names import inside
-from pipeline.engine.atomic import atomic_write_bytes, atomic_write_json
-from pipeline.hints import command as hint_command, via_make
-from pipeline.engine.lock import run_lock
-from pipeline.engine.safe_paths import open_folder
-from pipeline.errors import ExpectedError
-from pipeline.engine.tables import RunTables, TableMissing
-from trainer.compare_report import (STS_HEAD, STS_KEYS, bootstrap_markdown, mean_std,  # noqa: F401
-                                    paired_bootstrap, plots, summarise, table_markdown)  # (re-exported)
+from contramine.pipeline.config import Config, ConfigError, load_config
+from contramine.pipeline.config.names import inside
+from contramine.pipeline.storage.atomic import atomic_write_bytes, atomic_write_json
+from contramine.pipeline.hints import command as hint_command, via_make
+from contramine.pipeline.storage.lock import run_lock
+from contramine.pipeline.storage.safe_paths import open_folder
+from contramine.pipeline.errors import ExpectedError
+from contramine.pipeline.storage.tables import RunTables, TableMissing
+from contramine.trainer.compare_report import bootstrap_markdown, paired_bootstrap, plots, summarise, table_markdown
 
 KEEP_COSINES = ("STSBenchmark",)  # per-pair cosines kept for the paired bootstrap
 
@@ -65,7 +64,7 @@ def entries(cfg: Config, objectives: list[str]) -> list[dict]:
     """The rows to train, in table order: each objective, then its variants (compare.variants), then that objective
     on each other mined run (compare.mined_runs) where it reads `pairs`. name: the row and its folder under
     compare/; sets: the train.* overrides of a variant; run: the mined run it trains on (None: the compare's)."""
-    from trainer.objectives import get_objective
+    from contramine.trainer.objectives import get_objective
 
     cc, out = cfg.compare, []
     for objective in objectives:
@@ -87,7 +86,7 @@ def check_inputs(base: Config, cfgs: dict[str, Config], plan: list[dict]) -> Non
     """Before anything trains: each row's run has every table its objective reads (TableMissing, one line naming the
     folder and the stage that writes it), and each run of compare.mined_runs holds the compare run's sentences (same
     sids, same texts): a row on another corpus, or on other sentence filters, would compare corpora, not encoders."""
-    from trainer.objectives import get_objective
+    from contramine.trainer.objectives import get_objective
 
     own = RunTables(base.run.dir)
     ours = own.read("sentences", ["sid", "text"]) if own.files_if_any("sentences") else None
@@ -121,9 +120,9 @@ def run_key(cfg: Config) -> str:
     """What decides a compare run's result: the whole train section (start model, budget, seed, extras), and by
     content (trainer/keys.py) the start weights, the run's tables, the evaluation data and the evaluation code. A
     key that changes only by the evaluation retrains nothing: the trainer resumes its finished last/."""
-    from pipeline.models.hub import model_fingerprint, resolve_model
-    from trainer.keys import eval_code_version, eval_data_hash, fingerprint
-    from trainer.objectives import get_objective
+    from contramine.pipeline.models.hub import model_fingerprint, resolve_model
+    from contramine.trainer.keys import eval_code_version, eval_data_hash, fingerprint
+    from contramine.trainer.objectives import get_objective
 
     start = cfg.train.model or cfg.encoder.model
     blob = {"train": cfg.train.model_dump(mode="json"), "encoder": cfg.encoder.model_dump(mode="json"),
@@ -137,8 +136,8 @@ def start_key(model: str, settings: dict) -> str:
     """What decides the start model's evaluation (start.json): its weights' content, how it is evaluated (pooler,
     prompt where the pooler reads one, max length, precision), the evaluation data's content and the evaluation
     code. Not the model's name alone: a folder saved again, another pooler or an edited STS file is a new start."""
-    from pipeline.models.hub import model_fingerprint
-    from trainer.keys import eval_code_version, eval_data_hash
+    from contramine.pipeline.models.hub import model_fingerprint
+    from contramine.trainer.keys import eval_code_version, eval_data_hash
 
     blob = {"model": model, "weights": model_fingerprint(settings["path"]), "pooler": settings["pooler"],
             "prompt": settings["prompt"] if settings["pooler"] == "mask" else None,
@@ -173,9 +172,9 @@ def command(profile: str, run: str, user_sets: list[str], overrides: list[str]) 
 def eval_settings(model: str, cfg: Config) -> dict:
     """How a model is evaluated: a checkpoint with its own pooler/prompt/length (as `make eval`), the starting
     model with the config's. One function for evaluate_checkpoint and start_key, so the key is what ran."""
-    from pipeline.models.encoder import DEFAULT_PROMPT
-    from pipeline.models.hub import resolve_model
-    from trainer.evaluate import checkpoint_settings, default_max_length
+    from contramine.pipeline.models.encoder import DEFAULT_PROMPT
+    from contramine.pipeline.models.hub import resolve_model
+    from contramine.trainer.evaluate import checkpoint_settings, default_max_length
 
     path = resolve_model(model, "model")
     trained = checkpoint_settings(path)
@@ -187,9 +186,9 @@ def eval_settings(model: str, cfg: Config) -> dict:
 
 def evaluate_checkpoint(model: str, cfg: Config) -> dict:
     """evaluate_all on a checkpoint or the starting model, with eval_settings."""
-    from pipeline.models.encoder import Encoder
-    from pipeline.models.hub import pick_device
-    from trainer.evaluate import evaluate_all
+    from contramine.pipeline.models.encoder import Encoder
+    from contramine.pipeline.models.hub import pick_device
+    from contramine.trainer.evaluate import evaluate_all
 
     s = eval_settings(model, cfg)
     enc = Encoder.load(model, pooler=s["pooler"], prompt=s["prompt"], max_length=s["max_length"],
@@ -256,10 +255,10 @@ def dev_curve(metrics: Path) -> list[list[float]]:
 
 def train_and_evaluate(profile: str, overrides: list[str], user_sets: list[str], run: str) -> dict:
     """One compare run: reused when its run.json has the same key, else trained (resuming last/) and evaluated."""
-    from trainer.data import MinedRows
-    from trainer.objectives import get_objective
-    from trainer.checkpoint import output_dir
-    from trainer.train import train
+    from contramine.trainer.data import MinedRows
+    from contramine.trainer.objectives import get_objective
+    from contramine.trainer.checkpoint import output_dir
+    from contramine.trainer.train import train
 
     cfg = load_config(profile, [*user_sets, f"run.name={run}", *overrides])
     out = Path(cfg.train.output)
@@ -287,7 +286,7 @@ def train_and_evaluate(profile: str, overrides: list[str], user_sets: list[str],
 # ------------------------------------------------------------------------------------------------ statistics
 def compare(profile: str, run: str | None, user_sets: list[str], objectives: list[str] | None = None,
             seeds: int | None = None) -> dict:
-    from trainer.train_setup import run_pooling
+    from contramine.trainer.train_setup import run_pooling
 
     t0 = time.perf_counter()
     base = load_config(profile, [*user_sets, *([f"run.name={run}"] if run else [])])
@@ -364,7 +363,7 @@ def compare(profile: str, run: str | None, user_sets: list[str], objectives: lis
 
 
 def _stsb_gold(cfg: Config) -> np.ndarray:
-    from trainer.sts import load_stsb
+    from contramine.trainer.sts import load_stsb
 
     return np.asarray(load_stsb(cfg.data.senteval_dir, "test").gold, np.float64)
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.engine.atomic import atomic_file
-from pipeline.markdown import cell
+from contramine.pipeline.storage.atomic import atomic_file
+from contramine.pipeline.markdown import cell
 
 STS_KEYS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"]
 STS_HEAD = ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg."]

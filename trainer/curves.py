@@ -1,6 +1,6 @@
 """`make tensorboard RUN=<run>`: TensorBoard over a run's training curves (every train/ and compare/ run below it).
 
-    python -m trainer.curves --run default [--port 6006] [--profile default]
+    python -m contramine.trainer.curves --run default [--port 6006] [--profile default]
 
 The run name is checked as every target checks it (pipeline/config/names.py): one folder inside run.root
 (artifacts/), so RUN=.. or RUN=/etc is refused in one line. The event files are written by trainer/metrics_log.py
@@ -18,9 +18,9 @@ import os
 import sys
 from pathlib import Path
 
-from pipeline.config import load_config
-from pipeline.engine.safe_paths import walk
-from pipeline.errors import ExpectedError
+from contramine.pipeline.config import load_config
+from contramine.pipeline.storage.safe_paths import walk
+from contramine.pipeline.errors import ExpectedError
 
 EVENTS = "events.out.tfevents."
 
@@ -56,7 +56,7 @@ def serve(run_dir: Path, port: int) -> int:
 
 
 def main(argv_: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer.curves", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m contramine.trainer.curves", description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", required=True, help="run name: artifacts/<run>")
     ap.add_argument("--profile", default="default")
     ap.add_argument("--port", type=int, default=6006)

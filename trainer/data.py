@@ -27,8 +27,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from pipeline.engine.tables import RunTables, TableMissing  # noqa: F401  (TableMissing: the trainer's error)
-from trainer.keys import TableDamaged, fingerprint  # noqa: F401  (re-exported: the resume key's data part)
+from contramine.pipeline.storage.tables import RunTables
 
 # What the reader takes from each table: parquet column -> row key (METHODS / objectives/base.py row keys).
 COLUMNS: dict[str, dict[str, str]] = {

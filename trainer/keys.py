@@ -17,17 +17,17 @@ import hashlib
 import json
 from pathlib import Path
 
-from pipeline.engine.codeversion import imported_modules
-from pipeline.engine.store import combine, file_hash
-from pipeline.engine.tables import RunTables, TableMissing, writer_of
-from pipeline.hints import command
-from trainer.sts import SICK_FILES, STS_TASKS, STSB_FILES
+from contramine.pipeline.engine.codeversion import imported_modules
+from contramine.pipeline.storage.store import combine, file_hash
+from contramine.pipeline.storage.tables import RunTables, TableMissing, writer_of
+from contramine.pipeline.hints import command
+from contramine.trainer.sts import SICK_FILES, STS_TASKS, STSB_FILES
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("trainer", "pipeline")
 # Settings modules: the values that matter to a key are in it already (pooler, max length, precision). Followed, the
 # config would tie the evaluation to every module it imports (the translation engines' settings...).
-NOT_FOLLOWED = frozenset({"pipeline.config"})
+NOT_FOLLOWED = frozenset({"contramine.pipeline.config"})
 
 
 class TableDamaged(TableMissing):
@@ -136,6 +136,6 @@ def eval_code_version() -> str:
     """Hash of the evaluation code (trainer/evaluate.py's closure: the STS loaders, the encoder, its pooling...),
     as pipeline/engine/codeversion.py hashes a stage's: derived from the imports, never a hand list."""
     h = hashlib.blake2b(b"contramine-eval-1", digest_size=16)
-    for module in module_closure(("trainer.evaluate",)):
+    for module in module_closure(("contramine.trainer.evaluate",)):
         h.update(module.encode() + b"\0" + _module_file(module).read_bytes())
     return h.hexdigest()

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from pipeline.engine.atomic import atomic_file
-from pipeline.engine.safe_paths import open_append, open_folder
+from contramine.pipeline.storage.atomic import atomic_file
+from contramine.pipeline.storage.safe_paths import open_append, open_folder
 
 
 def _step_of(line: str) -> int | None:

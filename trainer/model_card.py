@@ -11,8 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.citations import MINED_BY, bibtex
-from pipeline.engine.atomic import atomic_write_bytes
+from contramine.pipeline.citations import MINED_BY, bibtex
+from contramine.pipeline.storage.atomic import atomic_write_bytes
 
 STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
 
@@ -30,7 +30,7 @@ def write_card(best_dir: Path | str) -> Path:
 
 def card(meta: dict, results: dict) -> str:
     """The card's text for a checkpoint's train_config.json (`meta`) and its evaluation results, if any."""
-    from trainer.objectives import get_objective
+    from contramine.trainer.objectives import get_objective
 
     name = meta.get("objective", "simcse")
     cls = get_objective(name)

@@ -1,5 +1,5 @@
 """Strict float32 for evaluation: TF32 and autocast off while dev and test scores are computed, the caller's
-settings back after (trainer.evaluate and the training loop's dev evaluation use it)."""
+settings back after (contramine.trainer.evaluate and the training loop's dev evaluation use it)."""
 from __future__ import annotations
 
 from contextlib import contextmanager

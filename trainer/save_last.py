@@ -63,7 +63,7 @@ class LastSaver:
         self._thread.start()
 
     def _write(self, dst, state, train_config, best) -> None:
-        from trainer import checkpoint as ckpt  # looked up at call time: tests wrap ckpt.save_state
+        from contramine.trainer import checkpoint as ckpt  # looked up at call time: tests wrap ckpt.save_state
 
         try:
             if best is not None:

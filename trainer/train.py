@@ -1,7 +1,7 @@
 """Train a sentence encoder on mined tables with one of the objectives of METHODS §7.
 
-    python -m trainer.train --profile simcse-paper [--run R] [--objective O] [--set train.lr=1e-5 ...] [--no-resume]
-    torchrun --nproc_per_node 4 -m trainer.train --profile debcse-paper          # DDP, gloo on CPU / nccl on GPU
+    python -m contramine.trainer.train --profile simcse-paper [--run R] [--objective O] [--set train.lr=1e-5 ...] [--no-resume]
+    torchrun --nproc_per_node 4 -m contramine.trainer.train --profile debcse-paper          # DDP, gloo on CPU / nccl on GPU
 
 One loop, top to bottom: rows of the mined Parquet tables (trainer/data.py) -> objective.collate in DataLoader
 workers (tokenising, stacking every group the step encodes into one batch, the padding-free layout) ->
@@ -31,20 +31,21 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from pipeline.config import OBJECTIVE_NAMES, Config, load_config
-from pipeline.engine.atomic import atomic_write_json
-from pipeline.engine.lock import run_lock
-from pipeline.hints import command
-from pipeline.engine.safe_paths import check_below
-from pipeline.errors import ExpectedError
-from pipeline.models.encoder import Encoder
-from pipeline.models.hub import pick_device, resolve_model
-from trainer import checkpoint as ckpt
-from trainer.model_card import write_card
-from trainer import dist, metrics_log
-from trainer.save_last import LastSaver, host_encoder
-from trainer.data import MinedRows, batches_per_epoch, fingerprint, make_loader
-from trainer.train_setup import config_hash, dev_score, eval_max_length, linear_schedule, load_encoder, run_pooling, \
+from contramine.pipeline.config import OBJECTIVE_NAMES, Config, load_config
+from contramine.pipeline.storage.atomic import atomic_write_json
+from contramine.pipeline.storage.lock import run_lock
+from contramine.pipeline.hints import command
+from contramine.pipeline.storage.safe_paths import check_below
+from contramine.pipeline.errors import ExpectedError
+from contramine.pipeline.models.encoder import Encoder
+from contramine.pipeline.models.hub import pick_device, resolve_model
+from contramine.trainer import checkpoint as ckpt
+from contramine.trainer.model_card import write_card
+from contramine.trainer import dist, metrics_log
+from contramine.trainer.save_last import LastSaver, host_encoder
+from contramine.trainer.data import MinedRows, batches_per_epoch, make_loader
+from contramine.trainer.keys import fingerprint
+from contramine.trainer.train_setup import config_hash, dev_score, eval_max_length, linear_schedule, load_encoder, run_pooling, \
     seed_all
 
 
@@ -55,7 +56,7 @@ rng_state, set_rng_state = ckpt.rng_state, ckpt.set_rng_state
 # ------------------------------------------------------------------------------------------------- training
 def train(cfg: Config, resume: bool = True) -> dict:
     """Train (see the module docstring); the caller's float32 matmul settings are back on return, TF32 included."""
-    from trainer.evaluate import restored_float32_settings
+    from contramine.trainer.precision import restored_float32_settings
 
     # one training per output folder (rank 0 for all ranks): a second `make train` of this objective and run stops
     # here in one line, another objective trains beside it; no run folder (nothing to train on): no lock, no folder
@@ -90,7 +91,7 @@ def _train(cfg: Config, resume: bool, saver: "LastSaver") -> dict:
     dev_type = torch.device(device).type
     if dev_type == "cuda":
         # TF32 for the training matmuls only: ~free speed, no effect on fp32 CPU runs. Dev and final evaluation run
-        # in strict float32 (trainer.evaluate.strict_float32), so best/ is chosen on the numbers `make eval` gives.
+        # in strict float32 (contramine.trainer.evaluate.strict_float32), so best/ is chosen on the numbers `make eval` gives.
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
@@ -103,7 +104,7 @@ def _train(cfg: Config, resume: bool, saver: "LastSaver") -> dict:
     scaler = torch.amp.GradScaler(dev_type, enabled=amp_dtype is torch.float16)  # fp16 needs loss scaling
 
     # --- data first: a missing mined table should stop the run before a large model loads -------------------------
-    from trainer.objectives import check_settings, get_objective
+    from contramine.trainer.objectives import check_settings, get_objective
 
     check_settings(tc)  # a typo in any [train.<objective>] section stops here, before anything is written
     objective_cls = get_objective(tc.objective)
@@ -281,7 +282,7 @@ def _train(cfg: Config, resume: bool, saver: "LastSaver") -> dict:
 def evaluate_dev_scores(objective, cfg: Config) -> dict:
     """STS-B dev (+ SICK trial) Spearman ×100 of the exported encoder, with dropout off, in strict float32 (TF32 off,
     matmul precision "highest", no autocast beyond eval_precision's): the training settings are back afterwards."""
-    from trainer.evaluate import evaluate_dev, strict_float32
+    from contramine.trainer.evaluate import evaluate_dev, strict_float32
 
     was_training = objective.training
     objective.eval()
@@ -296,7 +297,7 @@ def evaluate_dev_scores(objective, cfg: Config) -> dict:
 def final_eval(cfg: Config, model_name: str, pooler: str, prompt: str, eval_len: int, best_dir: Path,
                device: str) -> dict:
     """evaluate_all on best/ and on the starting model; print both; best/results.json (+ start_results.json)."""
-    from trainer.evaluate import evaluate_all, format_results
+    from contramine.trainer.evaluate import evaluate_all, format_results
 
     probe = cfg.data.probe if Path(cfg.data.probe).is_file() else None
     named = []

@@ -11,10 +11,10 @@ import random
 import numpy as np
 import torch
 
-from pipeline.config import Config
-from pipeline.models.encoder import Encoder
-from pipeline.models.hub import model_fingerprint, resolve_model
-from trainer.keys import eval_data_hash
+from contramine.pipeline.config import Config
+from contramine.pipeline.models.encoder import Encoder
+from contramine.pipeline.models.hub import model_fingerprint, resolve_model
+from contramine.trainer.keys import eval_data_hash
 
 
 def load_encoder(name: str, pooler: str, max_length: int, device: str, prompt: str, dropout: float | None,
@@ -35,7 +35,7 @@ def run_pooling(cfg: Config) -> tuple[str, str]:
     """(pooler, prompt) a run trains and saves its encoder with: the objective's own where its settings fix one
     (OssCSE's paper form: "mask" and its first template), else train.pooler / encoder.pooler and encoder.prompt.
     trainer/compare.py evaluates each run's start under the same pair."""
-    from trainer.objectives import get_objective
+    from contramine.trainer.objectives import get_objective
 
     cls = get_objective(cfg.train.objective)
     return (cls.train_pooler(cfg.train) or cfg.train.pooler or cfg.encoder.pooler,
@@ -48,7 +48,7 @@ def eval_max_length(name: str) -> int:
     evaluation does not truncate at the training length), never past the model's position embeddings."""
     from transformers import AutoConfig
 
-    from trainer.evaluate import default_max_length
+    from contramine.trainer.evaluate import default_max_length
 
     path = resolve_model(name, "encoder")
     positions = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)

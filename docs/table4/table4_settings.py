@@ -13,10 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config import configure
-from pipeline.engine.tables import RunTables
-from pipeline.stages.ipw import ipw_table
-from pipeline.text_distances import edit_distance, lexical_overlap
+from contramine.pipeline.config import configure
+from contramine.pipeline.storage.tables import RunTables
+from contramine.pipeline.stages.ipw import ipw_table
+from contramine.pipeline.text_distances import edit_distance, lexical_overlap
 
 
 def chosen_overlap(cands: pa.Table, anchors: dict, texts: dict) -> dict:

@@ -15,13 +15,13 @@ The package, by what it configures (each module imports only those below it):
 Callers outside pipeline/ import from here; pipeline's stages and models import from the module that defines what
 they use, so their code versions do not cover settings they never read.
 """
-from pipeline.config.backtranslation import (BacktranslateCfg, ChainCfg, ChainRole,  # noqa: F401
+from contramine.pipeline.config.backtranslation import (BacktranslateCfg, ChainCfg, ChainRole,  # noqa: F401
                                              bergamot_greedy_problem, chain_name)
-from pipeline.config.base import (ARTIFACTS, CHECKOUT, CONFIG_DIR, ROOT, SHARED_DATA, ConfigError,  # noqa: F401
+from contramine.pipeline.config.base import (ARTIFACTS, CHECKOUT, CONFIG_DIR, ROOT, SHARED_DATA, ConfigError,  # noqa: F401
                                   Section, result_settings)
-from pipeline.config.loading import configure, load_config, read_profile, shards_for, split_overrides  # noqa: F401
-from pipeline.config.mining import (DataCfg, EmbeddingsCfg, EncoderCfg, IpwCfg, NegateCfg, NeighboursCfg,  # noqa: F401
+from contramine.pipeline.config.loading import configure, load_config, read_profile, shards_for, split_overrides  # noqa: F401
+from contramine.pipeline.config.mining import (DataCfg, EmbeddingsCfg, EncoderCfg, IpwCfg, NegateCfg, NeighboursCfg,  # noqa: F401
                                     NoiseCfg, ParaphrasesCfg, Pooler, RunCfg, RunnerCfg, ScoresCfg, SentencesCfg)
-from pipeline.config.root import Config  # noqa: F401
-from pipeline.config.training import (FLAT_OBJECTIVE_KEYS, OBJECTIVE_NAMES, CompareCfg, Objective,  # noqa: F401
+from contramine.pipeline.config.root import Config  # noqa: F401
+from contramine.pipeline.config.training import (FLAT_OBJECTIVE_KEYS, OBJECTIVE_NAMES, CompareCfg, Objective,  # noqa: F401
                                       TrainCfg)

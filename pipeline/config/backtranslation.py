@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.config.base import Section
+from contramine.pipeline.config.base import Section
 
 
 ChainRole = Literal["positives", "paraphrases", "both"]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from pipeline.errors import ExpectedError
+from contramine.pipeline.errors import ExpectedError
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 # A checkout (the repository: its configs/ beside pyproject.toml) keeps runs in its own artifacts/ and reads the

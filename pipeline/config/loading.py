@@ -11,8 +11,8 @@ from pathlib import Path, PurePath
 
 from pydantic import BaseModel, ValidationError
 
-from pipeline.config.base import CONFIG_DIR, ConfigError
-from pipeline.config.root import Config
+from contramine.pipeline.config.base import CONFIG_DIR, ConfigError
+from contramine.pipeline.config.root import Config
 
 
 def split_overrides(text: str) -> list[str]:
@@ -151,7 +151,7 @@ def shards_for(corpus, max_shard_rows: int, data=None) -> int:
     is streamed (run.shards decides)."""
     if not max_shard_rows or corpus is None:
         return 0
-    from pipeline.corpus import Corpus, corpus_of
+    from contramine.pipeline.corpus import Corpus, corpus_of
 
     try:
         lines = sum(n for _, n in (corpus_of(data, corpus) if data else Corpus(str(corpus))).sources())

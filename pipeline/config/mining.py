@@ -10,8 +10,8 @@ from typing import ClassVar, Literal
 
 from pydantic import AliasChoices, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from pipeline.config.base import ARTIFACTS, CHECKOUT, SHARED_DATA, Section
-from pipeline.config.names import inside, name_problem
+from contramine.pipeline.config.base import ARTIFACTS, CHECKOUT, SHARED_DATA, Section
+from contramine.pipeline.config.names import inside, name_problem
 
 MEMO_KEY_ENV = "CONTRAMINE_MEMO_KEY"  # where runner.memo_key comes from when no profile or --set gives it
 RUNS_ROOT = "run.root (artifacts/ unless set)"  # where a run name's folder is, in its refusal
@@ -58,7 +58,7 @@ class RunnerCfg(Section):
                                "and its rows recomputed (docs/mining.md, \"Whom a shared memo trusts\"); 0 = off")
     keep_replaced_s: float = Field(300.0, ge=0, description="how long the shards a stage's commit replaces stay on "
                                    "disk, so that a `sql` or report that listed them before the commit finishes "
-                                   "(pipeline/engine/grace.py); the table's next commit or `contramine cache --prune` "
+                                   "(pipeline/storage/grace.py); the table's next commit or `contramine cache --prune` "
                                    "removes them after; 0 = at once")
     memo_key: SecretStr | None = Field(None, exclude=True, repr=False, validate_default=True,
                                        description="the team's memo key: packs' values hashes become "

@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-from pipeline.config.base import ConfigError
+from contramine.pipeline.config.base import ConfigError
 
 NAME_MAX = 128
 RULE = "letters, digits, '_', '-', '.', not starting with '.'"

@@ -6,11 +6,11 @@ import json
 
 from pydantic import Field, model_validator
 
-from pipeline.config.backtranslation import BacktranslateCfg
-from pipeline.config.base import Section, result_settings
-from pipeline.config.mining import (DataCfg, EmbeddingsCfg, EncoderCfg, IpwCfg, NegateCfg, NeighboursCfg, NoiseCfg,
+from contramine.pipeline.config.backtranslation import BacktranslateCfg
+from contramine.pipeline.config.base import Section, result_settings
+from contramine.pipeline.config.mining import (DataCfg, EmbeddingsCfg, EncoderCfg, IpwCfg, NegateCfg, NeighboursCfg, NoiseCfg,
                                     ParaphrasesCfg, RunCfg, RunnerCfg, ScoresCfg, SentencesCfg)
-from pipeline.config.training import CompareCfg, TrainCfg
+from contramine.pipeline.config.training import CompareCfg, TrainCfg
 
 
 class Config(Section):

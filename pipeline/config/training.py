@@ -7,14 +7,14 @@ from typing import Literal
 
 from pydantic import Field, create_model, field_validator, model_validator
 
-from pipeline.config.base import Section
-from pipeline.config.mining import RUNS_ROOT, Pooler
-from pipeline.config.names import name_problem
+from contramine.pipeline.config.base import Section
+from contramine.pipeline.config.mining import RUNS_ROOT, Pooler
+from contramine.pipeline.config.names import name_problem
 
 # THE registration of the training objectives: each name is a file, trainer/objectives/<name>.py, that declares the
 # rest beside its class (its [train.<name>] Settings, its sentence-transformers loss, the export format that loss
 # reads). Everything else is derived from this line: the `train.objective` type, TrainCfg's [train.<name>] sections,
-# trainer.objectives.OBJECTIVES, trainer.st_losses.LOSSES. Adding an objective = its file + its name here.
+# contramine.trainer.objectives.OBJECTIVES, contramine.trainer.st_losses.LOSSES. Adding an objective = its file + its name here.
 OBJECTIVE_NAMES = ("simcse", "debcse", "osscse", "whitenedcse", "dclr")
 Objective = Literal[OBJECTIVE_NAMES]  # the one list, as a type
 # Flat keys of the previous release -> [train.<objective>] key: still accepted, with a one-line deprecation note.

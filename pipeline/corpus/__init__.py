@@ -9,11 +9,11 @@ Inside: filter.py (the filter), corpus.py (Corpus), parts.py (which files a spec
 streams.py (opening, decompressing within bounds, the line rules), forms.py (the reader protocol and registry), and
 one reader a form: text.py, jsonl.py, parquet.py, hub.py.
 """
-from pipeline.corpus import hub, jsonl, parquet, text  # noqa: F401  (the readers: importing one registers its form)
-from pipeline.corpus.corpus import MAX_EXPANSION, Corpus
-from pipeline.corpus.filter import KEEP, as_corpus, check_corpus, corpus_of, count_lines, shard_bounds, split_sentences
-from pipeline.corpus.records import CorpusError, LongLine, Refused
-from pipeline.corpus.streams import LONG
+from contramine.pipeline.corpus import hub, jsonl, parquet, text  # noqa: F401  (the readers: importing one registers its form)
+from contramine.pipeline.corpus.corpus import MAX_EXPANSION, Corpus
+from contramine.pipeline.corpus.filter import KEEP, as_corpus, check_corpus, corpus_of, count_lines, shard_bounds, split_sentences
+from contramine.pipeline.corpus.records import CorpusError, LongLine, Refused
+from contramine.pipeline.corpus.streams import LONG
 
 __all__ = ["Corpus", "CorpusError", "KEEP", "LONG", "LongLine", "MAX_EXPANSION", "Refused", "as_corpus",
            "check_corpus", "corpus_of", "count_lines", "shard_bounds", "split_sentences"]

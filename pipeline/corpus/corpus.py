@@ -26,9 +26,9 @@ import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pipeline.corpus.forms import Reader, reader_of, scheme_of
-from pipeline.corpus.parts import find_parts
-from pipeline.corpus.records import Part, Value
+from contramine.pipeline.corpus.forms import Reader, reader_of, scheme_of
+from contramine.pipeline.corpus.parts import find_parts
+from contramine.pipeline.corpus.records import Part, Value
 
 MAX_EXPANSION = 1000.0  # data.max_expansion's default
 

@@ -33,11 +33,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipeline.corpus.corpus import Corpus
-from pipeline.corpus.records import CorpusError, LongLine, Refused
-from pipeline.corpus.streams import LONG
-from pipeline.identity import normalise, sentence_id
-from pipeline.schema import SCHEMAS
+from contramine.pipeline.corpus.corpus import Corpus
+from contramine.pipeline.corpus.records import CorpusError, LongLine, Refused
+from contramine.pipeline.corpus.streams import LONG
+from contramine.pipeline.identity import normalise, sentence_id
+from contramine.pipeline.schema import SCHEMAS
 
 KEEP = 2000  # sentences.rejected_chars' default: characters of a rejected record kept in `rejected.text`
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
-from pipeline.corpus.records import Part, Value
+from contramine.pipeline.corpus.records import Part, Value
 
 SUFFIXES: dict[str, type] = {}   # ".jsonl" -> its reader class (a file's form by its suffix, under any codec)
 SCHEMES: dict[str, type] = {}    # "hf:" -> a reader class whose `open(corpus)` gives the readers of that spec

@@ -12,8 +12,8 @@ import os
 import re
 from collections.abc import Iterator
 
-from pipeline.corpus.forms import form
-from pipeline.corpus.records import CorpusError, Value, text_value
+from contramine.pipeline.corpus.forms import form
+from contramine.pipeline.corpus.records import CorpusError, Value, text_value
 
 HUB = "hf:"
 DATASET_BATCH = 1000    # rows per batch of a streamed dataset

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from pipeline.corpus.forms import form
-from pipeline.corpus.records import CorpusError, LongLine, Refused, Value, text_value
-from pipeline.corpus.text import TextReader, file_identity
+from contramine.pipeline.corpus.forms import form
+from contramine.pipeline.corpus.records import CorpusError, LongLine, Refused, Value, text_value
+from contramine.pipeline.corpus.text import TextReader, file_identity
 
 JSON_LONG = 64 << 20    # a JSON line is parsed whole up to this many bytes
 

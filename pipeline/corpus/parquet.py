@@ -21,10 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.corpus.forms import form
-from pipeline.corpus.records import CorpusError, LongLine, Part, Value
-from pipeline.corpus.streams import CHUNK, open_file, open_part
-from pipeline.corpus.text import file_identity
+from contramine.pipeline.corpus.forms import form
+from contramine.pipeline.corpus.records import CorpusError, LongLine, Part, Value
+from contramine.pipeline.corpus.streams import CHUNK, open_file, open_part
+from contramine.pipeline.corpus.text import file_identity
 
 BATCH_BYTES = 16 << 20  # text bytes per Parquet record batch (from the column chunks' uncompressed sizes)
 BATCH_ROWS = 4096       # rows per Parquet record batch at most

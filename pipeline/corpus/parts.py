@@ -17,9 +17,9 @@ import re
 import stat
 from pathlib import Path
 
-from pipeline.corpus.forms import form_of, names
-from pipeline.corpus.records import CorpusError, Part
-from pipeline.corpus.streams import kind_of
+from contramine.pipeline.corpus.forms import form_of, names
+from contramine.pipeline.corpus.records import CorpusError, Part
+from contramine.pipeline.corpus.streams import kind_of
 
 log = logging.getLogger("contramine.corpus")
 _WARNED: set[tuple[str, str]] = set()

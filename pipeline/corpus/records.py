@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import ExpectedError
+from contramine.pipeline.errors import ExpectedError
 
 class CorpusError(ExpectedError, ValueError):
     """The corpus cannot be read at all (missing file, wrong format, an unknown dataset); names the file."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.corpus.records import CorpusError, LongLine, Part
+from contramine.pipeline.corpus.records import CorpusError, LongLine, Part
 
 CHUNK = 1 << 20         # bytes read (or taken from a long Parquet value) at a time
 LONG = 1 << 20          # a text line over this many bytes (or 4 x max_chars) is read through in pieces, never whole

@@ -8,9 +8,9 @@ import os
 from collections.abc import Iterator
 from functools import lru_cache
 
-from pipeline.corpus.forms import form
-from pipeline.corpus.records import Part, Value
-from pipeline.corpus.streams import count_lines, open_file, open_part, read_chunks, text_lines
+from contramine.pipeline.corpus.forms import form
+from contramine.pipeline.corpus.records import Part, Value
+from contramine.pipeline.corpus.streams import count_lines, open_file, open_part, read_chunks, text_lines
 
 
 @lru_cache(maxsize=4096)

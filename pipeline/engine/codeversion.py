@@ -2,7 +2,7 @@
 
 Derived from the source (ast), never listed by hand: editing `seeding.py` invalidates exactly the stages that draw
 per-row random numbers, editing the encoder's padding-free forward exactly the stages that embed. Imports under
-`if TYPE_CHECKING:` are not followed (they run nothing), and neither are imports of the engine (`pipeline.engine.*`:
+`if TYPE_CHECKING:` are not followed (they run nothing), and neither are imports of the engine (`contramine.pipeline.engine.*`:
 the runner, the store, declarations, resources): it moves data and decides nothing a table holds, and a shard's
 content hash is checked on every reuse; nor, through it, the stage list. What a resource resolves that changes
 bytes (a model's files, an engine module's own code version) is in the resource's plan, which is in the key.
@@ -64,7 +64,7 @@ def imported_modules(source: str, module: str) -> set[str]:
     return out
 
 
-ENGINE = "pipeline.engine"  # not followed (module doc)
+ENGINE = "contramine.pipeline.engine"  # not followed (module doc)
 
 
 def module_closure(roots: tuple[str, ...], root: Path = PIPELINE) -> list[str]:

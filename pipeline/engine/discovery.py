@@ -10,8 +10,8 @@ import importlib
 import importlib.util
 import pkgutil
 
-from pipeline.engine.spec import Stage
-from pipeline.schema import SCHEMAS
+from contramine.pipeline.engine.spec import Stage
+from contramine.pipeline.schema import SCHEMAS
 
 
 def stage_modules(packages: list[str] | tuple[str, ...]) -> list[str]:
@@ -78,14 +78,14 @@ def _load(modules: tuple[str, ...]) -> dict[str, Stage]:
 
 def load_stages() -> dict[str, Stage]:
     """Every stage, in run order (derived from reads and writes; see the module docstring)."""
-    from pipeline import stages
+    from contramine.pipeline import stages
 
     return _load(tuple(stage_modules(stages.PACKAGES)))
 
 
 def module_names() -> list[str]:
     """The stage modules' own names, without importing them (a built-in stage is named as its module)."""
-    from pipeline import stages
+    from contramine.pipeline import stages
 
     return [m.rsplit(".", 1)[-1] for m in stage_modules(stages.PACKAGES)]
 

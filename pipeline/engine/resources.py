@@ -27,11 +27,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from pipeline.errors import StageError
+from contramine.pipeline.errors import StageError
 
 if TYPE_CHECKING:
-    from pipeline.config import Config
-    from pipeline.engine.store import Store
+    from contramine.pipeline.config import Config
+    from contramine.pipeline.storage.store import Store
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def cuda_device(kind: str, what: str) -> str:
         raise PlanError(f"{process_name()} cannot run {what} as the run's plan says ({kind}): "
                         f"{'no CUDA device is visible here' if kind == 'cuda' else 'unknown device kind'}; "
                         f"run the flow on a machine of the workers' kind, or set the device explicitly (e.g. cpu)")
-    from pipeline.engine.devices import worker_gpu
+    from contramine.pipeline.engine.devices import worker_gpu
 
     gpu = worker_gpu(torch.cuda.device_count())
     return "cuda" if gpu is None else f"cuda:{gpu}"

@@ -20,16 +20,16 @@ from typing import Callable
 
 import pyarrow
 
-from pipeline.config import Config
-from pipeline.engine import resources
-from pipeline.engine.codeversion import code_version
-from pipeline.engine.discovery import load_stages, writer  # noqa: F401  (writer: re-exported for the CLI)
-from pipeline.engine.lock import run_lock
-from pipeline.engine.maps import default_map
-from pipeline.engine.memo_index import release_indexes
-from pipeline.engine.memo_run import memo_manifest
-from pipeline.engine.spec import Ctx, Stage
-from pipeline.engine.store import Store, combine, file_hash  # noqa: F401  (file_hash: stages' facts use it)
+from contramine.pipeline.config import Config
+from contramine.pipeline.engine import resources
+from contramine.pipeline.engine.codeversion import code_version
+from contramine.pipeline.engine.discovery import load_stages
+from contramine.pipeline.storage.lock import run_lock
+from contramine.pipeline.engine.maps import default_map
+from contramine.pipeline.memo.index import release_indexes
+from contramine.pipeline.memo.run import memo_manifest
+from contramine.pipeline.engine.spec import Ctx, Stage
+from contramine.pipeline.storage.store import Store, combine
 
 
 PYARROW = pyarrow.__version__  # the Parquet writer shapes every shard's bytes: another version recomputes them

@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:  # (not imports of the stages: the code version does not follow them)
     import pyarrow as pa
 
-    from pipeline.config import Config
-    from pipeline.engine.resources import Resource
-    from pipeline.engine.store import Store
+    from contramine.pipeline.config import Config
+    from contramine.pipeline.engine.resources import Resource
+    from contramine.pipeline.storage.store import Store
 
 
 @dataclass
@@ -61,7 +61,7 @@ class Ctx:
     def memo(self, name: str):
         """The stage's declared row memo `name` for this run (memo.py): `.rows(keys, compute, schema)`."""
         if name not in self.memos:
-            from pipeline.engine.memo_run import open_memo
+            from contramine.pipeline.memo.run import open_memo
 
             declared = {m.name: m for m in (self.stage.memos if self.stage else ())}
             if name not in declared:
@@ -72,7 +72,7 @@ class Ctx:
 
     def resource(self, name: str):
         """The loaded resource `name` of this stage, for the run's plan (loaded once per process)."""
-        from pipeline.engine.resources import acquire
+        from contramine.pipeline.engine.resources import acquire
 
         declared = {r.name: r for r in (self.stage.resources if self.stage else ())}
         if name not in declared:

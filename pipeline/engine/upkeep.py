@@ -7,11 +7,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.engine.grace import RECORD, collect
-from pipeline.engine.lock import RunBusy, run_lock
-from pipeline.engine.store import TableCorrupt, committed_files
-from pipeline.engine.tables import RunTables
-from pipeline.engine.verify import Verified, damaged_line
+from contramine.pipeline.storage.grace import RECORD, collect
+from contramine.pipeline.storage.lock import RunBusy, run_lock
+from contramine.pipeline.storage.store import TableCorrupt, committed_files
+from contramine.pipeline.storage.tables import RunTables
+from contramine.pipeline.storage.verify import Verified, damaged_line
 
 
 def verify_run(run_dir: Path | str) -> tuple[int, int, list[str]]:

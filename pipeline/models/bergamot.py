@@ -22,9 +22,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pipeline.config.backtranslation import BacktranslateCfg, bergamot_greedy_problem, chain_name
-from pipeline.models.bergamot_files import (BUNDLED, PREFIX, BergamotUnavailable, bergamot_folder,  # noqa: F401
-                                            is_bergamot_folder, is_bergamot_name)  # (re-exported)
+from contramine.pipeline.config.backtranslation import BacktranslateCfg, bergamot_greedy_problem, chain_name
 
 
 class BergamotTranslator:

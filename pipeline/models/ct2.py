@@ -42,10 +42,10 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.config.backtranslation import BacktranslateCfg, chain_name
-from pipeline.models.cublas import load_cublas
-from pipeline.models.hub import hub_cache_dir, model_fingerprint
-from pipeline.models.translation import batch_token_budget, language_settings, model_type, row_limit
+from contramine.pipeline.config.backtranslation import BacktranslateCfg, chain_name
+from contramine.pipeline.models.cublas import load_cublas
+from contramine.pipeline.models.hub import hub_cache_dir, model_fingerprint
+from contramine.pipeline.models.translation import batch_token_budget, language_settings, model_type, row_limit
 
 def converted_dir(name: str, path: str | Path, compute_type: str) -> Path:
     """Where the converted model lives: keyed by model id, its files (hub commit or content), compute type and the

@@ -27,7 +27,7 @@ import torch
 from transformers import (ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, LogitsProcessorList,
                           MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor)
 
-from pipeline.models.decode_steps import KNOWN_TYPES, Seq2SeqSteps, supports
+from contramine.pipeline.models.decode_steps import KNOWN_TYPES, Seq2SeqSteps, supports
 
 __all__ = ["DecodeLoop", "KNOWN_TYPES", "supports"]
 
@@ -118,7 +118,7 @@ class DecodeLoop:
                  logits_processor: LogitsProcessorList) -> torch.Tensor:
         gen, processors = prepared(self.model, gen, input_ids, logits_processor)
         if gen.num_beams > 1:
-            from pipeline.models.beam_loop import beam_search
+            from contramine.pipeline.models.beam_loop import beam_search
 
             return beam_search(self, input_ids, attention_mask, gen, processors)
         if gen.num_return_sequences != 1 or gen.do_sample:

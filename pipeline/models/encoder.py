@@ -18,11 +18,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from pipeline.models.encode_batches import MIN_ROWS, MIN_TOKENS  # noqa: F401  (their home was here)
-from pipeline.models.encode_batches import (Tokens, packed_batches, same_length_batches, token_arrays,
+from contramine.pipeline.models.encode_batches import (Tokens, packed_batches, same_length_batches, token_arrays,
                                             tokenize_threads, tokenized_chunks)
-from pipeline.models.hub import pick_device, resolve_model
-from pipeline.models.standin import StandInEncoder, is_standin
+from contramine.pipeline.models.hub import pick_device, resolve_model
+from contramine.pipeline.models.standin import StandInEncoder, is_standin
 
 POOLERS = ("cls", "cls_before_pooler", "mean", "mask", "avg_first_last")
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -145,7 +144,7 @@ class Encoder(torch.nn.Module):
         layout = {k: batch.pop(k) for k in ("unpad_index", "unpad_positions") if k in batch} or None
         hidden = self.pooler == "avg_first_last"
         if self.unpad:
-            from pipeline.models.unpad import unpad_layout, unpadded_forward
+            from contramine.pipeline.models.unpad import unpad_layout, unpadded_forward
 
             if layout is None:  # host reads of the mask; a batch without pads has nothing to skip
                 layout = unpad_layout(model, batch["attention_mask"])

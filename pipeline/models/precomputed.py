@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.errors import StageError
+from contramine.pipeline.errors import StageError
 
 
 class PrecomputedError(StageError, ValueError):
@@ -30,7 +30,7 @@ class PrecomputedError(StageError, ValueError):
 
 
 def _sids_of(texts) -> np.ndarray:
-    from pipeline.identity import normalise, sentence_id
+    from contramine.pipeline.identity import normalise, sentence_id
 
     return np.fromiter((sentence_id(normalise(t or "")) for t in texts), np.int64, len(texts))
 

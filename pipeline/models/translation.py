@@ -17,8 +17,8 @@ import math
 import re
 from pathlib import Path
 
-from pipeline.config.backtranslation import BacktranslateCfg
-from pipeline.models.standin import is_standin
+from contramine.pipeline.config.backtranslation import BacktranslateCfg
+from contramine.pipeline.models.standin import is_standin
 
 # Model types that cannot translate without a target-language token (cfg.target_lang must name one).
 NEEDS_TARGET = {"m2m_100", "nllb-moe"}

@@ -35,12 +35,12 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
-from pipeline.config.backtranslation import BacktranslateCfg, chain_name
-from pipeline.models.fast_tokens import input_ids
-from pipeline.models.mt19937 import mt19937_uniform
-from pipeline.seeding import row_seed
+from contramine.pipeline.config.backtranslation import BacktranslateCfg, chain_name
+from contramine.pipeline.models.fast_tokens import input_ids
+from contramine.pipeline.models.mt19937 import mt19937_uniform
+from contramine.pipeline.seeding import row_seed
 
-from pipeline.models.translation import batch_token_budget, language_settings, resolve_kv_cache, row_limit
+from contramine.pipeline.models.translation import batch_token_budget, language_settings, resolve_kv_cache, row_limit
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class Translator:
     def _decode_loop(self):
         """Our decode loop (decode_loop.py) where the settings ask for it and it knows the model, else None
         (transformers' generate), said in the log when the loop was asked for."""
-        from pipeline.models.decode_loop import DecodeLoop, KNOWN_TYPES, supports
+        from contramine.pipeline.models.decode_loop import DecodeLoop, KNOWN_TYPES, supports
 
         if self.cfg.decoder != "loop":
             return None

@@ -1,16 +1,16 @@
 """The mining report: one Markdown page with PNG plots that audits a finished (or partial) run.
 
     write_report(Path("artifacts/default"))          # -> artifacts/default/report/index.md
-    python -m pipeline.report artifacts/default [--out DIR] [--seed N]
+    python -m contramine.pipeline.report artifacts/default [--out DIR] [--seed N]
 
 Pure (no Prefect, no model): it reads only the Parquet tables and `_manifest.json` files of the run, so it can
 be rerun at any time. A table that is missing is reported as "not produced in this run" rather than failing,
 because offline runs legitimately skip stages (e.g. back-translation). Large tables are sampled with a seed so
 the page costs seconds on a 1M-sentence run; every sample size is written on the page.
 
-Run folders are shared, so the page and its PNGs each replace their path (pipeline/engine/atomic.py: a symlink
+Run folders are shared, so the page and its PNGs each replace their path (pipeline/storage/atomic.py: a symlink
 planted at report/index.md is swapped out, its target untouched), a `report/` folder that is itself a symlink is
-refused in one line (pipeline/engine/safe_paths.py) rather than written into, a rerun removes only the plots it
+refused in one line (pipeline/storage/safe_paths.py) rather than written into, a rerun removes only the plots it
 draws (FIGURES), and report/.lock keeps two reports of one run from mixing. Corpus text is escaped on the page
 (pipeline/markdown.py): a sentence that holds Markdown or HTML reads as the characters it holds.
 """
@@ -23,15 +23,15 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 
-from pipeline.engine.atomic import atomic_file, atomic_write_bytes
-from pipeline.engine.lock import RunBusy, run_lock
-from pipeline.engine.safe_paths import UnsafePath, open_folder
-from pipeline.hints import command
-from pipeline.markdown import cell, table
-from pipeline.report.queries import (TEXT_SAMPLE, Run, _sample_clause, chosen_cos, chosen_text_pairs,  # noqa: F401
+from contramine.pipeline.storage.atomic import atomic_file, atomic_write_bytes
+from contramine.pipeline.storage.lock import RunBusy, run_lock
+from contramine.pipeline.storage.safe_paths import UnsafePath, open_folder
+from contramine.pipeline.hints import command
+from contramine.pipeline.markdown import cell, table
+from contramine.pipeline.report.queries import (TEXT_SAMPLE, Run, _sample_clause, chosen_cos, chosen_text_pairs,  # noqa: F401
                                      overlap_by_source, overlap_stats, pool_peakedness, random_pair_cosines)
-from pipeline.schema import SCHEMAS
-from pipeline.text_distances import mer
+from contramine.pipeline.schema import SCHEMAS
+from contramine.pipeline.text_distances import mer
 
 matplotlib.use("Agg")  # headless: the report runs on servers and in tests
 import matplotlib.pyplot as plt  # noqa: E402
@@ -359,7 +359,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None, seed: int = 0) -> P
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.report", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m contramine.pipeline.report", description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--out", type=Path, default=None, help="output folder (default RUN_DIR/report)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random-pair and example samples")

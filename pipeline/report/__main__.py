@@ -1,3 +1,3 @@
-from pipeline.report import main
+from contramine.pipeline.report import main
 
 main()

@@ -8,9 +8,9 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from pipeline.engine.tables import RunTables
-from pipeline.schema import SCHEMAS
-from pipeline.text_distances import lexical_overlap
+from contramine.pipeline.storage.tables import RunTables
+from contramine.pipeline.schema import SCHEMAS
+from contramine.pipeline.text_distances import lexical_overlap
 
 RANDOM_PAIRS = 20_000
 TEXT_SAMPLE = 200_000  # pairs whose overlap / MER is computed; beyond this a seeded sample
@@ -114,7 +114,7 @@ def chosen_text_pairs(run: Run, kind: str, seed: int, limit: int = TEXT_SAMPLE) 
 
 def overlap_stats(run: Run, seed: int = 0) -> dict[str, tuple[float | None, int, int]]:
     """kind -> (mean lexical overlap with the anchor, pairs measured, pairs in the run). DebCSE Table 4's measure:
-    pipeline.text_distances.lexical_overlap (multiset word intersection / words of the longer sentence)."""
+    contramine.pipeline.text_distances.lexical_overlap (multiset word intersection / words of the longer sentence)."""
     out = {}
     for kind in ("pos", "neg"):
         a, b, total = chosen_text_pairs(run, kind, seed)

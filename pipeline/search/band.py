@@ -23,7 +23,7 @@ import pyarrow as pa
 import torch
 from tqdm.auto import tqdm
 
-from pipeline.schema import SCHEMAS
+from contramine.pipeline.schema import SCHEMAS
 
 GPU_MAX_K = 2048  # FAISS GPU k-selection limit: wider searches go to the CPU copy of the index
 EPS = 1e-5  # the floor of score_tolerance (what the stage assumed for every d before it followed d)

@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 
-from pipeline.search.band import GPU_MAX_K
+from contramine.pipeline.search.band import GPU_MAX_K
 
 
 class _LazyFaiss:
@@ -83,7 +83,7 @@ class GpuIndex:
 
 def to_gpu(index, n_gpus: int):
     """One GPU index per process: the Dask worker's own device, or every GPU outside a worker."""
-    from pipeline.engine.devices import worker_gpu
+    from contramine.pipeline.engine.devices import worker_gpu
 
     device = worker_gpu(n_gpus)
     if device is None:
@@ -159,7 +159,7 @@ def faiss_gpus_for_plan(plan: dict) -> int:
         return 0
     n_gpus = gpu_count()
     if n_gpus == 0:
-        from pipeline.engine.resources import PlanError, process_name
+        from contramine.pipeline.engine.resources import PlanError, process_name
 
         raise PlanError(f"{process_name()} cannot search neighbours on a GPU as the run's plan says: FAISS sees no "
                         f"GPU here (faiss-gpu and a CUDA device are needed on every worker)")

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config.base import section_constants
-from pipeline.engine.resources import Resource
-from pipeline.engine.safe_paths import UnsafePath, check_below, open_folder, readable
-from pipeline.engine.spec import package_versions
-from pipeline.schema import read_vectors
-from pipeline.search import faiss_index as fx
-from pipeline.search.band import band_neighbours, recall_at_pool
+from contramine.pipeline.config.base import section_constants
+from contramine.pipeline.engine.resources import Resource
+from contramine.pipeline.storage.safe_paths import UnsafePath, check_below, open_folder, readable
+from contramine.pipeline.engine.spec import package_versions
+from contramine.pipeline.schema import read_vectors
+from contramine.pipeline.search import faiss_index as fx
+from contramine.pipeline.search.band import band_neighbours, recall_at_pool
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +68,11 @@ def tune_index(cfg, store, n: int, plan: dict) -> dict:
     the base, the settings and the seed are the same (a rerun neither trains k-means nor builds the graph again), and
     only when its recorded plan checks out (`recorded_plan`): a plan is data in a run folder that may come from
     someone else."""
-    from pipeline.engine.atomic import atomic_file, atomic_write_json
-    from pipeline.engine.store import combine
-    from pipeline.errors import StageError
+    from contramine.pipeline.storage.atomic import atomic_file, atomic_write_json
+    from contramine.pipeline.storage.store import combine
+    from contramine.pipeline.errors import StageError
 
-    from pipeline.engine.codeversion import code_version
+    from contramine.pipeline.engine.codeversion import code_version
 
     c, kind = cfg.neighbours, plan["kind"]
     # every setting that can shape the file (execution settings and the device aside: it is built on the CPU), the
@@ -136,7 +136,7 @@ OWN = re.compile(rf"{_NAME}|\.{_NAME}\.[a-z0-9_]+\.tmp")  # what this module wri
 
 
 def _hash(store, path: Path) -> str:
-    from pipeline.engine.store import file_hash
+    from contramine.pipeline.storage.store import file_hash
 
     with readable(store.root, path) as p:
         return file_hash(p)
@@ -220,12 +220,12 @@ def load_index(cfg, store, n: int, plan: dict):
     its vectors, so shard threads and the workers of a machine share one copy in the page cache. A file the plan
     names must be one of _index/'s own names, opened without following a link (UnsafePath otherwise)."""
     if plan.get("engine") == "torch":  # exact, in torch matmuls on this process' device; no FAISS
-        from pipeline.engine.resources import cuda_device
-        from pipeline.search.torch_exact import TorchExact
+        from contramine.pipeline.engine.resources import cuda_device
+        from contramine.pipeline.search.torch_exact import TorchExact
 
         base_sids, base = read_vectors(store, plan["base"], n)
         device = cuda_device("cpu" if plan["device"] == "cpu" else "cuda", "the neighbours torch search")
-        from pipeline.search.torch_exact import score_precision
+        from contramine.pipeline.search.torch_exact import score_precision
 
         precision = score_precision(cfg.neighbours.score_precision, device)  # auto: bf16 on a GPU, else float32
         exact = TorchExact(base, device, precision=precision) if len(base_sids) else None

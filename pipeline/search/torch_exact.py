@@ -49,7 +49,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from pipeline.search.torch_ops import SORT_SHARE, _tf32_matmuls, rounded, top_k, tree_dot  # noqa: F401
+from contramine.pipeline.search.torch_ops import SORT_SHARE, _tf32_matmuls, rounded, top_k, tree_dot  # noqa: F401
 
 PAD_SCORE = float(np.finfo(np.float32).min)  # what faiss.knn returns for the places past the base (-FLT_MAX)
 BLOCK_ELEMS = {"cpu": 1 << 24, "cuda": 1 << 27}  # search(): query block x base scores held at once (64 MiB / 512 MiB)
@@ -189,7 +189,7 @@ class TorchExact:
 
     def score_tolerance(self) -> float:
         """The bound band_neighbours assumes on |score - exact cosine| for this precision (band.score_tolerance)."""
-        from pipeline.search.band import score_tolerance
+        from contramine.pipeline.search.band import score_tolerance
 
         return score_tolerance(self.d, np.float32, self.precision)
 
@@ -291,7 +291,7 @@ class TorchExact:
         base_sids) written into `pools` (band.Pools), a block at a time; progress(queries) after each block."""
         import torch
 
-        from pipeline.search.band import first_k
+        from contramine.pipeline.search.band import first_k
 
         x = self._queries(x)
         if len(base_sids) != self.n:
@@ -339,7 +339,7 @@ class TorchExact:
         the scores in (hi + eps, t_r - 2 eps) masked out, in chunks of a quarter block."""
         import torch
 
-        from pipeline.search.band import resolve
+        from contramine.pipeline.search.band import resolve
 
         n_q, dev = len(q), q.device
         cand = torch.full((n_q, pool_size), -1, dtype=torch.int64, device=dev)
@@ -377,7 +377,7 @@ class TorchExact:
         path's values to the bit; on a GPU `tree_dot`, on the device, EXACT_PAIRS pairs a step."""
         import torch
 
-        from pipeline.search.band import exact_cosines
+        from contramine.pipeline.search.band import exact_cosines
 
         if self.device.type == "cpu":
             return torch.from_numpy(exact_cosines(q.numpy(), q_rows.numpy(), self.host, ids.numpy()))

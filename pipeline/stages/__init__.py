@@ -4,6 +4,6 @@ declaration (`@stage(...)` from pipeline/engine/spec.py: what it reads, writes, 
 Every module of a package in PACKAGES is a stage. The run order is derived from what they read and write
 (pipeline/engine/discovery.py: each stage after the stages whose tables it reads; ties in declaration order, the
 packages in turn and each one's modules by name). Adding a stage: a new module here with one `@stage` function,
-then `python -m flows.deployments > prefect.yaml`.
+then `python -m contramine.flows.deployments > prefect.yaml`.
 """
 PACKAGES = [__name__]  # a package of stages kept elsewhere (a plugin) is appended here

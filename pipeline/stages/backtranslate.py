@@ -19,13 +19,13 @@ import json
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config.backtranslation import BacktranslateCfg
-from pipeline.config.base import result_settings
-from pipeline.degenerate import degenerate_flag
-from pipeline.engine.memo import NoMemo, row_key
-from pipeline.engine.spec import Ctx, Memo, stage
-from pipeline.models.chains import CHAINS, chain_table, check_chains, translate_rows
-from pipeline.schema import SCHEMAS
+from contramine.pipeline.config.backtranslation import BacktranslateCfg
+from contramine.pipeline.config.base import result_settings
+from contramine.pipeline.degenerate import degenerate_flag
+from contramine.pipeline.memo.rows import NoMemo, row_key
+from contramine.pipeline.engine.spec import Ctx, Memo, stage
+from contramine.pipeline.models.chains import CHAINS, chain_table, check_chains, translate_rows
+from contramine.pipeline.schema import SCHEMAS
 
 # Settings of `backtranslate` that decide which rows run or what the stage does with an output, never the output
 # itself: out of the memo's namespace, so adding a chain or tuning the degenerate rule reuses every translation.

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipeline.engine.spec import Ctx, stage
-from pipeline.models.encoder_resource import ENCODE_MEMO, ENCODER, check_encoder, embed_sentences
+from contramine.pipeline.engine.spec import Ctx, stage
+from contramine.pipeline.models.encoder_resource import ENCODE_MEMO, ENCODER, check_encoder, embed_sentences
 
 
 @stage(reads=("sentences",), writes=("embeddings",), settings=("encoder", "embeddings"), resources=(ENCODER,),

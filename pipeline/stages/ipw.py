@@ -19,9 +19,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.engine.spec import Ctx, package_versions, stage
-from pipeline.schema import SCHEMAS
-from pipeline.seeding import row_rng
+from contramine.pipeline.engine.spec import Ctx, package_versions, stage
+from contramine.pipeline.schema import SCHEMAS
+from contramine.pipeline.seeding import row_rng
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

@@ -50,10 +50,10 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from pipeline.engine.memo import NoMemo, row_key
-from pipeline.engine.spec import Ctx, Memo, stage
-from pipeline.models.parser import BE_FORMS, DEFAULT_MODEL, DO_SUPPORT, SPACY, check_spacy, load_nlp
-from pipeline.schema import SCHEMAS
+from contramine.pipeline.memo.rows import NoMemo, row_key
+from contramine.pipeline.engine.spec import Ctx, Memo, stage
+from contramine.pipeline.models.parser import BE_FORMS, DEFAULT_MODEL, DO_SUPPORT, SPACY, check_spacy, load_nlp
+from contramine.pipeline.schema import SCHEMAS
 
 if TYPE_CHECKING:
     from spacy.language import Language

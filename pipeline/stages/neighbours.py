@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipeline.engine.spec import Ctx, stage
-from pipeline.schema import table_vectors
-from pipeline.search.band import band_neighbours
-from pipeline.search.index import INDEX, index_facts
+from contramine.pipeline.engine.spec import Ctx, stage
+from contramine.pipeline.schema import table_vectors
+from contramine.pipeline.search.band import band_neighbours
+from contramine.pipeline.search.index import INDEX, index_facts
 
 
 @stage(reads=("embeddings",), reads_whole=("embeddings", "pool_embeddings"), writes=("neighbours",),

@@ -8,7 +8,7 @@ Which frequent word an insertion takes is uniform over the `top_words`, as in th
 hashing (`pick_word`: the word whose hash mixed with the row's draw is highest), not by its rank in the list: a
 corpus grown by 1% moves a fifth of the words' ranks (wiki1m at 2,000-10,000 lines: 21-38 of the top 100) and
 almost never the set, so with a rank-indexed draw ~10% of the old sentences' variants changed, and their
-back-translations and vectors with them (the row memo, pipeline/engine/memo.py, would recompute them); now a variant
+back-translations and vectors with them (the row memo, pipeline/memo/rows.py, would recompute them); now a variant
 changes only when its own word leaves the set or a new word wins its draw.
 """
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipeline.engine.spec import Ctx, package_versions, stage
-from pipeline.schema import SCHEMAS
-from pipeline.seeding import row_rng
+from contramine.pipeline.engine.spec import Ctx, package_versions, stage
+from contramine.pipeline.schema import SCHEMAS
+from contramine.pipeline.seeding import row_rng
 
 
 def frequent_words(texts: list[str], top: int) -> list[str]:
@@ -106,7 +106,7 @@ def noise_sentences(sentences: pa.Table, vocab: list[str], cfg, seed: int) -> pa
 
 @functools.lru_cache(maxsize=1)
 def _vocab(run_dir: str, n: int, table_hash: str, top: int) -> tuple[str, ...]:
-    from pipeline.engine.store import Store
+    from contramine.pipeline.storage.store import Store
 
     texts = Store(Path(run_dir)).read("sentences", n).column("text").to_pylist()
     return tuple(frequent_words(texts, top))

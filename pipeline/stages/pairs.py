@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipeline.engine.spec import Ctx, stage
-from pipeline.schema import SCHEMAS
+from contramine.pipeline.engine.spec import Ctx, stage
+from contramine.pipeline.schema import SCHEMAS
 
 
 def build_pairs(sentences: pa.Table, candidates: pa.Table) -> pa.Table:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.engine.spec import Ctx, package_versions, stage
-from pipeline.schema import SCHEMAS
-from pipeline.roles import rows_serving
-from pipeline.text_distances import mer
+from contramine.pipeline.engine.spec import Ctx, package_versions, stage
+from contramine.pipeline.schema import SCHEMAS
+from contramine.pipeline.roles import rows_serving
+from contramine.pipeline.text_distances import mer
 
 
 def pick_paraphrases(sentences: pa.Table, backtranslations: pa.Table, mer_lo: float, mer_hi: float) -> pa.Table:

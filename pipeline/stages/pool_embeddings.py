@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipeline.engine.spec import Ctx, stage
-from pipeline.schema import SCHEMAS
-from pipeline.models.encoder_resource import ENCODE_MEMO, ENCODER, embed_sentences
+from contramine.pipeline.engine.spec import Ctx, stage
+from contramine.pipeline.schema import SCHEMAS
+from contramine.pipeline.models.encoder_resource import ENCODE_MEMO, ENCODER, embed_sentences
 
 
 @stage(reads=("pool_sentences",), writes=("pool_embeddings",), settings=("encoder", "embeddings"),

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipeline.corpus import CorpusError, corpus_of, shard_bounds, split_sentences
-from pipeline.engine.spec import Ctx, stage
-from pipeline.identity import unicode_facts
-from pipeline.schema import SCHEMAS
+from contramine.pipeline.corpus import CorpusError, corpus_of, shard_bounds, split_sentences
+from contramine.pipeline.engine.spec import Ctx, stage
+from contramine.pipeline.identity import unicode_facts
+from contramine.pipeline.schema import SCHEMAS
 
 
 def pool_facts(cfg) -> str:

@@ -13,12 +13,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.engine.spec import Ctx, package_versions, stage
-from pipeline.schema import SCHEMAS, table_vectors
-from pipeline.models.chains import POSITIVES, check_chains
-from pipeline.models.encoder_resource import ENCODE_MEMO, ENCODER, check_encoder, memo_encode
-from pipeline.roles import rows_serving
-from pipeline.text_distances import edit_distance
+from contramine.pipeline.engine.spec import Ctx, package_versions, stage
+from contramine.pipeline.schema import SCHEMAS, table_vectors
+from contramine.pipeline.models.chains import POSITIVES, check_chains
+from contramine.pipeline.models.encoder_resource import ENCODE_MEMO, ENCODER, check_encoder, memo_encode
+from contramine.pipeline.roles import rows_serving
+from contramine.pipeline.text_distances import edit_distance
 
 
 def _repeat(value: str, n: int) -> pa.Array:

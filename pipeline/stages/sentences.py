@@ -5,9 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.corpus import corpus_of, shard_bounds, split_sentences
-from pipeline.engine.spec import Ctx, stage
-from pipeline.identity import unicode_facts
+from contramine.pipeline.corpus import corpus_of, shard_bounds, split_sentences
+from contramine.pipeline.engine.spec import Ctx, stage
+from contramine.pipeline.identity import unicode_facts
 
 
 def corpus_facts(cfg) -> str:

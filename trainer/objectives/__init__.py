@@ -7,7 +7,7 @@
 Adding an objective: a file here, <name>.py, with its class (formula docstring, `name`, `tables`, Settings, collate,
 forward, and where it has one its sentence-transformers `loss` and the `export_format` that loss reads), plus its
 name in pipeline/config/training.py's OBJECTIVE_NAMES: the one registration line. OBJECTIVES, the config's
-[train.<name>] section and trainer.st_losses.LOSSES are derived from it.
+[train.<name>] section and contramine.trainer.st_losses.LOSSES are derived from it.
 Keep its math in a module-level function of the encoded vectors (simcse_loss, debcse_loss, ...) that forward calls:
 its sentence-transformers loss (trainer/st_losses/) calls the same function.
 Encode in ONE forward: collate returns common.joined(encoder, [group, ...]) (every group the step encodes, stacked)
@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import importlib
 
-from pipeline.config.training import OBJECTIVE_NAMES
-from trainer.objectives.base import Objective, settings_of
-from trainer.objectives.dclr import DCLR
-from trainer.objectives.debcse import DebCSE
-from trainer.objectives.osscse import OssCSE
-from trainer.objectives.simcse import SimCSE
-from trainer.objectives.whitenedcse import WhitenedCSE
+from contramine.pipeline.config.training import OBJECTIVE_NAMES
+from contramine.trainer.objectives.base import Objective, settings_of
+from contramine.trainer.objectives.dclr import DCLR
+from contramine.trainer.objectives.debcse import DebCSE
+from contramine.trainer.objectives.osscse import OssCSE
+from contramine.trainer.objectives.simcse import SimCSE
+from contramine.trainer.objectives.whitenedcse import WhitenedCSE
 
 
 def _declared(name: str) -> type[Objective]:

@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 from pydantic import ValidationError
 
-from pipeline.config import ConfigError, Section
-from pipeline.models.encoder import Encoder
-from trainer.objectives.common import sub_batch
+from contramine.pipeline.config import ConfigError, Section
+from contramine.pipeline.models.encoder import Encoder
+from contramine.trainer.objectives.common import sub_batch
 
 
 def settings_of(cls: type["Objective"], train_cfg):
@@ -52,7 +52,7 @@ class Objective(torch.nn.Module, abc.ABC):
     # The pooler this objective needs whatever the profile says (OssCSE: "mask"); None = the configured one.
     pooler: str | None = None
     # Its sentence-transformers loss: the class name in trainer/st_losses/<name>.py (None: it has none), and the
-    # `make export` format that loss reads (pipeline/export.py FORMATS). trainer.st_losses.LOSSES is built from these.
+    # `make export` format that loss reads (pipeline/export.py FORMATS). contramine.trainer.st_losses.LOSSES is built from these.
     loss: str | None = None
     export_format: str | None = None
 
@@ -81,7 +81,7 @@ class Objective(torch.nn.Module, abc.ABC):
     def __init__(self, encoder: Encoder, cfg):
         super().__init__()
         self.encoder = encoder
-        self.cfg = cfg  # pipeline.config.TrainCfg: the settings every objective shares (temperature, lengths, ...)
+        self.cfg = cfg  # contramine.pipeline.config.TrainCfg: the settings every objective shares (temperature, lengths, ...)
         self.settings = settings_of(type(self), cfg)  # this objective's own: [train.<name>]
 
     @abc.abstractmethod

@@ -48,7 +48,7 @@ def joined(encoder, groups: list[dict | None]) -> dict:
             parts.append(v)
         out[key] = torch.cat(parts)
     if encoder.unpad:
-        from pipeline.models.unpad import unpad_layout
+        from contramine.pipeline.models.unpad import unpad_layout
 
         out.update(unpad_layout(encoder.model, out["attention_mask"]) or {})
     return {**prefixed("enc", out), "groups": tuple(0 if g is None else len(g["input_ids"]) for g in groups)}

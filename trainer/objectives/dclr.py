@@ -29,9 +29,9 @@ import torch
 
 from pydantic import Field
 
-from trainer import dist
-from trainer.objectives.common import cos_matrix, cos_rows, info_nce_terms
-from trainer.objectives.simcse import SimCSE
+from contramine.trainer import dist
+from contramine.trainer.objectives.common import cos_matrix, cos_rows, info_nce_terms
+from contramine.trainer.objectives.simcse import SimCSE
 
 
 class DCLR(SimCSE):

@@ -51,11 +51,11 @@ from typing import Literal
 import torch
 from pydantic import Field, field_validator
 
-from pipeline.config import Section
-from pipeline.prompts import OSSCSE_TEMPLATES
-from trainer import dist
-from trainer.objectives.base import Objective, settings_of
-from trainer.objectives.common import cos_rows, info_nce_terms, joined
+from contramine.pipeline.config import Section
+from contramine.pipeline.prompts import OSSCSE_TEMPLATES
+from contramine.trainer import dist
+from contramine.trainer.objectives.base import Objective, settings_of
+from contramine.trainer.objectives.common import cos_rows, info_nce_terms, joined
 
 
 class OssCSE(Objective):
@@ -88,7 +88,7 @@ class OssCSE(Objective):
     @classmethod
     def train_pooler(cls, cfg) -> str | None:
         """"mask" in the paper's form; the configured pooler (None) in form "start-pooler"."""
-        from trainer.objectives.base import settings_of
+        from contramine.trainer.objectives.base import settings_of
 
         return "mask" if settings_of(cls, cfg).form == "paper" else None
 
@@ -96,7 +96,7 @@ class OssCSE(Objective):
     def eval_prompt(cls, cfg) -> str | None:
         """T1: what the model was trained to read its [MASK] vector from is what evaluation must use (the paper's
         form; form "start-pooler" reads no template: None)."""
-        from trainer.objectives.base import settings_of
+        from contramine.trainer.objectives.base import settings_of
 
         st = settings_of(cls, cfg)
         return st.templates[0] if st.form == "paper" else None

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.config import Section
-from trainer import dist
-from trainer.objectives.base import Objective
-from trainer.objectives.common import MLPHead, cos_matrix, info_nce_terms, joined
+from contramine.pipeline.config import Section
+from contramine.trainer import dist
+from contramine.trainer.objectives.base import Objective
+from contramine.trainer.objectives.common import MLPHead, cos_matrix, info_nce_terms, joined
 
 
 # ------------------------------------------------------------------------------------------------- objective

@@ -35,10 +35,10 @@ import torch
 
 from pydantic import Field
 
-from pipeline.config import Section
-from trainer import dist
-from trainer.objectives.base import Objective
-from trainer.objectives.common import cos_matrix, info_nce_terms, joined
+from contramine.pipeline.config import Section
+from contramine.trainer import dist
+from contramine.trainer.objectives.base import Objective
+from contramine.trainer.objectives.common import cos_matrix, info_nce_terms, joined
 
 
 def group_zca(x: torch.Tensor, groups: int, eps: float) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """The papers' objectives as sentence-transformers losses, for SentenceTransformerTrainer on what `make export` writes.
 
-    from trainer.st_losses import DebCSELoss
+    from contramine.trainer.st_losses import DebCSELoss
     loss = DebCSELoss(model)              # model: a SentenceTransformer; columns: make export FORMAT=debcse
 
 One file per objective, in the style of sentence_transformers/.../losses: an nn.Module(model, ...) whose
@@ -19,15 +19,15 @@ objective on one batch and a short SentenceTransformerTrainer run against lean s
 | WhitenedCSELoss | sentences | anchor | - |
 | DCLRLoss | dclr | anchor | label: the mined vector |
 """
-from trainer.st_losses.dclr import DCLRLoss
-from trainer.st_losses.debcse import DebCSELoss
-from trainer.st_losses.osscse import OssCSELoss
-from trainer.st_losses.simcse import SimCSELoss
-from trainer.st_losses.whitenedcse import WhitenedCSELoss
+from contramine.trainer.st_losses.dclr import DCLRLoss
+from contramine.trainer.st_losses.debcse import DebCSELoss
+from contramine.trainer.st_losses.osscse import OssCSELoss
+from contramine.trainer.st_losses.simcse import SimCSELoss
+from contramine.trainer.st_losses.whitenedcse import WhitenedCSELoss
 
 import importlib as _importlib
 
-from trainer.objectives import OBJECTIVES as _OBJECTIVES
+from contramine.trainer.objectives import OBJECTIVES as _OBJECTIVES
 
 # objective name -> its loss, as each objective declares it (`loss`: the class in trainer/st_losses/<name>.py)
 LOSSES = {name: getattr(_importlib.import_module(f"{__name__}.{name}"), cls.loss)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from pydantic import ValidationError
 
-from pipeline.config import ConfigError
+from contramine.pipeline.config import ConfigError
 
 
 def embed(model, features: dict) -> torch.Tensor:

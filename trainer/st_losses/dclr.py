@@ -19,10 +19,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pipeline.citations import CITATIONS
-from trainer.objectives.common import MLPHead
-from trainer.objectives.dclr import DCLR, dclr_loss
-from trainer.st_losses.common import check_columns, settings, two_views
+from contramine.pipeline.citations import CITATIONS
+from contramine.trainer.objectives.common import MLPHead
+from contramine.trainer.objectives.dclr import DCLR, dclr_loss
+from contramine.trainer.st_losses.common import check_columns, settings, two_views
 
 
 class DCLRLoss(nn.Module):

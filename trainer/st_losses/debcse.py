@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pipeline.citations import CITATIONS
-from trainer.objectives.debcse import DebCSE, debcse_loss
-from trainer.st_losses.common import check_columns, embed, settings
+from contramine.pipeline.citations import CITATIONS
+from contramine.trainer.objectives.debcse import DebCSE, debcse_loss
+from contramine.trainer.st_losses.common import check_columns, embed, settings
 
 
 class DebCSELoss(nn.Module):

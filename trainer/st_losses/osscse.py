@@ -29,9 +29,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pipeline.citations import CITATIONS
-from trainer.objectives.osscse import OssCSE, osscse_loss, recall_term
-from trainer.st_losses.common import check_columns, embed, settings, two_views
+from contramine.pipeline.citations import CITATIONS
+from contramine.trainer.objectives.osscse import OssCSE, osscse_loss, recall_term
+from contramine.trainer.st_losses.common import check_columns, embed, settings, two_views
 
 
 class OssCSELoss(nn.Module):

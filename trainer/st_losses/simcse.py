@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
-from pipeline.citations import CITATIONS
-from trainer.st_losses.common import check_columns, two_views
+from contramine.pipeline.citations import CITATIONS
+from contramine.trainer.st_losses.common import check_columns, two_views
 
 
 class SimCSELoss(MultipleNegativesRankingLoss):

@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pipeline.citations import CITATIONS
-from trainer.objectives.whitenedcse import ShuffledGroupWhitening, WhitenedCSE, whitenedcse_loss
-from trainer.st_losses.common import check_columns, settings, two_views
+from contramine.pipeline.citations import CITATIONS
+from contramine.trainer.objectives.whitenedcse import ShuffledGroupWhitening, WhitenedCSE, whitenedcse_loss
+from contramine.trainer.st_losses.common import check_columns, settings, two_views
 
 
 class WhitenedCSELoss(nn.Module):

@@ -1,0 +1,91 @@
+"""The host bench's worker (bench/host/bench.py runs it): the four GPU jobs of the 1M path on one checkout's code, with
+each model's arithmetic removed, timed on this CPU. What is left is what the host does for the card.
+
+    python -P bench/host/jobs.py --checkout PATH --data DIR --sizes JSON [--set JOB.KEY=VALUE ...] encode search ...
+
+It runs as a script with PYTHONPATH=<checkout> and `-P`, so `pipeline` and `trainer` are that checkout's (today's
+code from a git export, or this one) while the hollow models and the jobs are those of this file's folder
+(use_this_bench), the same on both sides. It uses only the calls both sides share: `Encoder(model, tokenizer, ...)`
++ `encode`, `Translator(name, tokenizer, model, cfg, device)` + `translate`, `band_neighbours(...)` with any object
+that has `search(x, k)`, an objective's `collate` + `forward` in trainer/train.py's step. It prints one line
+`HOSTBENCH {json}` with, per job, the host seconds per unit (wall and CPU, best of `repeats` passes after a
+warm-up) and, from one more pass under a counting dispatch mode, the torch ops (~ kernel launches on a GPU) and
+the ops that make a GPU wait for its host to read a value (`.item()`, `bool(t)`, `nonzero`, `torch.equal`, ...) per
+unit. On a CPU a host read costs nothing, so the time cannot show what a sync costs a GPU: the count does. Copies
+back to the host (`.cpu()`, `.numpy()`, `.tolist()`) are no ops on a CPU tensor and are not counted.
+
+The jobs: bench/host/model_jobs.py (encode, generate, train) and bench/host/search_jobs.py (search, resolve), on the
+hollow models of bench/host/hollow.py, measured as bench/host/measure.py does.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def use_this_bench() -> None:
+    """`bench` from this file's folder: PYTHONPATH names the measured checkout (its `pipeline` and `trainer`), whose
+    own bench/ may be older or lack the worker's modules; these are this checkout's on both sides."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench", HERE / "__init__.py", submodule_search_locations=[str(HERE)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["bench"] = package
+    spec.loader.exec_module(package)
+
+
+def jobs() -> dict:
+    from bench.host.model_jobs import job_encode, job_generate, job_train
+    from bench.host.search_jobs import job_resolve, job_search
+
+    return {"encode": job_encode, "generate": job_generate, "search": job_search, "resolve": job_resolve,
+            "train": job_train}
+
+
+def main(argv: list[str] | None = None) -> int:
+    run = jobs()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkout", required=True, help="the code measured: PYTHONPATH must name it")
+    ap.add_argument("--data", required=True, help="the folder bench/host/bench.py prepared")
+    ap.add_argument("--sizes", required=True, help="JSON: the sizes")
+    ap.add_argument("--set", nargs="*", default=[], metavar="JOB.KEY=JSON", help="a setting of one job")
+    ap.add_argument("jobs", nargs="+", choices=sorted(run))
+    args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)  # the host's work is one Python thread; no CPU thread pool waits on another
+    import contramine.pipeline as pipeline
+    checkout = Path(args.checkout).resolve()
+    if not Path(pipeline.__file__).resolve().is_relative_to(checkout):
+        raise SystemExit(f"host bench: `pipeline` comes from {pipeline.__file__}, not from {checkout}: run with "
+                         f"PYTHONPATH={checkout} and python -P")
+    settings: dict[str, dict] = {job: {} for job in run}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        job, _, name = key.partition(".")
+        if job not in run or not name:
+            raise SystemExit(f"host bench: --set {item}: expected JOB.KEY=VALUE with JOB one of {', '.join(run)}")
+        try:
+            settings[job][name] = json.loads(value)
+        except json.JSONDecodeError:
+            settings[job][name] = value
+    sizes, out = json.loads(args.sizes), {}
+    for job in args.jobs:
+        t0 = time.perf_counter()
+        result = run[job](Path(args.data), sizes, settings[job])
+        result.pop("table", None)  # the resolve's pools: for job_search, not for the report
+        out[job] = result | {"wall_s": round(time.perf_counter() - t0, 1)}
+        print(f"host bench worker ({checkout.name}): {job} {json.dumps(out[job])}", file=sys.stderr, flush=True)
+    print("HOSTBENCH " + json.dumps({"checkout": str(checkout), "pid": os.getpid(), "jobs": out}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    use_this_bench()
+    raise SystemExit(main())

@@ -1,0 +1,187 @@
+"""What `contramine cache` shows, verifies and prunes of the row memo (rows.py describes the memo): its namespaces
+and their sizes, the ones no run's manifest names, and every pack checked as a lookup checks it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from contramine.pipeline.memo.packs import FORMAT, NAMESPACE, OWN, PACK, QUARANTINE, TEMP, namespace_facts, open_pack, \
+    owner_of, own_files, read_pack, recorded_schema, schema_text, values_schema
+from contramine.pipeline.memo.store import log, quarantine, say_once
+from contramine.pipeline.storage.safe_paths import UnsafePath, check_below, not_regular, open_folder, read_regular
+from contramine.pipeline.errors import ExpectedError
+
+
+@dataclass
+class NamespaceInfo:
+    stage: str
+    path: Path
+    packs: int
+    rows: int
+    bytes: int
+    last_used: float
+    temp_files: list[Path] = field(default_factory=list)
+    pack_files: list[Path] = field(default_factory=list)
+
+
+
+def namespaces(root: Path) -> list[NamespaceInfo]:
+    """Every namespace under the memo root with its size (rows from the packs' footers only): the folders that have
+    a `_namespace.json`, so a memo_dir set to a folder holding anything else never lists (or prunes) that. A stage
+    or namespace folder that is a symbolic link is left out, and named once."""
+    out = []
+    for ns in sorted(p.parent for p in Path(root).glob(f"*/*/{NAMESPACE}")):
+        if ns.parent.name == QUARANTINE:
+            continue
+        try:
+            check_below(root, ns / NAMESPACE, final=True)
+            st = (ns / NAMESPACE).lstat()
+            if not stat.S_ISREG(st.st_mode):  # a FIFO there would hang whoever reads it: never opened
+                raise not_regular(ns / NAMESPACE, st.st_mode)
+        except UnsafePath as e:
+            say_once(("link", ns), f"memo: {e}; left out")
+            continue
+        except FileNotFoundError:
+            continue
+        packs = own_files(ns, PACK)
+        rows, sizes, used = 0, [], []
+        for p in packs:
+            fd, _ = open_pack(p)  # non-blocking, fstat-checked: a FIFO swapped in since the listing is skipped
+            if fd is None:
+                continue
+            try:
+                with os.fdopen(fd, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    rows += pq.ParquetFile(f).metadata.num_rows
+            except (OSError, pa.ArrowException):
+                continue
+            sizes.append(st.st_size)
+            used.append(st.st_mtime)
+        out.append(NamespaceInfo(ns.parent.name, ns, len(packs), rows, sum(sizes),
+                                 max(used, default=ns.stat().st_mtime), own_files(ns, TEMP), packs))
+    return out
+
+
+def referenced_namespaces(runs_root: Path) -> set[str]:
+    """`<stage>/<namespace>` of every memo a committed manifest under `runs_root` names (its stage's `memo`)."""
+    refs = set()
+    for man in Path(runs_root).glob("*/*/_manifest.json"):
+        try:  # non-blocking, fstat-checked: a FIFO at a run's manifest is named, never waited on
+            manifest = json.loads(read_regular(man, follow=True))
+        except UnsafePath as e:
+            say_once(("manifest", man), f"memo: {e}; not read for the namespaces it names")
+            continue
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("memo"), dict):
+            continue
+        for entry in manifest["memo"].values():
+            if isinstance(entry, dict) and isinstance(entry.get("namespace"), str):
+                refs.add(f"{manifest.get('stage')}/{entry['namespace']}")
+    return refs
+
+
+def prune(root: Path, runs_root: Path, older_than_days: float | None = None, unreferenced: bool = False,
+          dry_run: bool = False) -> list[tuple[Path, str]]:
+    """Remove what the memo no longer needs: packs not used for `older_than_days`, namespaces no manifest under
+    `runs_root` names, and temp files of writes killed more than an hour ago. Only names the memo writes are ever
+    removed (packs, their temp files, `_namespace.json`, then the folder if that left it empty); the quarantine is
+    never touched. Returns (path, why) of each."""
+    now, refs, gone = time.time(), referenced_namespaces(runs_root) if unreferenced else set(), []
+
+    def remove(path: Path, why: str) -> None:
+        gone.append((path, why))
+        if not dry_run:
+            try:  # a name the memo writes, in its folder as opened from the root: never a folder, never through a link
+                d = open_folder(root, path.parent, create=False)
+                if d is not None:
+                    with d:
+                        d.unlink(path.name, OWN)
+            except UnsafePath as e:
+                say_once(("link", path.parent), f"memo: {e}; nothing is removed there")
+
+    for ns in namespaces(root):
+        if unreferenced and f"{ns.stage}/{ns.path.name}" not in refs:
+            gone.append((ns.path, "no run under " + str(runs_root) + " uses it"))
+            if not dry_run:
+                try:
+                    d = open_folder(root, ns.path, create=False)
+                    if d is not None:
+                        with d:
+                            own = own_files(ns.path, re.compile(re.escape(NAMESPACE)))
+                            for p in ns.pack_files + ns.temp_files + own:
+                                d.unlink(p.name, OWN)
+                except UnsafePath as e:
+                    say_once(("link", ns.path), f"memo: {e}; nothing is removed there")
+                    continue
+                try:
+                    ns.path.rmdir()
+                except OSError:
+                    say_once(("kept", ns.path), f"memo: {ns.path} kept: it holds files the memo did not write")
+            continue
+        for tmp in ns.temp_files:
+            try:
+                if now - tmp.stat().st_mtime > 3600:
+                    remove(tmp, "a write that did not finish")
+            except FileNotFoundError:
+                pass
+        if older_than_days is not None:
+            for pack in ns.pack_files:
+                try:
+                    if now - pack.stat().st_mtime > older_than_days * 86400:
+                        remove(pack, f"unused for over {older_than_days:g} days")
+                except FileNotFoundError:
+                    pass
+    return gone
+
+
+class MemoUnverified(ExpectedError, RuntimeError):
+    """`contramine cache --verify` found packs that fail: one line (each pack and its file's
+    owner are listed above it)."""
+
+
+def verify(root: Path, dry_run: bool = False, key: bytes | None = None) -> tuple[int, list[tuple[Path, str]]]:
+    """`contramine cache --verify`: every pack of every namespace read whole (page checksums) and checked as a
+    lookup checks it — the key column, the namespace's value schema (the one `_namespace.json` records, else the one
+    most packs have), the writer record, the values hash (keyed with the team's `key` when given: a pack without
+    it fails). Each pack that fails is quarantined (not with `dry_run`). Returns (packs checked, [(pack, why and
+    who the filesystem says wrote it: owner uid, mtime)]). Recomputing rows needs the models and the
+    rows' inputs, which a pack does not hold: a run does that (`runner.memo_verify = 1` on a new run name)."""
+    checked, bad = 0, []
+    for ns in namespaces(root):
+        facts = namespace_facts(ns.path)
+        if facts.get("format") != FORMAT:  # an older version's namespace: never read now, pruned once unreferenced
+            log.info(f"memo: {ns.path} is of an older memo format: not read by this version, not verified "
+                     f"(`contramine cache --unreferenced` removes it once no run names it)")
+            continue
+        expected = recorded_schema(ns.path)
+        if expected is None:  # no record: the schema most packs have
+            seen: dict[str, int] = {}
+            for p in ns.pack_files:
+                fd, _ = open_pack(p)
+                if fd is None:
+                    continue
+                try:
+                    with os.fdopen(fd, "rb") as f:
+                        text = schema_text(values_schema(pq.read_schema(f)))
+                except (OSError, pa.ArrowException):
+                    continue
+                seen[text] = seen.get(text, 0) + 1
+            expected = max(seen, key=seen.get) if seen else None
+        for p in ns.pack_files:
+            checked += 1
+            table, st, problem = read_pack(p, expected, key)
+            if problem is None:
+                continue
+            moved = None if dry_run else quarantine(root, p)
+            bad.append((p, f"{problem} ({owner_of(st)})" + (f": moved to {moved}" if moved else "")))
+    return checked, bad

@@ -1,0 +1,399 @@
+"""Parquet shards on disk: atomic writes, verified cache keys, and a table that is the file list its last commit names.
+
+A shard is named by the key of the computation that wrote it: `part-<i>-of-<n>.<key16>.parquet`, with a sidecar
+`part-<i>-of-<n>.<key16>.json` = {key, hash, rows, seconds}. A shard is reused only when a file of the key the
+stage computes now (inputs' content hashes + stage config + code version + ...) is there AND its bytes still hash to
+the recorded hash, so a truncated, edited or deleted shard is recomputed, never silently reused.
+
+A table is the file list of its `_manifest.json` (Delta Lake's and Iceberg's snapshot, in one file): `files` =
+[{file, hash, rows, seconds}] in shard order. Writers add files and never replace one a manifest lists with other
+bytes (another computation has another key, so another name); the stage's commit is the atomic swap of the manifest
+(`finish`), after which files no manifest lists are collected. So a rerun killed after any number of shards leaves
+the previous computation readable whole, and its own finished shards on disk for the next run to reuse. Readers
+(tables.py) read exactly the listed files. A manifest written before file lists existed (no `files`) names the
+files `part-<i>-of-<n>.parquet` of its layout: those are read as they are.
+
+Writes go through atomic.py (temp file in the same folder, fsync, rename). One writer per run folder (lock.py).
+This is the writer's side; readers of a finished run use tables.py (RunTables).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from contramine.pipeline.storage.atomic import atomic_file, atomic_write_json
+from contramine.pipeline.storage.safe_paths import UnsafePath, kind_of, open_folder, read_regular
+from contramine.pipeline.storage.shard_names import MANIFEST, OLD_PART, PART
+from contramine.pipeline.errors import ExpectedError
+from contramine.pipeline.schema import SCHEMAS
+
+
+
+def shard_file(i: int, n: int, key: str | None = None) -> str:
+    """Shard i of n written under `key` (16 hex digits of its hash in the name; the sidecar holds the whole key);
+    without a key, the name a manifest without a file list means."""
+    if key is None:
+        return f"part-{i:05d}-of-{n:05d}.parquet"
+    return f"part-{i:05d}-of-{n:05d}.{hashlib.blake2b(key.encode(), digest_size=8).hexdigest()}.parquet"
+
+
+def read_manifest(table_dir: Path) -> dict | None:
+    """The table's committed manifest, checked (`check_manifest`), or None when the table has none."""
+    p = Path(table_dir) / MANIFEST
+    try:  # non-blocking, fstat-checked (safe_paths.open_regular): a FIFO or device there is one line, never a hang
+        raw = read_regular(p, follow=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except UnsafePath:
+        raise manifest_error(table_dir, f"is {kind_of(p.lstat().st_mode)}, not a regular file") from None
+    return parse_manifest(table_dir, raw)
+
+
+def parse_manifest(table_dir: Path, raw: bytes) -> dict:
+    """A manifest's bytes as read once (a copy takes its file list from the same bytes it copies), checked."""
+    try:
+        man = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise manifest_error(table_dir, "not a manifest (invalid JSON)") from None
+    check_manifest(table_dir, man)
+    return man
+
+
+# A manifest is data: every reader (tables.py: `make sql`, `make report`, `make train`, `make export`; the runner's
+# inputs) takes its shape from here, so a hand-edited, truncated or planted one is one line, never a traceback, a
+# doubled row or a loop over a million shard names. Fields the writers record, and the type readers rely on:
+MANIFEST_FIELDS = {"stage": str, "table": str, "config": dict, "rows": dict, "memo": dict, "inputs": dict,
+                   "resources": dict, "config_hash": str, "code": str, "extra": str, "seed": int,
+                   "seconds": (int, float), "wall_seconds_last_run": (int, float), "shards_computed": int,
+                   "shards_cached": int}
+MAX_SHARDS = 99_999  # what a part name's five digits can number
+_ENTRY_FIELDS = {"file": str, "hash": str, "rows": int, "seconds": (int, float)}
+
+
+class TableCorrupt(ExpectedError, ValueError):
+    """A manifest that is not one (invalid JSON, a field of the wrong type, a file list naming something else or a
+    file twice, a shard count no folder holds): one line naming the table, its run and the command that rewrites it."""
+
+
+def manifest_error(table_dir: Path, why: str, man=None) -> TableCorrupt:
+    """The one line: which table of which run, what is wrong, and the stage run that writes the table again."""
+    from contramine.pipeline.storage.verify import table_line
+
+    return TableCorrupt(table_line(table_dir, f"{Path(table_dir) / MANIFEST} {why}", man))
+
+
+def _typed(value, kind) -> bool:
+    """isinstance, except that true/false are not numbers here (JSON's true is no shard count)."""
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def check_manifest(table_dir: Path, man) -> None:
+    """Refuse (TableCorrupt, one line) a manifest of the wrong shape: not an object; a known field of another type;
+    a `files` list that is not a list of {file, hash, rows, seconds} whose names fullmatch the part pattern, number
+    their position and the list's length, and are each listed once; `shards` other than that length. A manifest
+    of the old layout (no `files`) must name a shard count its folder holds (at most MAX_SHARDS)."""
+    if not isinstance(man, dict):
+        raise manifest_error(table_dir, f"is {_short(man)}, not a JSON object", man)
+    for key, kind in MANIFEST_FIELDS.items():
+        if man.get(key) is not None and not _typed(man[key], kind):
+            raise manifest_error(table_dir, f"has {key} = {_short(man[key])}, not a {_kind_name(kind)}", man)
+    if isinstance(man.get("rows"), dict):
+        bad = next((k for k, v in man["rows"].items() if not _typed(v, int)), None)
+        if bad is not None:
+            raise manifest_error(table_dir, f"has rows[{bad!r}] = {_short(man['rows'][bad])}, not a whole number",
+                                 man)
+    shards = man.get("shards")
+    if "files" in man:
+        files = man["files"]
+        if not isinstance(files, list):
+            raise manifest_error(table_dir, f"has files = {_short(files)}, not a list of shard files", man)
+        if len(files) > MAX_SHARDS:
+            raise manifest_error(table_dir, f"lists {len(files):,} files, more than a part name can number "
+                                            f"({MAX_SHARDS:,})", man)
+        if shards is not None and (not _typed(shards, int) or shards != len(files)):
+            raise manifest_error(table_dir, f"has shards = {_short(shards)} but lists {len(files)} files", man)
+        seen: set[str] = set()
+        for i, e in enumerate(files):
+            if not isinstance(e, dict):
+                raise manifest_error(table_dir, f"lists {_short(e)} at position {i}, not a shard file entry", man)
+            for key, kind in _ENTRY_FIELDS.items():
+                if e.get(key) is not None and not _typed(e[key], kind):
+                    raise manifest_error(table_dir, f"lists {key} = {_short(e[key])} at position {i}, not a "
+                                                    f"{_kind_name(kind)}", man)
+            name = e.get("file")
+            m = PART.fullmatch(name) if isinstance(name, str) else None
+            if m is None:  # a file list naming anything but a shard beside it is not ours: refuse, never follow
+                raise manifest_error(table_dir, f"lists {_short(name)} at position {i}, not a shard file name "
+                                                f"(part-<i>-of-<n>.<key>.parquet)", man)
+            if name in seen:
+                raise manifest_error(table_dir, f"lists {name} twice (its rows would be read twice)", man)
+            seen.add(name)
+            if (int(m.group(1)), int(m.group(2))) != (i, len(files)):
+                raise manifest_error(table_dir, f"lists {name} at position {i} of {len(files)} (shard i of n is "
+                                                f"part-<i>-of-<n>, in order)", man)
+        return
+    if not _typed(shards, int) or not 0 <= shards <= MAX_SHARDS:
+        raise manifest_error(table_dir, f"has no file list and shards = {_short(shards)}, not a shard count "
+                                        f"(0 to {MAX_SHARDS:,})", man)
+    try:  # the old layout's files are part-<i>-of-<n>.parquet: its count is bounded by what the folder holds
+        held = sum(1 for name in os.listdir(table_dir) if OLD_PART.fullmatch(name) and name.endswith(
+            f"-of-{shards:05d}.parquet"))
+    except OSError:
+        held = 0
+    if shards > held:
+        raise manifest_error(table_dir, f"names {shards:,} shards (no file list) and its folder holds {held} of them",
+                             man)
+
+
+def _short(value) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _kind_name(kind) -> str:
+    names = {str: "string", dict: "JSON object", int: "whole number", (int, float): "number"}
+    return names.get(kind, str(kind))
+
+
+def committed_files(table_dir: Path, manifest: dict | None = None) -> list[dict] | None:
+    """The committed snapshot of a table: [{file, hash, rows, seconds}] in shard order, or None (not finished). A
+    manifest without a file list (written before there were any): its layout's `part-<i>-of-<n>.parquet` files,
+    with what their sidecars say. `manifest`, when given, has been read (and checked) by the caller."""
+    man = manifest if manifest is not None else read_manifest(table_dir)
+    if man is None:
+        return None
+    if "files" in man:
+        return man["files"]
+    n = man["shards"]
+    out = []
+    for i in range(n):
+        name = shard_file(i, n)
+        side = (Path(table_dir) / name).with_suffix(".json")
+        try:
+            meta = json.loads(side.read_text()) if side.is_file() and not side.is_symlink() else {}
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            meta = {}
+        meta = meta if isinstance(meta, dict) else {}
+        out.append({"file": name, "hash": meta.get("hash") if isinstance(meta.get("hash"), str) else None,
+                    "rows": meta["rows"] if _typed(meta.get("rows"), int) else 0,
+                    "seconds": float(meta["seconds"]) if _typed(meta.get("seconds"), (int, float)) else 0.0})
+    return out
+
+
+def file_hash(path: Path) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def combine(*parts: str) -> str:
+    return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    table: str
+    index: int
+    count: int
+    key: str
+    hash: str
+    rows: int
+    cached: bool
+    file: str = ""
+    seconds: float = 0.0
+
+    def entry(self) -> dict:
+        """The shard as a manifest lists it."""
+        return {"file": self.file, "hash": self.hash, "rows": self.rows, "seconds": round(self.seconds, 3)}
+
+
+class Store:
+    """The tables of one run: artifacts/<run>/<table>/. `staged` holds the file lists of tables a stage has computed
+    but not committed yet (finish_stage: its manifest functions see the new shards); everything else reads the
+    committed snapshot."""
+
+    def __init__(self, run_dir: Path, keep_replaced_s: float = 0.0):
+        self.root = Path(run_dir)
+        self.staged: dict[str, list[dict]] = {}
+        self.keep_replaced_s = keep_replaced_s  # finish(): how long the shards a commit replaces stay (grace.py)
+        self._verified = None  # verify.Verified, made at the first input shard read
+
+    def dir(self, table: str) -> Path:
+        return self.root / table
+
+    # ---- the snapshot a reader of this run sees
+    def files(self, table: str) -> list[dict] | None:
+        return self.staged[table] if table in self.staged else committed_files(self.dir(table))
+
+    def _entry(self, table: str, i: int, n: int) -> dict:
+        files = self.files(table)
+        if files is None:
+            raise FileNotFoundError(f"{self.dir(table)}: no finished table `{table}`; run the stage that writes it")
+        if len(files) != n:
+            raise FileNotFoundError(f"{self.dir(table)}: table `{table}` has {len(files)} shards where this run has "
+                                    f"{n}: rerun the stage that writes it")
+        return files[i]
+
+    def shard_path(self, table: str, i: int, n: int, key: str | None = None) -> Path:
+        """With `key`: the file that computation writes. Without: the committed shard i's file."""
+        if key is not None:
+            return self.dir(table) / shard_file(i, n, key)
+        return self.dir(table) / self._entry(table, i, n)["file"]
+
+    def shard_hash(self, table: str, i: int, n: int) -> str:
+        """Content hash of a finished input shard, as its commit records it (and its writer checked)."""
+        h = self._entry(table, i, n).get("hash")
+        if not h:
+            raise FileNotFoundError(f"{self.shard_path(table, i, n)}: shard missing; run the stage that writes "
+                                    f"`{table}`")
+        return h
+
+    def intact(self, table: str, i: int, n: int) -> bool:
+        """The committed shard exists and its bytes still hash to the recorded hash."""
+        try:
+            e = self._entry(table, i, n)
+            path = self.dir(table) / e["file"]
+            return path.is_file() and not path.is_symlink() and e.get("hash") == file_hash(path)
+        except (FileNotFoundError, OSError, TableCorrupt):
+            return False
+
+    def cached_rows(self, table: str, i: int, n: int) -> int:
+        return int(self._entry(table, i, n).get("rows", 0))
+
+    def shard_seconds(self, table: str, i: int, n: int) -> float:
+        return float(self._entry(table, i, n).get("seconds", 0.0))
+
+    def table_hash(self, table: str, n: int) -> str:
+        return combine(*(self.shard_hash(table, i, n) for i in range(n)))
+
+    def read_shard(self, table: str, i: int, n: int) -> pa.Table:
+        """Shard i of a committed table, its bytes checked against the hash its commit records (verify.py) and its
+        Parquet pages against their checksums: a damaged one is TableCorrupt, one line naming it and the fix."""
+        from contramine.pipeline.storage.verify import Verified, damaged_line
+
+        path = self.shard_path(table, i, n)
+        if self._verified is None:
+            self._verified = Verified(self.root)
+        why = self._verified.check(table, path, self._entry(table, i, n).get("hash"))
+        if why is None:
+            try:
+                self._verified.save()  # (what passed: the Parquet read below checks the pages as a second line)
+                return pq.read_table(path, page_checksum_verification=True)
+            except FileNotFoundError:
+                why = "is missing"
+            except (pa.ArrowInvalid, OSError) as e:
+                why = f"is not readable Parquet ({' '.join(str(e).split())[:120]})"
+        raise TableCorrupt(damaged_line(self.dir(table), path.name, why))
+
+    def read(self, table: str, n: int | None = None) -> pa.Table:
+        """Whole table: every shard in order (sorted by sid for per-sentence tables)."""
+        if n is None:
+            n = self.shard_count(table)
+        parts = [self.read_shard(table, i, n) for i in range(n)]
+        return pa.concat_tables(parts) if parts else schema_of(table).empty_table()
+
+    def shard_count(self, table: str) -> int:
+        files = self.files(table)
+        if files is None:
+            raise FileNotFoundError(f"{self.dir(table)}: no finished table `{table}` (run its stage first)")
+        return len(files)
+
+    def exists(self, table: str) -> bool:
+        return (self.dir(table) / MANIFEST).is_file()
+
+    def manifest(self, table: str) -> dict | None:
+        return read_manifest(self.dir(table))
+
+    # ---- the writer's side
+    def write_shard(self, table: str, i: int, n: int, data: pa.Table, key: str, seconds: float = 0.0) -> ShardInfo:
+        """Shard i under `key`: a file of its own name, never one a manifest lists with other bytes."""
+        check_schema(table, data)
+        path = self.shard_path(table, i, n, key)
+        with atomic_file(path, root=self.root) as tmp:  # no folder below the run is a link (safe_paths.py)
+            # Fixed writer options: the same table always gives the same bytes.
+            pq.write_table(data, tmp, compression="zstd", row_group_size=64_000, write_statistics=True,
+                           write_page_checksum=True)
+        info = ShardInfo(table, i, n, key, file_hash(path), data.num_rows, cached=False, file=path.name,
+                         seconds=seconds)
+        atomic_write_json(path.with_suffix(".json"),
+                          {"key": key, "hash": info.hash, "rows": info.rows, "seconds": round(seconds, 3)},
+                          root=self.root)
+        return info
+
+    def cached_shard(self, table: str, i: int, n: int, key: str) -> ShardInfo | None:
+        """The shard written under `key`, if it is there whole: its sidecar names the key and its bytes are intact.
+        Finished shards of a rerun that was killed before its commit are found here too."""
+        path = self.shard_path(table, i, n, key)
+        side = path.with_suffix(".json")
+        if not (path.is_file() and side.is_file()) or path.is_symlink():
+            return None
+        try:
+            meta = json.loads(side.read_text())
+        except (json.JSONDecodeError, OSError):
+            return None
+        if meta.get("key") != key or file_hash(path) != meta.get("hash"):
+            return None
+        return ShardInfo(table, i, n, key, meta["hash"], int(meta["rows"]), cached=True, file=path.name,
+                         seconds=float(meta.get("seconds", 0.0)))
+
+    def write_table(self, table: str, parts: list[pa.Table], key: str, manifest: dict | None = None) -> None:
+        """A whole table written and committed outside a stage (a table you bring, a test's input): shard i of
+        len(parts) under `key`, then the commit."""
+        n = len(parts)
+        self.finish(table, n, manifest or {}, [self.write_shard(table, i, n, t, key).entry() for i, t in
+                                               enumerate(parts)])
+
+    def finish(self, table: str, n: int, manifest: dict, files: list[dict]) -> None:
+        """Commit: the manifest naming exactly `files` replaces the last one in one rename; then every shard file
+        no longer listed (an older computation, another layout, a killed writer's temp file) is removed: only names
+        a writer of this module makes (OWN), never another file, a folder or a link's target. Only the run's one
+        writer (lock.py) calls this, so no other writer's file is in flight. Each listed file is checked against its
+        hash first (TableCorrupt: nothing is committed), which the first reader after the commit then need not do."""
+        if len(files) != n or any(not PART.fullmatch(e["file"]) for e in files):
+            raise ValueError(f"table {table}: a commit needs {n} shard files, got {[e.get('file') for e in files]}")
+        from contramine.pipeline.storage.grace import collect
+        from contramine.pipeline.storage.verify import Verified, first_damaged
+
+        self._verified = self._verified or Verified(self.root)
+        if (line := first_damaged(self._verified, self.dir(table), files)) is not None:  # remembered for readers
+            raise TableCorrupt(line)
+        try:  # what the manifest being replaced lists and this one does not: kept for a grace period (grace.py)
+            replaced = [e["file"] for e in committed_files(self.dir(table)) or [] if e not in files]
+        except TableCorrupt:
+            replaced = []
+        atomic_write_json(self.dir(table) / MANIFEST, {**manifest, "table": table, "shards": n, "files": files},
+                          root=self.root)
+        self.staged.pop(table, None)
+        collect(self.root, self.dir(table), files, replaced, self.keep_replaced_s)
+        self._verified.save()
+
+
+def schema_of(table: str) -> pa.Schema | None:
+    """The table's contract, or None if no loaded module declares it. A stage module may declare its own tables
+    (e.g. pool_embeddings): those are in SCHEMAS once that module is imported, which a writer has done (the runner
+    discovers the stages before it writes); a reader follows the committed file list and needs no contract."""
+    return SCHEMAS.get(table)
+
+
+def check_schema(table: str, data: pa.Table) -> None:
+    """The contract's columns must be there with their types (extra columns are allowed)."""
+    want = schema_of(table)
+    if want is None:
+        raise ValueError(f"table {table!r}: no stage declares it (known: {', '.join(sorted(SCHEMAS))})")
+    missing = [n for n in want.names if n not in data.column_names]
+    if missing:
+        raise ValueError(f"table {table}: missing contract columns {missing} (has {data.column_names})")
+    for f in want:
+        got = data.schema.field(f.name).type
+        ok = got == f.type or (pa.types.is_fixed_size_list(got) and pa.types.is_list(f.type)
+                               and got.value_type == f.type.value_type)
+        if not ok:
+            raise ValueError(f"table {table}: column {f.name} is {got}, contract says {f.type}")

@@ -1,0 +1,358 @@
+"""Reading a run's tables: the one reader for the SQL views, the mining report, the trainer and the tests.
+
+    tables = RunTables("artifacts/default")
+    tables.names()                       # tables the run has finished (each has a _manifest.json)
+    tables.read("pairs", ["anchor"])     # an Arrow table, rows in sid order
+    tables.connect()                     # DuckDB with every finished table as a view
+
+A table is the file list its manifest names (store.py): exactly those files are read, so shards that a rerun wrote
+and did not commit (it was killed, or is still running) are never read, and the previous computation is served
+whole until the next commit. Readers take no lock. A commit keeps the files the previous manifest named for
+runner.keep_replaced_s (grace.py), so a read that listed them finishes; one that finds a file gone all the same
+reads the new manifest once more. Every listed file is checked against the hash its manifest records before it
+is served (verify.py): a damaged one is one line naming it and the stage run that rewrites it. Imports neither torch nor
+Prefect, and discovers no stage (a missing table's error names its writer: that path alone looks the stages up).
+
+Folder names become SQL view names only when they are plain identifiers (`[A-Za-z0-9_]+`), and are quoted: a run
+folder received from someone else is data, never SQL. A manifest is data too: its shape is checked
+(store.check_manifest) before anything it names is read, and a wrong one is one line naming the table, its run and
+the `make stage ... FORCE=1` that rewrites it (TableUnreadable).
+"""
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from contramine.pipeline.storage.safe_paths import UnsafePath, read_regular
+from contramine.pipeline.storage.store import MANIFEST, TableCorrupt, committed_files, parse_manifest, read_manifest
+from contramine.pipeline.errors import ExpectedError
+from contramine.pipeline.hints import command
+from contramine.pipeline.schema import SCHEMAS
+
+VIEW_NAME = re.compile(r"[A-Za-z0-9_]+")  # fullmatch  # a folder name that may become a SQL view name (then quoted)
+log = logging.getLogger("contramine.tables")
+_said: set[tuple[str, str]] = set()  # (run folder, name) already named in this process: once, not per reader
+
+
+def _say_once(run_dir: Path, name: str, line: str) -> None:
+    if (str(run_dir), name) not in _said:
+        _said.add((str(run_dir), name))
+        log.warning(line)
+
+
+class TableMissing(ExpectedError, FileNotFoundError):
+    """A table the caller needs is not in the run; the message is one line saying which stage writes it."""
+
+
+class TableUnreadable(ExpectedError, ValueError):
+    """A committed table whose files are not all there (or not plain files): one line naming it and the fix."""
+
+
+def writer_of(table: str) -> str:
+    """The stage that writes `table` (imports the stage modules: used on the error path only)."""
+    from contramine.pipeline.engine.discovery import writer
+
+    return writer(table) or table
+
+
+class RunTables:
+    def __init__(self, run_dir: Path | str):
+        self.dir = Path(run_dir)
+        self._verified = None  # verify.Verified: the run's remembered shard checks, loaded at the first read
+
+    def manifest(self, table: str) -> dict | None:
+        try:
+            return read_manifest(self.dir / table)
+        except TableCorrupt as e:
+            raise TableUnreadable(str(e)) from None
+
+    def names(self) -> list[str]:
+        """Finished tables: the contract's in schema order, then any other (a stage added by a user). A folder whose
+        name is not a plain identifier is left out, and named once (it cannot be a view, and no stage writes it)."""
+        if not self.dir.is_dir():
+            return []
+        have = set()
+        for p in self.dir.glob(f"*/{MANIFEST}"):
+            name = p.parent.name
+            if name.startswith("."):
+                continue
+            if not VIEW_NAME.fullmatch(name) or p.parent.is_symlink():
+                _say_once(self.dir, name, f"{self.dir}: folder {name!r} left out (a table's name is letters, digits "
+                                          f"and '_', and a table is a folder, not a link)")
+                continue
+            have.add(name)
+        return [t for t in SCHEMAS if t in have] + sorted(have - set(SCHEMAS))
+
+    def exists(self, table: str) -> bool:
+        return (self.dir / table / MANIFEST).is_file()
+
+    def shards(self, table: str) -> int:
+        files = self._committed(table)
+        if files is None:
+            raise TableMissing(table)  # (files() says more)
+        return len(files)
+
+    def _committed(self, table: str) -> list[dict] | None:
+        try:
+            return committed_files(self.dir / table)
+        except TableCorrupt as e:
+            raise TableUnreadable(str(e)) from None
+
+    def _listed(self, table: str) -> tuple[list[Path], list[tuple[str, str]]]:
+        """(the paths the last commit lists, [(name, why)] of those missing, not plain files, or whose bytes do not
+        hash to what the commit records: verify.py)."""
+        from contramine.pipeline.storage.verify import Verified
+
+        entries = self._committed(table) or []
+        if self._verified is None:
+            self._verified = Verified(self.dir)
+        paths, bad = [], []
+        for e in entries:
+            path = self.dir / table / e["file"]
+            paths.append(path)
+            why = self._verified.check(table, path, e.get("hash"))
+            if why is not None:
+                bad.append((path.name, why))
+        self._verified.save()
+        return paths, bad
+
+    def files(self, table: str) -> list[Path]:
+        """The files the table's last commit lists, in shard (= sid) order, each checked against the hash the commit
+        records; TableMissing (one line naming the stage that writes it) when the run has not got it,
+        TableUnreadable (one line naming the shard and the command that rewrites it) when a listed file is gone,
+        a link or damaged."""
+        from contramine.pipeline.storage.verify import damaged_line
+
+        paths, bad = self._listed(table)
+        if not paths:
+            raise self.missing(table)
+        if bad:
+            more = f" ({len(bad) - 1} more shard(s) of it too)" if len(bad) > 1 else ""
+            raise TableUnreadable(damaged_line(self.dir / table, bad[0][0], bad[0][1] + more))
+        return paths
+
+    def files_if_any(self, table: str) -> list[Path]:
+        """Like `files`, but [] for a table the run does not have or cannot serve whole (no error, no stage lookup)."""
+        try:
+            paths, bad = self._listed(table)
+        except TableUnreadable:
+            return []
+        return [] if bad else paths
+
+    def missing(self, table: str) -> TableMissing:
+        tdir, run = self.dir / table, self.dir.name
+        what = "no such folder" if not tdir.is_dir() else "no finished shards in it"
+        from contramine.pipeline.engine.discovery import writer as stage_writing
+
+        writer = stage_writing(table)
+        if writer is None:  # a folder of the run that no stage writes: no stage run would bring it
+            return TableMissing(f"table {table!r} at {tdir}/ ({what}): no stage writes `{table}`, so no stage run "
+                                f"brings it; it is a folder of the run that is no mined table (remove it, or ask "
+                                f"for a table a stage writes)")
+        return TableMissing(f"mined table {table!r} not found at {tdir}/ ({what}): it is written by the `{writer}` "
+                            f"stage — run `{command('mine', run=run)}` (every stage) or "
+                            f"`{command('stage', stage=writer, run=run)}` "
+                            f"(that stage and what it reads must exist)")
+
+    def dataset(self, table: str) -> pads.Dataset:
+        """The table's checked files as a pyarrow dataset that also verifies each Parquet page's checksum."""
+        fmt = pads.ParquetFileFormat(default_fragment_scan_options=pads.ParquetFragmentScanOptions(
+            page_checksum_verification=True))
+        return pads.dataset([str(f) for f in self.files(table)], format=fmt)
+
+    def read(self, table: str, columns: list[str] | None = None) -> pa.Table:
+        try:
+            try:
+                return self.dataset(table).to_table(columns=columns)
+            except FileNotFoundError:  # a commit between listing and reading removed a listed file: the new snapshot
+                return self.dataset(table).to_table(columns=columns)
+        except (pa.ArrowInvalid, OSError) as e:  # changed after its check (a page checksum, a vanished file)
+            from contramine.pipeline.storage.verify import table_line
+
+            raise TableUnreadable(table_line(self.dir / table, f"cannot be read ({' '.join(str(e).split())[:160]})")
+                                  ) from None
+
+    def sql_source(self, table: str) -> str:
+        """A DuckDB expression for the table: its current layout's files; `emb` back to FLOAT[d]."""
+        files = ", ".join("'" + str(f).replace("'", "''") + "'" for f in self.files(table))
+        source = f"read_parquet([{files}])"
+        if table == "embeddings":  # Parquet has no fixed-size list: restore FLOAT[d]
+            dim = self.dataset(table).schema.field("emb").type
+            d = dim.list_size if pa.types.is_fixed_size_list(dim) else None
+            if d is None:
+                import duckdb
+
+                d = duckdb.sql(f"SELECT max(len(emb)) FROM {source}").fetchall()[0][0] or 1
+            source = f"(SELECT sid, emb::FLOAT[{d}] AS emb FROM {source})"
+        return source
+
+    def connect(self, con=None, say: bool = True):
+        """A DuckDB connection with every finished table of the run as a view named after it. A table that cannot
+        be served whole (a manifest of the wrong shape, a listed file missing) gets no view: its one line is in
+        `self.refused` ({table: line}) and, with `say`, in the log once."""
+        import duckdb
+
+        if not self.dir.is_dir():
+            raise FileNotFoundError(f"{self.dir}: no such run (`{command('mine', run=self.dir.name)}` first)")
+        con = con or duckdb.connect()
+        self.refused: dict[str, str] = {}
+        for table in self.names():  # names(): plain identifiers only, and quoted all the same
+            try:
+                self.files(table)
+            except ExpectedError as e:
+                self.refused[table] = " ".join(str(e).splitlines())
+                if say:
+                    _say_once(self.dir, table, self.refused[table])
+                continue
+            con.execute(f'CREATE VIEW "{table}" AS SELECT * FROM {self.sql_source(table)}')
+        return con
+
+
+COPY_TRIES = 3  # readings of a source table's manifest before a copy that keeps losing files gives up
+
+
+def reuse_tables(src: Path | str, dst: Path | str) -> list[str]:
+    """Start run folder `dst` from run `src`'s finished tables, the ones `dst` has not got: hard links where the
+    file system allows (every write of the pipeline replaces a file, never edits it, so the runs never share a
+    change), else copies; each table lands whole or not at all (atomic_dir). Nothing is trusted because it was
+    copied: a stage reuses a shard only when its key (settings, inputs, code, models) matches, so what another
+    encoder, say, decides is computed again. Returns the tables it brought.
+
+    Each table is copied from ONE reading of its manifest: the bytes read are the manifest the copy gets, and
+    exactly the files they list are linked. A file that vanished meanwhile (the source run committed that table
+    again) starts the table over from the new manifest, COPY_TRIES times at most, then a one-line refusal; a
+    table never lands as a manifest without its files."""
+    from contramine.pipeline.storage.lock import run_lock
+
+    source, dst = RunTables(src), Path(dst)
+    if source.dir.resolve() == dst.resolve():
+        raise TableMissing(f"--reuse-from: {source.dir} is this run's own folder: name the run to start from")
+    if not source.names():
+        raise TableMissing(f"--reuse-from: {source.dir}/ holds no finished table (no */_manifest.json): mine that run "
+                           f"first, or name another")
+
+    with run_lock(dst, "--reuse-from"):  # it writes into dst: as any writer, alone
+        return _bring(source, dst)
+
+
+def _link_or_copy(a: Path, b: Path) -> None:
+    import os
+    import shutil
+
+    try:
+        os.link(a, b)
+    except FileNotFoundError:
+        raise
+    except OSError:  # another file system, or one without hard links
+        shutil.copy2(a, b)
+
+
+def _only_a_manifest(table_dir: Path) -> bool:
+    """A table folder holding a manifest and no shard (what an interrupted copy of older code could leave): not a
+    table of the run's own, so a copy may replace it."""
+    try:
+        names = [p.name for p in table_dir.iterdir()]
+    except OSError:
+        return False
+    return MANIFEST in names and not any(n.startswith("part-") for n in names)
+
+
+def _bring(source: RunTables, dst: Path) -> list[str]:
+    from contramine.pipeline.storage.atomic import atomic_dir, recover
+
+    brought = []
+    for table in source.names():
+        own = recover(dst / table, root=dst)
+        if own.exists() and not (own.is_dir() and not own.is_symlink() and _only_a_manifest(own)):
+            continue  # the run's own: never replaced
+        with atomic_dir(dst / table, root=dst) as tmp:  # the commit, the files it lists and their sidecars: plain files only
+            _copy_table(source, table, tmp)
+        brought.append(table)
+    return brought
+
+
+def reuse_command(source: str) -> str:
+    """`make mine FROM=<source>` under make, `contramine mine --reuse-from <source>` elsewhere."""
+    from contramine.pipeline.hints import via_make
+
+    return f"make mine FROM={source}" if via_make() else f"contramine mine --reuse-from {source}"
+
+
+class _Vanished(Exception):
+    """A file the manifest read lists was gone when it was linked: the source committed meanwhile."""
+
+
+def _copy_table(source: RunTables, table: str, tmp: Path) -> None:
+    """Fill `tmp` with one snapshot of the source table: its manifest's bytes as read once, and every file those
+    list. Starts over (from a new reading) when a listed file vanished; TableUnreadable after COPY_TRIES."""
+    src_dir = source.dir / table
+    for attempt in range(COPY_TRIES):
+        for p in list(tmp.iterdir()):  # what an attempt before this one linked
+            _remove_entry(p)
+        try:
+            raw = read_regular(src_dir / MANIFEST, follow=True)  # a FIFO there: one line, never a hang
+        except UnsafePath as e:
+            raise TableUnreadable(f"--reuse-from: table `{table}` of {source.dir}/: {e}") from None
+        except FileNotFoundError:
+            raise TableUnreadable(f"--reuse-from: table `{table}` of {source.dir}/ lost its manifest while it was "
+                                  f"copied (a stage of that run is writing it): run again when it has finished"
+                                  ) from None
+        files = committed_files(src_dir, _parse(src_dir, raw))
+        try:
+            _link_listed(source, table, files, tmp)
+        except _Vanished:
+            continue
+        (tmp / MANIFEST).write_bytes(raw)  # the manifest that lists exactly what was linked
+        return
+    raise TableUnreadable(f"--reuse-from: table `{table}` of {source.dir}/ was committed again {COPY_TRIES} times "
+                          f"while it was copied (a stage of that run is running): run `{reuse_command(source.dir.name)}` again "
+                          f"when it has finished; nothing of `{table}` was brought")
+
+
+def _parse(src_dir: Path, raw: bytes) -> dict:
+    try:
+        return parse_manifest(src_dir, raw)
+    except TableCorrupt as e:
+        raise TableUnreadable(f"--reuse-from: {e}") from None
+
+
+def _link_listed(source: RunTables, table: str, files: list[dict], tmp: Path) -> None:
+    src_dir = source.dir / table
+    for e in files:
+        shard = src_dir / e["file"]
+        if shard.is_symlink():
+            raise TableUnreadable(f"--reuse-from: {shard} is a symbolic link, not a shard file: the source table is "
+                                  f"not copied (rewrite it with "
+                                  f"`{command('stage', stage=writer_of(table), run=source.dir.name, force=True)}`)")
+        try:
+            _link_or_copy(shard, tmp / shard.name)
+        except FileNotFoundError:
+            raise _Vanished(shard) from None
+        side = shard.with_suffix(".json")  # the sidecar: optional (a shard reuse needs it, a read does not)
+        if side.is_file() and not side.is_symlink():
+            try:
+                _link_or_copy(side, tmp / side.name)
+            except FileNotFoundError:
+                raise _Vanished(side) from None
+    index = src_dir / "_index"  # the neighbours stage's built index, keyed by what it was built from: a cache
+    if index.is_dir() and not index.is_symlink():
+        (tmp / "_index").mkdir()
+        for p in index.iterdir():
+            if p.is_file() and not p.is_symlink():
+                try:
+                    _link_or_copy(p, tmp / "_index" / p.name)
+                except FileNotFoundError:
+                    pass  # rebuilt meanwhile: the stage builds it again where it needs to
+
+
+def _remove_entry(p: Path) -> None:
+    import shutil
+
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p)
+    else:
+        p.unlink()

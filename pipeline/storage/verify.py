@@ -1,0 +1,151 @@
+"""Every read checks what it reads: a shard's bytes hash to what its table's manifest records before anything serves
+them (`make sql`, the report, exports, the trainer, a stage reading its inputs, `contramine verify`).
+
+The manifest records each shard's blake2b-128 of its whole file (store.file_hash, taken by the writer right after
+the rename). Hashing every shard at every `sql` would cost seconds on a large run, so a check that passed is
+remembered in the run's `.verified.json`: {"<table>/<file>": [inode, size, mtime_ns, hash]}. A remembered check
+counts only while the file's inode, size and mtime_ns are what they were and the manifest records the same hash: a
+rewrite (a new inode: every write is a rename), a truncation (size), a byte flipped in place (mtime) or a new commit
+(hash) hashes the file again. The cache is written atomically; a run folder that cannot be written (read-only) is
+checked all the same, only not remembered. Parquet page checksums (written by store.write_shard, verified by the
+pyarrow readers) are a second line for a reader that skips this one.
+
+    verified = Verified(run_dir)
+    why = verified.check("triplets", path, expected_hash)   # None: intact; else why not ("missing", "damaged ...")
+    verified.save()
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import stat
+import threading
+from pathlib import Path
+
+CACHE = ".verified.json"
+_CACHE_MAX = 16 << 20  # a cache file larger than this is not ours: ignored (and replaced at the next save)
+
+
+def table_line(table_dir: Path, what: str, man=None) -> str:
+    """One line: which table of which run, `what` is wrong, and the stage run that writes the table again (the
+    manifest's own `stage` where it names one of the run order's stages, else looked up: that imports the stages)."""
+    table_dir = Path(table_dir)
+    table, run = table_dir.name, table_dir.parent.name
+    stage = man.get("stage") if isinstance(man, dict) else None
+    try:
+        from contramine.pipeline.engine.discovery import module_names
+
+        if stage not in module_names():
+            from contramine.pipeline.engine.discovery import writer  # the error path only
+
+            stage = writer(table)
+    except Exception:  # noqa: BLE001 - naming the writer must never hide the refusal itself
+        stage = None
+    from contramine.pipeline.hints import command
+
+    fix = (f"rewrite it with `{command('stage', stage=stage, run=run, force=True)}`" if stage else
+           f"no stage writes `{table}`: remove {table_dir} or write it again")
+    return f"table `{table}` of run {run!r}: {what}: {fix}"
+
+
+def damaged_line(table_dir: Path, file: str, why: str) -> str:
+    """The one line for a listed shard that is not what its manifest recorded."""
+    return table_line(table_dir, f"shard {Path(table_dir) / file} {why} (nothing of it is served)")
+
+
+def content_hash(f) -> str:
+    """The hash a manifest records for a shard (store.file_hash: blake2b-128 of the whole file), of an open file."""
+    return hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
+
+
+def small_json(path: Path) -> dict:
+    """A small JSON object the project keeps beside its tables (a cache, a record), or {} for anything else: no
+    link is followed, a FIFO does not block, a file past 16 MiB or of another shape is not read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _CACHE_MAX:
+            return {}
+        data = json.loads(os.read(fd, st.st_size + 1))
+    except (OSError, ValueError):
+        return {}
+    finally:
+        os.close(fd)
+    return data if isinstance(data, dict) else {}
+
+
+class Verified:
+    """The run's remembered checks (see the module doc). Thread-safe: a stage's shard threads share one."""
+
+    def __init__(self, run_dir: Path | str, remembered: bool = True):
+        """`remembered=False`: hash every file again (`contramine verify`), and remember what passed."""
+        self.run_dir = Path(run_dir)
+        self._lock = threading.Lock()
+        self._dirty = not remembered  # a fresh check replaces what was remembered
+        self._seen: dict[str, list] = self._load() if remembered else {}
+
+    def _load(self) -> dict[str, list]:
+        data = small_json(self.run_dir / CACHE)
+        return {k: v for k, v in data.items() if isinstance(v, list) and len(v) == 4}
+
+    def check(self, table: str, path: Path, expected: str | None) -> str | None:
+        """None when `path` (a shard of `table`) is a plain file whose bytes hash to `expected`; else why not, as a
+        few words for the one line. A shard whose manifest records no hash (the oldest layout) is not checked. The
+        file is opened without following a link and without blocking on a FIFO, and what is remembered is the
+        stat of the very file hashed."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return "is missing"
+        except OSError as e:
+            return "is not a plain file" if e.errno == errno.ELOOP else f"cannot be read ({e.strerror})"
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return "is not a plain file"
+            if not expected:
+                return None
+            key, now = f"{table}/{Path(path).name}", [st.st_ino, st.st_size, st.st_mtime_ns, expected]
+            with self._lock:
+                if self._seen.get(key) == now:
+                    return None
+            try:
+                got = content_hash(f)
+            except OSError as e:
+                return f"cannot be read ({e.strerror})"
+        if got != expected:
+            return (f"is damaged: its {st.st_size:,} bytes do not hash to the {expected[:16]}… its manifest records "
+                    f"(a flipped byte or a truncation)")
+        with self._lock:
+            self._seen[key], self._dirty = now, True
+        return None
+
+    def save(self) -> None:
+        """Write the remembered checks (only files still there), atomically; a folder that cannot be written (read
+        only, a full disk) keeps none: the next reader hashes again."""
+        from contramine.pipeline.storage.atomic import atomic_write_json
+
+        with self._lock:
+            if not self._dirty:
+                return
+            keep = {k: v for k, v in self._seen.items() if os.path.lexists(self.run_dir / k)}
+            self._dirty = False
+        try:
+            atomic_write_json(self.run_dir / CACHE, keep, root=self.run_dir)
+        except Exception:  # noqa: BLE001 - remembering is an optimisation: never the reason a read fails
+            pass
+
+
+def first_damaged(verified: Verified, table_dir: Path, files: list[dict]) -> str | None:
+    """Before a commit (store.Store.finish): the one line for the first listed file that is not a plain file
+    hashing to its entry's hash, or None (and every file checked is remembered in `verified`)."""
+    for e in files:
+        why = verified.check(Path(table_dir).name, Path(table_dir) / e["file"], e.get("hash"))
+        if why is not None:
+            return damaged_line(table_dir, e["file"], why)
+    return None
