@@ -66,7 +66,7 @@ def machine() -> dict:
 def run_module(name: str) -> tuple[list[dict], str | None, float, list[float]]:
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
     try:
-        mod = importlib.import_module(f"bench.{name}_bench")
+        mod = importlib.import_module("bench.host.bench" if name == "host" else f"bench.peers.{name}")
         rows = list(mod.run())
         err = None
     except Exception as e:  # one broken module must not stop the others

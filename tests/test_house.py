@@ -110,15 +110,81 @@ def test_no_python_file_over_400_lines():
     assert not long, f"split these: {long}"
 
 
-def test_no_import_circle_in_the_pipeline():
-    """No two pipeline modules import each other, directly or through others (lazy imports in functions count: a
-    circle there is a module that cannot be read without the other), e.g. store ↔ runner, config ↔ profiles."""
-    from contramine.pipeline.engine.codeversion import PIPELINE, imported_modules
+# The layers, lowest first: a module imports only from its own layer or below, lazily (in a function) or not, and
+# under `if TYPE_CHECKING:` too (an arrow is an arrow, even one only a type checker follows). A name is matched by
+# its longest prefix here; "=name" is that module alone (the stage list, names only, not the stage modules).
+LAYERS = [
+    ("shared leaves", ["contramine.pipeline.errors", "contramine.pipeline.hints", "contramine.pipeline.schema",
+                       "contramine.pipeline.markdown", "contramine.pipeline.identity", "contramine.pipeline.seeding",
+                       "contramine.pipeline.roles", "contramine.pipeline.text_distances",
+                       "contramine.pipeline.degenerate", "=contramine.pipeline.stages"]),
+    ("storage: the run folder on disk", ["contramine.pipeline.storage"]),
+    ("corpus: reading the input", ["contramine.pipeline.corpus"]),
+    ("config", ["contramine.pipeline.config"]),
+    ("code versions", ["contramine.pipeline.engine.codeversion"]),
+    ("row memo", ["contramine.pipeline.memo"]),
+    ("engine: declarations, runner, resources", ["contramine.pipeline.engine"]),
+    ("models and search", ["contramine.pipeline.models", "contramine.pipeline.search"]),
+    ("stages", ["contramine.pipeline.stages"]),
+    ("export and report", ["contramine.pipeline.export", "contramine.pipeline.report", "contramine.pipeline"]),
+    ("trainer", ["contramine.trainer"]),
+    ("flows and the CLI", ["contramine.flows"]),
+    ("the public surface", ["contramine"]),
+    ("benches", ["bench"]),
+]
+PARTS = {"contramine.pipeline": "pipeline", "contramine.trainer": "trainer", "contramine.flows": "flows",
+         "contramine": "contramine", "bench": "bench"}
 
-    names = {".".join(p.relative_to(PIPELINE.parent).with_suffix("").parts).removesuffix(".__init__"): p
-             for p in PIPELINE.rglob("*.py")}
-    graph = {m: {x for x in imported_modules(p.read_text(), m + ".__init__" * (p.name == "__init__.py"))
-                 if x in names and x != m} for m, p in names.items()}
+
+def _module_files() -> dict[str, Path]:
+    """Every module of the package and the benches by import name (contramine.pipeline.x lives in pipeline/x.py)."""
+    out = {}
+    for name, folder in PARTS.items():
+        for p in (ROOT / folder).rglob("*.py"):
+            rel = p.relative_to(ROOT / folder).with_suffix("").parts
+            if name == "contramine" and rel[0] != "__init__" and len(rel) > 1:
+                continue
+            out[".".join((name, *rel)).removesuffix(".__init__")] = p
+    return out
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the project's modules it imports anywhere in it: top level, in functions, under TYPE_CHECKING
+    (an ancestor package, which every import of a submodule runs, is no arrow)."""
+    import ast
+    from importlib.util import resolve_name
+
+    files = _module_files()
+    graph = {}
+    for m, p in files.items():
+        package = m if p.name == "__init__.py" else m.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = resolve_name("." * node.level + (node.module or ""), package) if node.level else node.module
+                found |= {base, *(f"{base}.{a.name}" for a in node.names)}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        graph[m] = {x for x in found if x in files and x != m and not m.startswith(x + ".")}
+    return graph
+
+
+def _layer(module: str) -> int:
+    best = (-1, -1)
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            exact = prefix.startswith("=")
+            name = prefix.lstrip("=")
+            if module == name or (not exact and module.startswith(name + ".")):
+                best = max(best, (len(name) + exact, i))
+    assert best[1] >= 0, f"{module} is in no layer of LAYERS: add it"
+    return best[1]
+
+
+def test_no_import_circle():
+    """No module imports itself back through others, counting imports in functions (a circle there is a module
+    that cannot be read without the other) and under TYPE_CHECKING."""
+    graph = _import_graph()
 
     def reaches(start: str) -> set[str]:
         seen, todo = set(), list(graph[start])
@@ -144,6 +210,42 @@ def test_the_run_order_follows_reads_and_writes_ties_in_declaration_order():
             assert names.index(writer.name) <= names.index(stage.name), (writer.name, stage.name)
     assert names == ["pool_sentences", "pool_embeddings", "sentences", "embeddings", "negate", "neighbours", "noise",
                      "backtranslate", "paraphrases", "scores", "ipw", "pairs", "triplets"]
+
+
+def test_every_import_points_down_the_layers():
+    graph = _import_graph()
+    up = sorted(f"{a} ({LAYERS[_layer(a)][0]}) -> {b} ({LAYERS[_layer(b)][0]})"
+                for a, targets in graph.items() for b in targets if _layer(b) > _layer(a))
+    assert not up, "imports from a higher layer:\n" + "\n".join(up)
+
+
+def test_the_graph_sees_lazy_and_type_checking_imports():
+    """The checks above count what they claim to: a function-level import and a TYPE_CHECKING one are arrows."""
+    graph = _import_graph()
+    assert "contramine.pipeline.storage.store" in graph["contramine.pipeline.engine.spec"]  # under TYPE_CHECKING
+    assert "contramine.pipeline.memo.run" in graph["contramine.pipeline.engine.spec"]  # inside a function
+
+
+def test_a_package_says_what_it_offers_and_prefixes_are_packages():
+    """The house rule: a module under ~400 lines (above), or a package whose __init__ says what it offers (its
+    docstring); no three files of one folder share a name prefix (`memo_*`, `gpu_*`): they are a package."""
+    from collections import Counter
+
+    silent = [str(p.relative_to(ROOT)) for d in PARTS.values() for p in (ROOT / d).rglob("__init__.py")
+              if not ast_docstring(p)]
+    assert not silent, f"say what these packages offer in their docstring: {silent}"
+    crowded = {}
+    for d in PARTS.values():
+        for folder in {p.parent for p in (ROOT / d).rglob("*.py")}:
+            prefixes = Counter(p.stem.split("_")[0] for p in folder.glob("*.py") if "_" in p.stem.strip("_"))
+            crowded |= {f"{folder.relative_to(ROOT)}/{k}_*": n for k, n in prefixes.items() if n >= 3}
+    assert not crowded, f"make these a package: {crowded}"
+
+
+def ast_docstring(path: Path) -> str | None:
+    import ast
+
+    return ast.get_docstring(ast.parse(path.read_text()))
 
 
 def test_an_unwritten_table_two_writers_or_a_circle_is_refused_naming_the_stages():
@@ -195,7 +297,7 @@ def test_layers_point_down_no_lower_module_imports_a_stage():
     lower = [p for p in PIPELINE.rglob("*.py") if "stages" not in p.relative_to(PIPELINE).parts]
     bad = {}
     for p in lower:
-        name = ".".join(p.relative_to(PIPELINE.parent).with_suffix("").parts)
+        name = "contramine." + ".".join(p.relative_to(PIPELINE.parent).with_suffix("").parts)
         hits = imported_modules(p.read_text(), name) & stage_modules
         if hits:
             bad[name] = sorted(hits)

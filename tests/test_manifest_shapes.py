@@ -18,6 +18,30 @@ from contramine.pipeline.errors import ExpectedError
 from contramine.pipeline.schema import SCHEMAS
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def stages_loaded():
+    """As in every command that runs stages: discovery has told the store which stage writes which table."""
+    from contramine.pipeline.engine.runner import load_stages
+
+    load_stages()
+
+
+def test_without_the_stages_loaded_the_manifest_names_its_own_writer(tmp_path, monkeypatch):
+    """The store never imports the stages (they sit above it): a process that has not loaded them (`contramine sql`)
+    takes the writer from the manifest itself, or says which stage to rerun without naming one."""
+    from contramine.pipeline.storage import store
+
+    monkeypatch.setattr(store, "WRITERS", {})
+    table = tmp_path / "myrun" / "sentences"
+    table.mkdir(parents=True)
+    (table / MANIFEST).write_text(json.dumps({**GOOD, "files": 5}))
+    with pytest.raises(TableCorrupt, match=r"rewrite it with `contramine stage sentences --run myrun --force`$"):
+        committed_files(table)
+    (table / MANIFEST).write_text("{not json")
+    with pytest.raises(TableCorrupt, match=r"remove .*sentences or write it again with the stage that writes `sent"):
+        committed_files(table)
 PART0 = "part-00000-of-00002.0123456789abcdef.parquet"
 PART1 = "part-00001-of-00002.0123456789abcdef.parquet"
 

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent  # bench/
 
 
 def use_this_bench() -> None:

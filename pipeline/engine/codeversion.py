@@ -2,8 +2,8 @@
 
 Derived from the source (ast), never listed by hand: editing `seeding.py` invalidates exactly the stages that draw
 per-row random numbers, editing the encoder's padding-free forward exactly the stages that embed. Imports under
-`if TYPE_CHECKING:` are not followed (they run nothing), and neither are imports of the engine (`contramine.pipeline.engine.*`:
-the runner, the store, declarations, resources): it moves data and decides nothing a table holds, and a shard's
+`if TYPE_CHECKING:` are not followed (they run nothing), and neither are imports of the engine (ENGINE: the runner,
+declarations, resources, the store and the row memo): it moves data and decides nothing a table holds, and a shard's
 content hash is checked on every reuse; nor, through it, the stage list. What a resource resolves that changes
 bytes (a model's files, an engine module's own code version) is in the resource's plan, which is in the key.
 """
@@ -17,15 +17,15 @@ from importlib.util import resolve_name
 from pathlib import Path
 
 PIPELINE = Path(__file__).resolve().parent.parent
+PACKAGE = "contramine.pipeline"  # PIPELINE's import name
 FORMAT = "contramine-2"
 
 
 def module_file(module: str, root: Path = PIPELINE) -> Path | None:
-    """pipeline.a.b -> <root>/a/b.py (or <root>/a/b/__init__.py); None for modules outside the package."""
-    parts = module.split(".")
-    if parts[0] != "pipeline":
+    """contramine.pipeline.a.b -> <root>/a/b.py (or <root>/a/b/__init__.py); None for modules outside the package."""
+    if module != PACKAGE and not module.startswith(PACKAGE + "."):
         return None
-    base = root.joinpath(*parts[1:])
+    base = root.joinpath(*module.removeprefix(PACKAGE).lstrip(".").split(".")) if module != PACKAGE else root
     for path in (base.with_suffix(".py"), base / "__init__.py"):
         if path.is_file():
             return path
@@ -64,7 +64,8 @@ def imported_modules(source: str, module: str) -> set[str]:
     return out
 
 
-ENGINE = "contramine.pipeline.engine"  # not followed (module doc)
+# not followed (module doc): the engine, and the run folder's storage and row memo that were its files
+ENGINE = ("contramine.pipeline.engine", "contramine.pipeline.storage", "contramine.pipeline.memo")
 
 
 def module_closure(roots: tuple[str, ...], root: Path = PIPELINE) -> list[str]:
@@ -74,7 +75,7 @@ def module_closure(roots: tuple[str, ...], root: Path = PIPELINE) -> list[str]:
     while todo:
         m = todo.pop()
         path = module_file(m, root)
-        if m in seen or path is None or (m == ENGINE or m.startswith(ENGINE + ".")) and m not in roots:
+        if m in seen or path is None or (m in ENGINE or m.startswith(tuple(e + "." for e in ENGINE))) and m not in roots:
             continue
         seen.add(m)
         name = m + ".__init__" if path.name == "__init__.py" else m

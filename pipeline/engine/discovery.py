@@ -12,6 +12,7 @@ import pkgutil
 
 from contramine.pipeline.engine.spec import Stage
 from contramine.pipeline.schema import SCHEMAS
+from contramine.pipeline.storage.verify import WRITERS
 
 
 def stage_modules(packages: list[str] | tuple[str, ...]) -> list[str]:
@@ -73,7 +74,9 @@ def run_order(declared: list[Stage]) -> list[Stage]:
 
 @functools.cache
 def _load(modules: tuple[str, ...]) -> dict[str, Stage]:
-    return {s.name: s for s in run_order([_declared(m) for m in modules])}
+    stages = {s.name: s for s in run_order([_declared(m) for m in modules])}
+    WRITERS.update({t: s.name for s in stages.values() for t in s.writes})  # the storage's errors name the writer
+    return stages
 
 
 def load_stages() -> dict[str, Stage]:

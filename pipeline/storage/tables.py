@@ -53,10 +53,11 @@ class TableUnreadable(ExpectedError, ValueError):
 
 
 def writer_of(table: str) -> str:
-    """The stage that writes `table` (imports the stage modules: used on the error path only)."""
-    from contramine.pipeline.engine.discovery import writer
+    """The stage that writes `table`, as the stages loaded in this process declare it (verify.WRITERS: the storage
+    sits below the stages and never imports them); the table's own name where none is loaded."""
+    from contramine.pipeline.storage.verify import WRITERS
 
-    return writer(table) or table
+    return WRITERS.get(table) or table
 
 
 class RunTables:
@@ -146,17 +147,19 @@ class RunTables:
     def missing(self, table: str) -> TableMissing:
         tdir, run = self.dir / table, self.dir.name
         what = "no such folder" if not tdir.is_dir() else "no finished shards in it"
-        from contramine.pipeline.engine.discovery import writer as stage_writing
+        from contramine.pipeline.schema import SCHEMAS
+        from contramine.pipeline.storage.verify import WRITERS
 
-        writer = stage_writing(table)
-        if writer is None:  # a folder of the run that no stage writes: no stage run would bring it
+        # the writer discovery passed down where the stages are loaded; else the contract's tables (sql loads none)
+        writer = WRITERS.get(table)
+        if writer is None and (WRITERS or table not in SCHEMAS):  # a folder no stage writes: no stage run brings it
             return TableMissing(f"table {table!r} at {tdir}/ ({what}): no stage writes `{table}`, so no stage run "
                                 f"brings it; it is a folder of the run that is no mined table (remove it, or ask "
                                 f"for a table a stage writes)")
-        return TableMissing(f"mined table {table!r} not found at {tdir}/ ({what}): it is written by the `{writer}` "
-                            f"stage — run `{command('mine', run=run)}` (every stage) or "
-                            f"`{command('stage', stage=writer, run=run)}` "
-                            f"(that stage and what it reads must exist)")
+        by = (f"the `{writer}` stage — run `{command('mine', run=run)}` (every stage) or "
+              f"`{command('stage', stage=writer, run=run)}` (that stage and what it reads must exist)" if writer
+              else f"a mining stage — run `{command('mine', run=run)}`")
+        return TableMissing(f"mined table {table!r} not found at {tdir}/ ({what}): it is written by {by}")
 
     def dataset(self, table: str) -> pads.Dataset:
         """The table's checked files as a pyarrow dataset that also verifies each Parquet page's checksum."""

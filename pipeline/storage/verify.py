@@ -28,25 +28,23 @@ CACHE = ".verified.json"
 _CACHE_MAX = 16 << 20  # a cache file larger than this is not ours: ignored (and replaced at the next save)
 
 
+# table -> the stage that writes it, for the lines below: the engine's discovery fills it when it loads the stages
+# (storage sits below the stages and never imports them; the information comes down)
+WRITERS: dict[str, str] = {}
+
+
 def table_line(table_dir: Path, what: str, man=None) -> str:
     """One line: which table of which run, `what` is wrong, and the stage run that writes the table again (the
-    manifest's own `stage` where it names one of the run order's stages, else looked up: that imports the stages)."""
+    writer of the stages loaded in this process, WRITERS; else the manifest's own `stage`)."""
     table_dir = Path(table_dir)
     table, run = table_dir.name, table_dir.parent.name
-    stage = man.get("stage") if isinstance(man, dict) else None
-    try:
-        from contramine.pipeline.engine.discovery import module_names
-
-        if stage not in module_names():
-            from contramine.pipeline.engine.discovery import writer  # the error path only
-
-            stage = writer(table)
-    except Exception:  # noqa: BLE001 - naming the writer must never hide the refusal itself
-        stage = None
+    named = man.get("stage") if isinstance(man, dict) else None
+    stage = WRITERS.get(table) if WRITERS else (named if isinstance(named, str) and named.isidentifier() else None)
     from contramine.pipeline.hints import command
 
     fix = (f"rewrite it with `{command('stage', stage=stage, run=run, force=True)}`" if stage else
-           f"no stage writes `{table}`: remove {table_dir} or write it again")
+           f"no stage writes `{table}`: remove {table_dir} or write it again" if WRITERS else
+           f"remove {table_dir} or write it again with the stage that writes `{table}`")
     return f"table `{table}` of run {run!r}: {what}: {fix}"
 
 
