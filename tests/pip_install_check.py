@@ -1,6 +1,7 @@
 """The package as a user installs it: the wheel built from this checkout, installed with its dependencies into a
 fresh venv outside the checkout (`pip install '<wheel>[cpu]'`), then `contramine` run from an empty folder:
-`contramine doctor`, `contramine mine` on 50 lines with the default profile (offline: nothing comes from a model
+one top-level package (`contramine`, importable past a user's own trainer.py), `contramine doctor`,
+`contramine mine` on 50 lines with the default profile (offline: nothing comes from a model
 hub), `contramine sql`, and the same 50 lines as every corpus form (.jsonl, .jsonl.gz, .txt.zst, a folder of three
 parts, a hub dataset id served by the suite's hub on 127.0.0.1, after the one command doctor names for it), each
 giving the text file's `sentences`. No printed hint may name `make`.
@@ -107,6 +108,22 @@ def user(venv, tmp_path_factory):
         return r
 
     return home, lines, contramine, env
+
+
+def test_one_top_level_package_and_the_losses_past_a_users_own_modules(user, venv):
+    """The wheel puts one name in site-packages, `contramine`; a user's own trainer.py and pipeline.py (common names
+    in ML projects) beside their script do not shadow it: `from contramine.losses import DebCSELoss` is ours."""
+    home, _, _, env = user
+    (record,) = venv.glob("lib/python*/site-packages/contramine-*.dist-info/RECORD")
+    tops = {line.split(",")[0].split("/")[0] for line in record.read_text().splitlines()}
+    assert {t for t in tops if not t.endswith(".dist-info") and t != ".."} == {"contramine"}, tops
+    script = home / "own"
+    script.mkdir(exist_ok=True)
+    for own in ("trainer.py", "pipeline.py", "flows.py"):
+        (script / own).write_text("raise SystemExit('a user module was imported instead of ours')\n")
+    r = _run([str(venv / "bin" / "python"), "-c", "from contramine.losses import DebCSELoss, OssCSELoss, "
+              "WhitenedCSELoss, DCLRLoss, SimCSELoss; print(DebCSELoss.__module__)"], script, env)
+    assert r.returncode == 0 and r.stdout.strip() == "contramine.trainer.st_losses.debcse", r.stdout + r.stderr
 
 
 def test_doctor_finds_everything_the_default_profile_needs(user, venv):
