@@ -127,7 +127,7 @@ def test_sentence_transformers_trains_on_each_export(mined, fmt, bert, tmp_path)
     drawn = anchors_per_batch(trainer, anchor)
     assert sum(map(len, drawn)) == len(train)  # one epoch: every row once
     assert not repeats(drawn), f"batches holding one anchor twice: {repeats(drawn)}"
-    out = contramine.trainer.train()
+    out = trainer.train()
     assert out.global_step == 3 and out.training_loss > 0
     assert any(not (a == b).all() for a, b in zip(before, model.parameters()))
     if len(set(train[anchor])) < len(train):  # the fixture repeats anchors: without NO_DUPLICATES they would collide

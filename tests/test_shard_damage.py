@@ -14,7 +14,7 @@ import pytest
 
 from contramine.pipeline.storage.store import MANIFEST, Store, TableCorrupt
 from contramine.pipeline.storage.tables import RunTables, TableUnreadable
-from contramine.pipeline.storage.verify import CACHE, Verified
+from contramine.pipeline.storage.verify import CACHE
 from contramine.pipeline.schema import SCHEMAS
 from test_manifest_shapes import TABLE_OF, _command, _mined
 

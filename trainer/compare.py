@@ -45,7 +45,7 @@ from contramine.pipeline.hints import command as hint_command, via_make
 from contramine.pipeline.storage.lock import run_lock
 from contramine.pipeline.storage.safe_paths import open_folder
 from contramine.pipeline.errors import ExpectedError
-from contramine.pipeline.storage.tables import RunTables, TableMissing
+from contramine.pipeline.storage.tables import RunTables
 from contramine.trainer.compare_report import bootstrap_markdown, paired_bootstrap, plots, summarise, table_markdown
 
 KEEP_COSINES = ("STSBenchmark",)  # per-pair cosines kept for the paired bootstrap

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from contramine.pipeline.models.decode_loop import DoneFlags, subset_processors, token_ids
+from contramine.pipeline.models.decode_steps import DoneFlags, subset_processors, token_ids
 
 
 def beam_search(loop, input_ids: torch.Tensor, attention_mask: torch.Tensor, gen, processors) -> torch.Tensor:

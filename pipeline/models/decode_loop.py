@@ -24,59 +24,13 @@ from __future__ import annotations
 import copy
 
 import torch
-from transformers import (ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, LogitsProcessorList,
-                          MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor)
+from transformers import (LogitsProcessorList,
+                          NoBadWordsLogitsProcessor)
 
-from contramine.pipeline.models.decode_steps import KNOWN_TYPES, Seq2SeqSteps, supports
+from contramine.pipeline.models.decode_steps import (KNOWN_TYPES, DoneFlags, Seq2SeqSteps, subset_processors,
+                                                     supports, token_ids)
 
 __all__ = ["DecodeLoop", "KNOWN_TYPES", "supports"]
-
-# transformers' processors whose work on a row depends on that row alone (no per-row state of their own): kept as
-# they are when rows are dropped. Ours (translator.py) carry per-row lists and have a `subset(rows)`.
-ROW_WISE = (NoBadWordsLogitsProcessor, ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor,
-            MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)
-
-
-def subset_processors(processors: LogitsProcessorList, rows: list[int]) -> LogitsProcessorList | None:
-    """The processors for the kept `rows` (in order), or None where one of them cannot say (then no row is
-    dropped: outputs stay right, only slower)."""
-    out = LogitsProcessorList()
-    for p in processors:
-        if hasattr(p, "subset"):
-            out.append(p.subset(rows))
-        elif isinstance(p, ROW_WISE) or type(p).__name__ == "BannedTokens":
-            out.append(p)
-        else:
-            return None
-    return out
-
-
-class DoneFlags:
-    """A row-wise bool tensor brought to the host without waiting: `send` starts the copy (into pinned memory on a
-    GPU), `receive` waits for it (by then the device has later work queued) and returns the values as a list."""
-
-    def __init__(self):
-        self.host, self.event = None, None
-
-    def send(self, flags: torch.Tensor) -> None:
-        if flags.device.type == "cuda":
-            self.host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
-            self.host.copy_(flags, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        else:
-            self.host = flags.clone()  # the values at this step (the loop updates flags in place)
-
-    @property
-    def pending(self) -> bool:
-        return self.host is not None
-
-    def receive(self) -> list[bool]:
-        if self.event is not None:
-            self.event.synchronize()
-        values, self.host, self.event = self.host.tolist(), None, None
-        return values
-
 
 def prepared(model, gen, input_ids: torch.Tensor, ours: LogitsProcessorList):
     """(generation config, logits processors) as model.generate prepares them for these inputs: transformers'
@@ -94,10 +48,6 @@ def prepared(model, gen, input_ids: torch.Tensor, ours: LogitsProcessorList):
     banned = {t for p in ours if type(p).__name__ == "BannedTokens" for t in p.token_ids}
     return gen, LogitsProcessorList(p for p in processors if not (
         isinstance(p, NoBadWordsLogitsProcessor) and all(len(w) == 1 and w[0] in banned for w in p.bad_word_ids)))
-
-
-def token_ids(value) -> list[int]:
-    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [int(value)]
 
 
 class DecodeLoop:

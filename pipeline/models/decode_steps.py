@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from transformers import (ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, LogitsProcessorList,
+                          MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor)
 
 KNOWN_TYPES = ("marian", "fsmt")
 
@@ -124,3 +126,54 @@ class Seq2SeqSteps:
         else:
             logits = self.model.lm_head(x) + self.model.final_logits_bias
         return logits[:, 0].float()
+
+
+# transformers' processors whose work on a row depends on that row alone (no per-row state of their own): kept as
+# they are when rows are dropped. Ours (translator.py) carry per-row lists and have a `subset(rows)`.
+ROW_WISE = (NoBadWordsLogitsProcessor, ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor,
+            MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)
+
+
+def subset_processors(processors: LogitsProcessorList, rows: list[int]) -> LogitsProcessorList | None:
+    """The processors for the kept `rows` (in order), or None where one of them cannot say (then no row is
+    dropped: outputs stay right, only slower)."""
+    out = LogitsProcessorList()
+    for p in processors:
+        if hasattr(p, "subset"):
+            out.append(p.subset(rows))
+        elif isinstance(p, ROW_WISE) or type(p).__name__ == "BannedTokens":
+            out.append(p)
+        else:
+            return None
+    return out
+
+
+class DoneFlags:
+    """A row-wise bool tensor brought to the host without waiting: `send` starts the copy (into pinned memory on a
+    GPU), `receive` waits for it (by then the device has later work queued) and returns the values as a list."""
+
+    def __init__(self):
+        self.host, self.event = None, None
+
+    def send(self, flags: torch.Tensor) -> None:
+        if flags.device.type == "cuda":
+            self.host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+            self.host.copy_(flags, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = flags.clone()  # the values at this step (the loop updates flags in place)
+
+    @property
+    def pending(self) -> bool:
+        return self.host is not None
+
+    def receive(self) -> list[bool]:
+        if self.event is not None:
+            self.event.synchronize()
+        values, self.host, self.event = self.host.tolist(), None, None
+        return values
+
+
+def token_ids(value) -> list[int]:
+    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [int(value)]

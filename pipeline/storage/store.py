@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contramine.pipeline.storage.atomic import atomic_file, atomic_write_json
-from contramine.pipeline.storage.safe_paths import UnsafePath, kind_of, open_folder, read_regular
+from contramine.pipeline.storage.safe_paths import UnsafePath, kind_of, read_regular
 from contramine.pipeline.storage.shard_names import MANIFEST, OLD_PART, PART
 from contramine.pipeline.errors import ExpectedError
 from contramine.pipeline.schema import SCHEMAS
