@@ -141,7 +141,7 @@ def test_a_warm_worker_embeds_with_the_rerun_pooler(cluster, corpus30, tmp_path)
 
 def test_a_chain_generation_setting_reaches_warm_workers(cluster, corpus30, tmp_path):
     """backtranslate with 1 beam, then with 3 and 2 returns, on the warm cluster = each computed in this process."""
-    from tiny_mt import build_tiny_marian
+    from bench.fixtures.tiny_mt import build_tiny_marian
 
     chain = [build_tiny_marian(tmp_path / "en-xx", seed=1), build_tiny_marian(tmp_path / "xx-en", seed=2)]
     base = SMALL[:-1] + [f"backtranslate.chains=[[{chain[0]}, {chain[1]}]]", "backtranslate.max_new_tokens_min=4",
@@ -224,7 +224,7 @@ def test_a_worker_killed_mid_stage_leaves_the_tables_whole(cluster, corpus30, th
     run.start()
     store, killed, t0 = Store(cfg.run.dir), None, time.monotonic()
     while killed is None and run.is_alive() and time.monotonic() - t0 < 300:
-        if store.exists("backtranslations") and not store.exists("negations"):  # negate's shards are running
+        if store.exists("embeddings") and not store.exists("negations"):  # negate (next in the order) is running
             busy = [w for w, keys in cluster.processing().items() if keys]
             if busy:
                 pid = cluster.worker_pids()[busy[0]]

@@ -206,7 +206,9 @@ def test_engine_switch_recomputes_the_shards(tiny, tmp_path):
     store.write_table("sentences", [pa.table({"sid": sids, "text": LINES[:30], "n_words": [5] * 30,
                                               "line_no": sids}, schema=SCHEMAS["sentences"])], "k")
     store.write_table("variants", [SCHEMAS["variants"].empty_table()], "k")
-    base = [f"run.root={tmp_path}", "run.name=r", "run.shards=1", *(f"backtranslate.{k}={v}" for k, v in SMALL.items()),
+    # replaced shards go at once (no grace period), so the last rerun below finds the hf shard gone
+    base = [f"run.root={tmp_path}", "run.name=r", "run.shards=1", "runner.keep_replaced_s=0",
+            *(f"backtranslate.{k}={v}" for k, v in SMALL.items()),
             f'backtranslate.chains=[["{tiny["en-xx"]}", "{tiny["xx-en"]}"]]']
     runs = {e: load_config("default", [*base, *e]) for e in
             [(), ("backtranslate.engine=ctranslate2", "backtranslate.compute_type=float32"),

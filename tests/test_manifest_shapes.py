@@ -31,9 +31,9 @@ def stages_loaded():
 def test_without_the_stages_loaded_the_manifest_names_its_own_writer(tmp_path, monkeypatch):
     """The store never imports the stages (they sit above it): a process that has not loaded them (`contramine sql`)
     takes the writer from the manifest itself, or says which stage to rerun without naming one."""
-    from contramine.pipeline.storage import store
+    from contramine.pipeline.storage import verify
 
-    monkeypatch.setattr(store, "WRITERS", {})
+    monkeypatch.setattr(verify, "WRITERS", {})
     table = tmp_path / "myrun" / "sentences"
     table.mkdir(parents=True)
     (table / MANIFEST).write_text(json.dumps({**GOOD, "files": 5}))

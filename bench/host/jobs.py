@@ -40,6 +40,40 @@ def use_this_bench() -> None:
     spec.loader.exec_module(package)
 
 
+def alias_old_names(checkout: Path) -> None:
+    """A checkout from before the one import name (no contramine/ folder: its code imports `pipeline`, `trainer`):
+    `contramine.pipeline.x` is then that checkout's `pipeline.x`, the same module object, so the jobs run on it."""
+    import importlib
+    import importlib.abc
+    import importlib.util
+    import types
+
+    if (checkout / "contramine" / "__init__.py").is_file():
+        return
+
+    class Alias(importlib.abc.Loader):
+        def __init__(self, module):
+            self.module = module
+
+        def create_module(self, spec):
+            return self.module
+
+        def exec_module(self, module):
+            pass
+
+    class OldNames(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[:2][-1] in ("pipeline", "trainer", "flows") and name.startswith("contramine."):
+                module = importlib.import_module(name.removeprefix("contramine."))
+                return importlib.util.spec_from_loader(name, Alias(module), is_package=hasattr(module, "__path__"))
+            return None
+
+    top = types.ModuleType("contramine")
+    top.__path__ = []
+    sys.modules["contramine"] = top
+    sys.meta_path.insert(0, OldNames())
+
+
 def jobs() -> dict:
     from bench.host.model_jobs import job_encode, job_generate, job_train
     from bench.host.search_jobs import job_resolve, job_search
@@ -60,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)  # the host's work is one Python thread; no CPU thread pool waits on another
-    import contramine.pipeline as pipeline
     checkout = Path(args.checkout).resolve()
+    alias_old_names(checkout)
+    import contramine.pipeline as pipeline
+
     if not Path(pipeline.__file__).resolve().is_relative_to(checkout):
         raise SystemExit(f"host bench: `pipeline` comes from {pipeline.__file__}, not from {checkout}: run with "
                          f"PYTHONPATH={checkout} and python -P")

@@ -34,7 +34,10 @@ import time
 
 HOLLOW = dict(d_model=8, encoder_attention_heads=1, decoder_attention_heads=1, encoder_ffn_dim=8, decoder_ffn_dim=8)
 # 32 rows (the stage's batching before batch_tokens), the stage's "auto" here (8,192 tokens on a CPU), a GPU's budget
-DEFAULT_SETTINGS = ({"batch_tokens": 0}, {}, {"batch_tokens": 262_144})
+# HF generate's batching (rows, the default budget, a GPU's budget): the Meter counts generate's steps, so each side
+# pins `decoder = "generate"` (our loop, which calls no model forward, is measured in bench/peers/ct2.py)
+DEFAULT_SETTINGS = ({"batch_tokens": 0, "decoder": "generate"}, {"decoder": "generate"},
+                    {"batch_tokens": 262_144, "decoder": "generate"})
 
 
 class Meter:
@@ -71,7 +74,7 @@ class Meter:
 
 def label(settings: dict) -> str:
     """A result name's part for a settings dict: 'stage' for the stage's defaults, else its keys and values."""
-    return "_".join(f"{k}{v}" for k, v in sorted(settings.items())) or "stage"
+    return "_".join(f"{k}{v}" for k, v in sorted(settings.items()) if k != "decoder") or "stage"
 
 
 def texts_for(n: int, vocab_size: int, seed: int = 0) -> list[str]:
