@@ -69,8 +69,13 @@ def _figure(out: Path, name: str, title: str, xlabel: str, ylabel: str, draw, co
 # ---- 1. summary -------------------------------------------------------------------------------------------------
 def section_summary(run: Run, out: Path) -> list[str]:
     md = ["## 1. Summary", ""]
-    # a rejected row stands for `lines` records (a run of one record repeated, pipeline/corpus/filter.py)
-    kept, rejected = run.count("sentences"), run.rows("SELECT sum(coalesce(lines, 1)) FROM rejected")[0][0] or 0 \
+    # a rejected row stands for `lines` records (a run of one record repeated, pipeline/corpus/filter.py); a run mined
+    # before that column existed has one record a row
+    n = "1"
+    if run.present["rejected"] and run.rows("SELECT count(*) FROM information_schema.columns WHERE "
+                                            "table_name = 'rejected' AND column_name = 'lines'")[0][0]:
+        n = "coalesce(lines, 1)"
+    kept, rejected = run.count("sentences"), run.rows(f"SELECT sum({n}) FROM rejected")[0][0] or 0 \
         if run.present["rejected"] else 0
     lines = run.cfg("corpus_lines", ("sentences",)) or run.manifests.get("sentences", {}).get("corpus_lines")
     md += [f"- corpus lines: **{lines if lines is not None else kept + rejected}**"
@@ -78,8 +83,7 @@ def section_summary(run: Run, out: Path) -> list[str]:
            f"- sentences kept: **{kept}**" if run.present["sentences"] else f"- sentences: {ABSENT}",
            f"- lines rejected: **{rejected}**" if run.present["rejected"] else f"- rejected: {ABSENT}", ""]
     if run.present["rejected"] and rejected:
-        reasons = run.rows("SELECT reason, sum(coalesce(lines, 1)) n FROM rejected GROUP BY reason "
-                           "ORDER BY n DESC, reason")
+        reasons = run.rows(f"SELECT reason, sum({n}) n FROM rejected GROUP BY reason ORDER BY n DESC, reason")
         md += ["Rejected lines by reason:", ""] + table(["reason", "lines"], [list(r) for r in reasons])
         md += [_figure(out, "rejected", "Rejected corpus lines by reason", "lines", "reason",
                        lambda ax: ax.barh([r[0] for r in reasons][::-1], [r[1] for r in reasons][::-1]), "x"),
