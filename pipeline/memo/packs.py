@@ -229,7 +229,9 @@ def read_pack(path: Path, expected: str | None, key: bytes | None = None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         try:
-            table = pq.read_table(f, page_checksum_verification=True)
+            # one thread: a pack is small, and pyarrow's pool reading a Python file object can still be running
+            # when a short command exits, which aborts the process ("terminate called without an active exception")
+            table = pq.read_table(f, page_checksum_verification=True, use_threads=False)
         except (OSError, pa.ArrowException) as e:
             return None, st, f"does not read ({type(e).__name__}: {e})"
     problem = pack_problem(table.schema, expected) or values_problem(table, key)
