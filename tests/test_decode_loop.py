@@ -162,3 +162,32 @@ def test_marian_input_ids_through_sentencepieces_batch_call_equal_the_tokenizers
         for max_length in (256, 8):
             assert input_ids(tok, texts, max_length) == tok(texts, truncation=True, max_length=max_length)[
                 "input_ids"], (prefix, max_length)
+
+
+def test_marian_texts_through_sentencepieces_batch_call_equal_the_tokenizers(tmp_path):
+    """translator.py's output texts (fast_tokens.texts: one SentencePiece decode for the rows) are
+    tokenizer.batch_decode(..., skip_special_tokens=True)'s: for real translations' ids and random ones holding
+    special tokens, language codes and empty rows; also for a tokenizer whose source and target SentencePiece
+    differ and for one with separate vocabularies."""
+    import random
+    import shutil
+
+    from transformers import AutoTokenizer, MarianTokenizer
+
+    from bench.fixtures.tiny_mt import _spm_bytes
+    from contramine.pipeline.models.fast_tokens import input_ids, texts
+
+    path = build_tiny_marian(tmp_path / "m", target_codes=(">>cmn_Hans<<",))
+    other = tmp_path / "other"
+    shutil.copytree(path, other)
+    (other / "target.spm").write_bytes(_spm_bytes(corpus_lines()[::3], 120))  # another SentencePiece
+    separate = MarianTokenizer(source_spm=str(path / "source.spm"), target_spm=str(other / "target.spm"),
+                               vocab=str(path / "vocab.json"), target_vocab_file=str(path / "vocab.json"),
+                               separate_vocabs=True)
+    lines = corpus_lines(300) + ["  The   cat\tsat on\n the mat.  ", "", "émoji 😀 ü"]
+    rng = random.Random(0)
+    for tok in (AutoTokenizer.from_pretrained(path), AutoTokenizer.from_pretrained(other), separate):
+        n = len(tok.get_vocab())
+        rows = input_ids(tok, lines, 256) + [[rng.randrange(n) for _ in range(rng.randrange(24))] for _ in range(400)]
+        rows += [[], [tok.eos_token_id], [tok.pad_token_id, 5, tok.eos_token_id, tok.pad_token_id]]
+        assert texts(tok, rows) == tok.batch_decode(rows, skip_special_tokens=True), type(tok).__name__

@@ -18,6 +18,7 @@ CPU, whatever the flow's host has: Bergamot always runs there.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
@@ -253,16 +254,40 @@ def backtranslate(rows: list[tuple[int, int, str]], chain_name: str, translators
     return chain_table(rows, pivots, outputs, chain_name, " > ".join(t.name for t in translators), role)
 
 
+class LazySeeds(Sequence):
+    """`seed_of(i)` for rows 0..n-1, each computed when first read: greedy and beam decoding never read a row's
+    seed, and at ~11 us a row_seed the 1M path's ~10M hop-rows would spend minutes hashing seeds nothing draws from.
+    A row's seed is the same whenever (and whether) it is read (seeding.py is
+    not edited for this: its hash is in every seeded stage's code version)."""
+
+    def __init__(self, n: int, seed_of: Callable[[int], int]):
+        self.n, self.seed_of, self._known = n, seed_of, {}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        i = i + self.n if i < 0 else i
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        if i not in self._known:
+            self._known[i] = self.seed_of(i)
+        return self._known[i]
+
+
 def translate_rows(rows: list[tuple[int, int, str]], translators: list, seed: int = 0,
                    progress: bool = False) -> tuple[list[str], list[list[str]]]:
     """(pivot text, the last hop's returns) of each (sid, variant, text) row: a function of the row alone (its seed
     comes from the run seed, its sid and variant; every engine's outputs are batch-independent)."""
-    row_seeds = [row_seed(seed, "backtranslate", sid, variant) for sid, variant, _ in rows]
+    # computed only where an engine reads them (sampling): LazySeeds
+    row_seeds = LazySeeds(len(rows), lambda i: row_seed(seed, "backtranslate", rows[i][0], rows[i][1]))
     current, pivots, out = [text for _, _, text in rows], None, []
     for hop, tr in enumerate(translators):
         last = hop == len(translators) - 1
-        out = tr.translate(current, [row_seed(s, "backtranslate-hop", hop) for s in row_seeds], progress,
-                           num_return_sequences=None if last else 1)
+        hop_seeds = LazySeeds(len(rows), lambda i, hop=hop: row_seed(row_seeds[i], "backtranslate-hop", hop))
+        out = tr.translate(current, hop_seeds, progress, num_return_sequences=None if last else 1)
         if pivots is None:
             pivots = [o[0] for o in out]
         if not last:

@@ -27,8 +27,8 @@ import torch
 from transformers import (LogitsProcessorList,
                           NoBadWordsLogitsProcessor)
 
-from contramine.pipeline.models.decode_steps import (KNOWN_TYPES, DoneFlags, Seq2SeqSteps, subset_processors,
-                                                     supports, token_ids)
+from contramine.pipeline.models.decode_steps import (KNOWN_TYPES, CheckedProcessors, DoneFlags, Seq2SeqSteps,
+                                                     subset_processors, supports, token_ids)
 
 __all__ = ["DecodeLoop", "KNOWN_TYPES", "supports"]
 
@@ -46,7 +46,7 @@ def prepared(model, gen, input_ids: torch.Tensor, ours: LogitsProcessorList):
     # transformers re-adds the model's one-token bad words that translator.py's BannedTokens already sets to -inf
     # (a bias tensor over rows x vocabulary, three passes a step): skipped, the scores are the same
     banned = {t for p in ours if type(p).__name__ == "BannedTokens" for t in p.token_ids}
-    return gen, LogitsProcessorList(p for p in processors if not (
+    return gen, CheckedProcessors(p for p in processors if not (
         isinstance(p, NoBadWordsLogitsProcessor) and all(len(w) == 1 and w[0] in banned for w in p.bad_word_ids)))
 
 

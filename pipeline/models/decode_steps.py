@@ -15,7 +15,9 @@ padding filled with the dtype's minimum). Both are post-norm transformers, the l
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +69,16 @@ class Seq2SeqSteps:
         self.eager = self.fsmt or model.config._attn_implementation != "sdpa"
         layer = self.decoder.layers[0].self_attn
         self.heads, self.head_dim = layer.num_heads, layer.head_dim
+        self._layers, self._weights_of = None, None
+
+    def layers(self) -> list[LayerWeights]:
+        """Each decoder layer's tensors, read once (and again if the model's weights were replaced or moved): the
+        step calls them through torch.nn.functional, not through ~12 module calls a layer."""
+        first = self.decoder.layers[0].self_attn.q_proj.weight
+        key = (first.data_ptr(), first.dtype, first.device)
+        if self._layers is None or self._weights_of != key:
+            self._layers, self._weights_of = [LayerWeights.of(layer) for layer in self.decoder.layers], key
+        return self._layers
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """(rows, positions, d_model) -> (rows, heads, positions, head_dim)"""
@@ -96,36 +108,79 @@ class Seq2SeqSteps:
             return torch.matmul(F.softmax(scores, dim=-1), v)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
 
-    def _project_q(self, attn, x):
-        q = self._heads(attn.q_proj(x))
-        return q * attn.scaling if self.eager else q
-
     @torch.inference_mode()
     def step(self, state: StepState, tokens: torch.Tensor, t: int) -> torch.Tensor:
-        """Logits (rows, vocab), float32, for the next token after `tokens` (rows,) at decoder position t."""
+        """Logits (rows, vocab), float32, for the next token after `tokens` (rows,) at decoder position t.
+
+        Each layer's arithmetic is its modules' (the same F.linear / layer_norm / activation on the same tensors, in
+        the same order), called directly: the host's work a step is the ops themselves, which a GPU waits for."""
         d = self.decoder
         x = d.embed_tokens(tokens[:, None]) * d.embed_scale
         if self.fsmt:  # fairseq positions: pad + 1 + t for a real token, pad + t for a pad (make_positions)
             x = x + F.embedding(tokens.ne(self.pad).long() + (self.pad + t), d.embed_positions.weight)[:, None]
         else:
             x = x + d.embed_positions.weight[t]
-        rows, width = x.shape[0], x.shape[-1]
-        for i, layer in enumerate(d.layers):
-            a = layer.self_attn
-            state.self_k[i][:, :, t] = self._heads(a.k_proj(x))[:, :, 0]
-            state.self_v[i][:, :, t] = self._heads(a.v_proj(x))[:, :, 0]
-            h = self._attend(self._project_q(a, x), state.self_k[i][:, :, :t + 1], state.self_v[i][:, :, :t + 1],
-                             None)
-            x = layer.self_attn_layer_norm(x + a.out_proj(h.transpose(1, 2).reshape(rows, 1, width)))
-            c = layer.encoder_attn
-            h = self._attend(self._project_q(c, x), state.cross_k[i], state.cross_v[i], state.enc_keep)
-            x = layer.encoder_attn_layer_norm(x + c.out_proj(h.transpose(1, 2).reshape(rows, 1, width)))
-            x = layer.final_layer_norm(x + layer.fc2(layer.activation_fn(layer.fc1(x))))
+        rows, width, heads, hd = x.shape[0], x.shape[-1], self.heads, self.head_dim
+        for i, w in enumerate(self.layers()):
+            k_cache, v_cache = state.self_k[i], state.self_v[i]
+            k_cache[:, :, t] = F.linear(x, w.k, w.k_bias).view(rows, heads, hd)
+            v_cache[:, :, t] = F.linear(x, w.v, w.v_bias).view(rows, heads, hd)
+            q = F.linear(x, w.q, w.q_bias).view(rows, 1, heads, hd).transpose(1, 2)
+            h = self._attend(q * w.scaling if self.eager else q, k_cache[:, :, :t + 1], v_cache[:, :, :t + 1], None)
+            x = F.layer_norm(x + F.linear(h.transpose(1, 2).reshape(rows, 1, width), w.out, w.out_bias),
+                             (width,), w.norm1, w.norm1_bias, w.norm1_eps)
+            q = F.linear(x, w.cross_q, w.cross_q_bias).view(rows, 1, heads, hd).transpose(1, 2)
+            h = self._attend(q * w.scaling if self.eager else q, state.cross_k[i], state.cross_v[i], state.enc_keep)
+            x = F.layer_norm(x + F.linear(h.transpose(1, 2).reshape(rows, 1, width), w.cross_out, w.cross_out_bias),
+                             (width,), w.norm2, w.norm2_bias, w.norm2_eps)
+            x = F.layer_norm(x + F.linear(w.activation(F.linear(x, w.fc1, w.fc1_bias)), w.fc2, w.fc2_bias),
+                             (width,), w.norm3, w.norm3_bias, w.norm3_eps)
         if self.fsmt:
             logits = d.output_projection(x)
         else:
             logits = self.model.lm_head(x) + self.model.final_logits_bias
         return logits[:, 0].float()
+
+
+class LayerWeights(NamedTuple):
+    """One decoder layer's parameters as tensors (Marian's and FSMT's layers name them alike)."""
+    q: torch.Tensor
+    q_bias: torch.Tensor | None
+    k: torch.Tensor
+    k_bias: torch.Tensor | None
+    v: torch.Tensor
+    v_bias: torch.Tensor | None
+    out: torch.Tensor
+    out_bias: torch.Tensor | None
+    scaling: float
+    norm1: torch.Tensor
+    norm1_bias: torch.Tensor
+    norm1_eps: float
+    cross_q: torch.Tensor
+    cross_q_bias: torch.Tensor | None
+    cross_out: torch.Tensor
+    cross_out_bias: torch.Tensor | None
+    norm2: torch.Tensor
+    norm2_bias: torch.Tensor
+    norm2_eps: float
+    fc1: torch.Tensor
+    fc1_bias: torch.Tensor | None
+    fc2: torch.Tensor
+    fc2_bias: torch.Tensor | None
+    norm3: torch.Tensor
+    norm3_bias: torch.Tensor
+    norm3_eps: float
+    activation: object
+
+    @classmethod
+    def of(cls, layer) -> "LayerWeights":
+        a, c = layer.self_attn, layer.encoder_attn
+        n1, n2, n3 = layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm
+        return cls(a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias, a.v_proj.weight, a.v_proj.bias,
+                   a.out_proj.weight, a.out_proj.bias, a.scaling, n1.weight, n1.bias, n1.eps,
+                   c.q_proj.weight, c.q_proj.bias, c.out_proj.weight, c.out_proj.bias, n2.weight, n2.bias, n2.eps,
+                   layer.fc1.weight, layer.fc1.bias, layer.fc2.weight, layer.fc2.bias, n3.weight, n3.bias, n3.eps,
+                   layer.activation_fn)
 
 
 # transformers' processors whose work on a row depends on that row alone (no per-row state of their own): kept as
@@ -137,7 +192,7 @@ ROW_WISE = (NoBadWordsLogitsProcessor, ForcedBOSTokenLogitsProcessor, ForcedEOST
 def subset_processors(processors: LogitsProcessorList, rows: list[int]) -> LogitsProcessorList | None:
     """The processors for the kept `rows` (in order), or None where one of them cannot say (then no row is
     dropped: outputs stay right, only slower)."""
-    out = LogitsProcessorList()
+    out = []
     for p in processors:
         if hasattr(p, "subset"):
             out.append(p.subset(rows))
@@ -145,7 +200,25 @@ def subset_processors(processors: LogitsProcessorList, rows: list[int]) -> Logit
             out.append(p)
         else:
             return None
-    return out
+    return CheckedProcessors(out)
+
+
+class CheckedProcessors(LogitsProcessorList):
+    """transformers' LogitsProcessorList without its `inspect.signature` of every processor on every step (~0.1 ms
+    of a step's host time here): each processor's arguments are checked once, when the list is made. The loop
+    passes (input_ids, scores) only, so a processor that needs more fails here as it would in generate."""
+
+    def __init__(self, processors=()):
+        super().__init__(processors)
+        for p in self:
+            extra = list(inspect.signature(p.__call__).parameters)[2:]
+            if extra:
+                raise ValueError(f"{type(p).__name__} needs {extra}: the decode loop passes input_ids and scores only")
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for p in self:
+            scores = p(input_ids, scores)
+        return scores
 
 
 class DoneFlags:

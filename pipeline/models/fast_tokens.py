@@ -4,7 +4,9 @@
 
 transformers' MarianTokenizer is Python: per row it splits the text around special tokens, encodes it with
 SentencePiece, maps each piece through its vocabulary and appends </s> (~42 us a row on this box). Here the rows go
-to SentencePiece in one call and the pieces through the same vocabulary: the same ids (tests/test_decode_loop.py).
+to SentencePiece in one call and its piece ids through a table of the same vocabulary (id_table; a row with a
+piece SentencePiece does not know maps its pieces' text, as the tokenizer does): the same ids
+(tests/test_decode_loop.py).
 Rows that hold a "<" or ">" past a leading >>code<< (special tokens in the text) and every other tokenizer go
 through the tokenizer itself.
 """
@@ -25,12 +27,73 @@ def input_ids(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
         if "<" in body or ">" in body or (code and code[0] not in vocab):
             slow.append(i)
     unk, eos = vocab[tokenizer.unk_token], tokenizer.eos_token_id
+    table, spm_unk = id_table(tokenizer, spm, vocab, unk), spm.unk_id()
     out = []
-    for code, pieces in zip(codes, spm.encode(bodies, out_type=str)):
-        ids = [vocab.get(p, unk) for p in code + pieces][: max_length - 1]
+    for i, (code, pieces) in enumerate(zip(codes, spm.encode(bodies))):
+        if spm_unk in pieces:  # a piece SentencePiece does not know may still be in the vocabulary by its text
+            pieces = [vocab.get(p, unk) for p in spm.encode(bodies[i], out_type=str)]
+        else:
+            pieces = [table[p] for p in pieces]
+        ids = ([vocab.get(c, unk) for c in code] + pieces)[: max_length - 1]
         out.append(ids + [eos])
     if slow:
         for i, ids in zip(slow, tokenizer([texts[i] for i in slow], truncation=True, max_length=max_length)[
                 "input_ids"]):
             out[i] = ids
     return out
+
+
+def id_table(tokenizer, spm, vocab: dict, unk: int) -> list[int]:
+    """The vocabulary's id of each SentencePiece id's piece (unk where the vocabulary lacks it), made once a
+    tokenizer: the rows' ids map through a list index instead of a piece string's dictionary lookup."""
+    table = getattr(tokenizer, "_contramine_id_table", None)
+    if table is None or len(table) != spm.get_piece_size():
+        table = [vocab.get(spm.id_to_piece(i), unk) for i in range(spm.get_piece_size())]
+        tokenizer._contramine_id_table = table
+    return table
+
+
+def texts(tokenizer, seqs: list[list[int]]) -> list[str]:
+    """`tokenizer.batch_decode(seqs, skip_special_tokens=True)`, for a Marian tokenizer through one SentencePiece
+    batch call: special ids dropped, each id's token as the tokenizer names it (added tokens, its vocabulary, else
+    the target SentencePiece's piece), the pieces decoded, "▁" made a space and the ends stripped, as
+    MarianTokenizer.convert_tokens_to_string does. A row with an id past the table or a token named like a special
+    token (which the tokenizer decodes apart) goes through the tokenizer itself; so does every other tokenizer."""
+    if type(tokenizer).__name__ != "MarianTokenizer" or not hasattr(tokenizer, "separate_vocabs"):
+        return tokenizer.batch_decode(seqs, skip_special_tokens=True)
+    # as MarianTokenizer._decode: the source's SentencePiece unless the vocabularies are separate
+    spm = tokenizer.spm_target if tokenizer.separate_vocabs else tokenizer.spm_source
+    names, skip, apart = token_table(tokenizer, spm)
+    rows, slow, n = [], [], len(names)
+    for r, seq in enumerate(seqs):
+        if seq and (max(seq) >= n or min(seq) < 0) or not apart.isdisjoint(seq):
+            slow.append(r)
+            rows.append([])
+        else:
+            rows.append([names[i] for i in seq if i not in skip])
+    out = [s.replace("\u2581", " ").strip() for s in spm.decode(rows)] if rows else []
+    if tokenizer.clean_up_tokenization_spaces:
+        out = [tokenizer.clean_up_tokenization(s) for s in out]
+    if slow:
+        for r, s in zip(slow, tokenizer.batch_decode([seqs[r] for r in slow], skip_special_tokens=True)):
+            out[r] = s
+    return out
+
+
+def token_table(tokenizer, spm) -> tuple[list[str], set[int], set[int]]:
+    """(each id's token, the special ids skipped, the other ids whose token is named like a special token), made
+    once a tokenizer."""
+    table = getattr(tokenizer, "_contramine_token_table", None)
+    if table is None:
+        size = max(len(tokenizer.decoder), spm.get_piece_size(), *(i + 1 for i in tokenizer._added_tokens_decoder))
+        kept, tokenizer._decode_use_source_tokenizer = tokenizer._decode_use_source_tokenizer, \
+            spm is tokenizer.spm_source  # its id -> piece fallback reads the SentencePiece decoding uses
+        try:
+            names = [tokenizer.convert_ids_to_tokens(i) for i in range(size)]
+        finally:
+            tokenizer._decode_use_source_tokenizer = kept
+        skip = set(tokenizer.all_special_ids)
+        special = set(tokenizer.all_special_tokens)
+        table = (names, skip, {i for i, name in enumerate(names) if name in special and i not in skip})
+        tokenizer._contramine_token_table = table
+    return table

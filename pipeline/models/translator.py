@@ -37,6 +37,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessor, 
 
 from contramine.pipeline.config.backtranslation import BacktranslateCfg, chain_name
 from contramine.pipeline.models.fast_tokens import input_ids
+from contramine.pipeline.models.fast_tokens import texts as decoded_texts
 from contramine.pipeline.models.mt19937 import mt19937_uniform
 from contramine.pipeline.seeding import row_seed
 
@@ -176,8 +177,8 @@ class Translator:
         c, k = self.cfg, num_return_sequences or self.cfg.num_return_sequences
         if not texts:
             return []
-        if seeds is None:  # the text itself seeds its row: still independent of batching
-            seeds = [row_seed(0, "translate-text", t) for t in texts]
+        if seeds is None and c.do_sample:  # the text itself seeds its row: still independent of batching
+            seeds = [row_seed(0, "translate-text", t) for t in texts]  # (greedy and beam search draw nothing)
         ids = input_ids(self.tokenizer, [self.prefix + t for t in texts], c.max_length)  # (one SentencePiece call)
         out: list[list[str] | None] = [[""] * k if not t.strip() else None for t in texts]  # nothing to translate
         order = sorted((i for i in range(len(texts)) if out[i] is None), key=lambda i: (-len(ids[i]), i))
@@ -192,7 +193,7 @@ class Translator:
             done = []
             for part in self.batches([len(ids[i]) for i in order], k):
                 idx = [order[j] for j in part]
-                seqs = self._generate([ids[i] for i in idx], [seeds[i] for i in idx], k)
+                seqs = self._generate([ids[i] for i in idx], [seeds[i] for i in idx] if c.do_sample else None, k)
                 done.append((idx, pool.submit(self._texts, seqs, len(idx), k)))
             for idx, texts_of in done:
                 for i, hyps in zip(idx, texts_of.result()):
@@ -221,8 +222,9 @@ class Translator:
         return out
 
     @torch.inference_mode()
-    def _generate(self, batch: list[list[int]], seeds: list[int], k: int) -> torch.Tensor:
-        """The batch's output token ids (len(batch) x k rows, input by input), left on the device."""
+    def _generate(self, batch: list[list[int]], seeds: list[int] | None, k: int) -> torch.Tensor:
+        """The batch's output token ids (len(batch) x k rows, input by input), left on the device. `seeds`: one a
+        row where the config samples (None otherwise)."""
         c = self.cfg
         lengths = torch.tensor([len(x) for x in batch])
         mask = (torch.arange(int(lengths.max())) < lengths[:, None]).long()  # right padding, built in one piece
@@ -259,7 +261,7 @@ class Translator:
 
     def _texts(self, seqs: torch.Tensor, n: int, k: int) -> list[list[str]]:
         """The texts of a batch's `n` x `k` output rows, whitespace normalised, k a row (one read of the ids)."""
-        texts = [" ".join(s.split()) for s in self.tokenizer.batch_decode(seqs.tolist(), skip_special_tokens=True)]
+        texts = [" ".join(s.split()) for s in decoded_texts(self.tokenizer, seqs.tolist())]
         return [texts[r * k:(r + 1) * k] for r in range(n)]
 
 
