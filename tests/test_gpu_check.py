@@ -54,7 +54,7 @@ EXPECTED = ["check_encoder_cpu_vs_cpu", "check_batch_float32", "check_band_pools
             "generate_hf_tokens_per_s", *GENERATE, "generate_user_hf_tokens_per_s", "generate_ct2_int8_tokens_per_s",
             "check_stage_embeddings", "check_stage_neighbours",
             *(f"{name}_{what}" for name in TRAIN_ROWS for what in ("steps_per_s", "peak_memory")),
-            "profile_encode_busy", "profile_generate_busy", *COMPILED,
+            "profile_encode_busy", "profile_generate_busy", "profile_loop_busy", *COMPILED,
             *(f"vs_peer_{name}" for name in PEERS),
             *(f"vs_limit_{name}" for name in SPEEDS), "projection_1m_hours",
             "goal_encode_30k_per_s", "goal_encode_vs_st_1_5x", "goal_search_1m_15s", "goal_generate_150k_per_s",
@@ -121,11 +121,11 @@ def test_twin_sets_each_job_against_its_peer_and_its_limit_and_writes_the_profil
         assert r["flop"] > 0, r
     assert "encode" in by["vs_limit_encode_st_float32"]["note"] and by["projection_1m_hours"]["value"] > 0
     assert all(by[n]["value"] > 0 for n in EXPECTED if n.startswith("goal_"))
-    for name in ("profile_encode.json.gz", "profile_generate.json.gz"):
+    for name in ("profile_encode.json.gz", "profile_generate.json.gz", "profile_loop.json.gz"):
         trace = json.loads(gzip.decompress((out / name).read_bytes()))
         assert trace["traceEvents"], name
     table = (out / "profile.txt").read_text()
-    assert "== encode" in table and "== generate" in table and "Self CPU" in table
+    assert "== encode" in table and "== generate" in table and "== decode loop" in table and "Self CPU" in table
 
 
 def test_summary_projects_the_1m_path_from_the_measured_rates():

@@ -13,7 +13,7 @@ downloads: every model is built here with random weights (bench/fixtures/shapes.
 It prints one table (name, device, value, unit, ok) and writes artifacts/gpu-check/results.json (`--out DIR` to
 write elsewhere): the machine, the sizes, and one row per number: {"name", "device", "value", "unit", "ok", "note"}
 (speed rows add what the summary reads: job, flop, seconds, precision, peer_of). Beside it: profile.txt and two
-Chrome traces (profile_encode.json.gz, profile_generate.json.gz; chrome://tracing or ui.perfetto.dev).
+Chrome traces (profile_encode.json.gz, profile_generate.json.gz, profile_loop.json.gz; chrome://tracing or ui.perfetto.dev).
 `ok` is true/false for each equality check and null for a measurement. Exit status: 1 when a check fails, a
 section stops with an error, or (strict: on a CUDA machine, under `--strict`, and always in `make gpu-rehearsal`) a
 section is skipped for a missing package; else 0. A lease is minutes long and comes rarely, so on the GPU every

@@ -18,8 +18,10 @@ from bench.gpu.sections import (BAND, Models, apply_settings, guarded, mem_unit,
 ENCODE_ROWS = {"encode_float32": {"precision": "float32"}, "encode_bf16": {"precision": "bf16"},
                "encode_bf16_tokens65536": {"precision": "bf16", "batch_tokens": 65536}}
 # SEARCH_ROWS: `d` (the vectors' dimension: 768 is debcse-paper's bert-base encoder, 384 the default MiniLM) + settings
+# A row without "precision" scores as the stage does (neighbours.score_precision = "auto": bf16 on a GPU, float32 on
+# the CPU twin); before 2026-11-28 such a row scored in TorchExact's own default, float32 (the H200's 50.3 s).
 SEARCH_ROWS = {"band_search_d768": {"d": 768}, "band_search_d768_tf32": {"d": 768, "precision": "tf32"},
-               "band_search_d768_bf16": {"d": 768, "precision": "bf16"}, "band_search_d384": {"d": 384}}
+               "band_search_d768_float32": {"d": 768, "precision": "float32"}, "band_search_d384": {"d": 384}}
 TRAIN_ROWS = {f"train_{o}": {"objective": o} for o in ("simcse", "debcse", "osscse", "whitenedcse", "dclr")}
 VARIANT_SHARE = 8  # SEARCH_ROWS past the first search this share of the queries (the check's time: 8 minutes)
 PRECISION = {"float32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "bf16"}  # a row's precision -> its gemm_* row
@@ -91,6 +93,18 @@ def section_encode(models: Models, device: str, sizes: dict) -> list[dict]:
     return rows
 
 
+def stage_precision(device: str) -> str:
+    """The score precision the neighbours stage resolves on `device` at its defaults (float32 where the checkout
+    predates neighbours.score_precision or the config does not import)."""
+    try:
+        from contramine.pipeline.config import NeighboursCfg
+        from contramine.pipeline.search.torch_exact import score_precision
+
+        return score_precision(NeighboursCfg().score_precision, device)
+    except (ImportError, AttributeError):
+        return "float32"
+
+
 def section_search(models: Models, device: str, sizes: dict) -> list[dict]:
     """`band_neighbours` with TorchExact per SEARCH_ROWS (the first row on all `search_queries`, the others on a
     VARIANT_SHARE of them, against the whole base), and after the first row at each dimension the card's GEMM rate
@@ -117,6 +131,7 @@ def section_search(models: Models, device: str, sizes: dict) -> list[dict]:
     for name, settings in SEARCH_ROWS.items():
         settings = dict(settings)
         d = settings.pop("d")
+        settings.setdefault("precision", stage_precision(device))
         q = full if not rows else max(1, full // VARIANT_SHARE)  # a variant: a share of the queries, the whole base
         if d not in vectors:
             vectors.clear()  # one base in memory at a time (1M x 768 float32: 3 GB)
