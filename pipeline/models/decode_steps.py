@@ -9,8 +9,10 @@ The encoder runs once per batch and the cross-attention keys and values of every
 from its output. The self-attention keys and values go into buffers allocated once per batch for `n_tokens`
 positions (the batch's longest cap plus its start token), written in place at each step and read as a view of the
 positions so far: no cache is copied per step and no mask is built (every position up to t is a real token).
-The arithmetic is the model's own, module for module (its projections, layer norms, activation and output layer),
-with the attention HF uses for that model: SDPA for Marian (its default), FSMT's eager form (q scaled first,
+The arithmetic is the model's own, module for module (its projections, layer norms, activation and output layer:
+the same functions on the same tensors, called through torch.nn.functional with the layers' tensors read once a
+batch, LayerWeights, so a step's host work is its ops and not ~12 module calls a layer), with the attention HF uses
+for that model: SDPA for Marian (its default), FSMT's eager form (q scaled first,
 padding filled with the dtype's minimum). Both are post-norm transformers, the layer order below.
 """
 from __future__ import annotations
@@ -42,6 +44,7 @@ class StepState:
     self_k: list[torch.Tensor]
     self_v: list[torch.Tensor]
     rows: dict[str, torch.Tensor] = field(default_factory=dict)  # any other per-row tensor that must follow the rows
+    layers: list | None = None  # the decoder layers' tensors (Seq2SeqSteps.layers), read once a batch
 
     def select(self, index: torch.Tensor) -> None:
         """Keep rows `index` (a device tensor of row numbers, in their new order)."""
@@ -98,7 +101,8 @@ class Seq2SeqSteps:
             cross_v.append(self._heads(a.v_proj(enc)))
             self_k.append(torch.empty((rows, self.heads, n_tokens, self.head_dim), dtype=dtype, device=dev))
             self_v.append(torch.empty_like(self_k[-1]))
-        return StepState(attention_mask.bool()[:, None, None, :], cross_k, cross_v, self_k, self_v)
+        return StepState(attention_mask.bool()[:, None, None, :], cross_k, cross_v, self_k, self_v,
+                         layers=self.layers())
 
     def _attend(self, q, k, v, keep) -> torch.Tensor:
         if self.eager:  # FSMT's arithmetic (modeling_fsmt.Attention): q scaled before the product
@@ -121,20 +125,20 @@ class Seq2SeqSteps:
         else:
             x = x + d.embed_positions.weight[t]
         rows, width, heads, hd = x.shape[0], x.shape[-1], self.heads, self.head_dim
-        for i, w in enumerate(self.layers()):
+        for i, w in enumerate(state.layers or self.layers()):
             k_cache, v_cache = state.self_k[i], state.self_v[i]
             k_cache[:, :, t] = F.linear(x, w.k, w.k_bias).view(rows, heads, hd)
             v_cache[:, :, t] = F.linear(x, w.v, w.v_bias).view(rows, heads, hd)
             q = F.linear(x, w.q, w.q_bias).view(rows, 1, heads, hd).transpose(1, 2)
             h = self._attend(q * w.scaling if self.eager else q, k_cache[:, :, :t + 1], v_cache[:, :, :t + 1], None)
-            x = F.layer_norm(x + F.linear(h.transpose(1, 2).reshape(rows, 1, width), w.out, w.out_bias),
-                             (width,), w.norm1, w.norm1_bias, w.norm1_eps)
+            x = torch.layer_norm(x + F.linear(h.transpose(1, 2).reshape(rows, 1, width), w.out, w.out_bias),
+                                 (width,), w.norm1, w.norm1_bias, w.norm1_eps)
             q = F.linear(x, w.cross_q, w.cross_q_bias).view(rows, 1, heads, hd).transpose(1, 2)
             h = self._attend(q * w.scaling if self.eager else q, state.cross_k[i], state.cross_v[i], state.enc_keep)
-            x = F.layer_norm(x + F.linear(h.transpose(1, 2).reshape(rows, 1, width), w.cross_out, w.cross_out_bias),
-                             (width,), w.norm2, w.norm2_bias, w.norm2_eps)
-            x = F.layer_norm(x + F.linear(w.activation(F.linear(x, w.fc1, w.fc1_bias)), w.fc2, w.fc2_bias),
-                             (width,), w.norm3, w.norm3_bias, w.norm3_eps)
+            x = torch.layer_norm(x + F.linear(h.transpose(1, 2).reshape(rows, 1, width), w.cross_out,
+                                          w.cross_out_bias), (width,), w.norm2, w.norm2_bias, w.norm2_eps)
+            x = torch.layer_norm(x + F.linear(w.activation(F.linear(x, w.fc1, w.fc1_bias)), w.fc2, w.fc2_bias),
+                                 (width,), w.norm3, w.norm3_bias, w.norm3_eps)
         if self.fsmt:
             logits = d.output_projection(x)
         else:
@@ -180,7 +184,7 @@ class LayerWeights(NamedTuple):
                    a.out_proj.weight, a.out_proj.bias, a.scaling, n1.weight, n1.bias, n1.eps,
                    c.q_proj.weight, c.q_proj.bias, c.out_proj.weight, c.out_proj.bias, n2.weight, n2.bias, n2.eps,
                    layer.fc1.weight, layer.fc1.bias, layer.fc2.weight, layer.fc2.bias, n3.weight, n3.bias, n3.eps,
-                   layer.activation_fn)
+                   getattr(layer.activation_fn, "forward", layer.activation_fn))  # a module's forward: no hooks
 
 
 # transformers' processors whose work on a row depends on that row alone (no per-row state of their own): kept as
