@@ -24,7 +24,7 @@ the package imports none of its modules):
 """
 from __future__ import annotations
 
-import importlib
+from contramine.pipeline.lazy import lazy_attributes
 
 _HOME = {
     "MemoUnverified": "contramine.pipeline.memo.cache",
@@ -51,7 +51,4 @@ _HOME = {
 __all__ = sorted(_HOME)
 
 
-def __getattr__(name: str):
-    if name in _HOME:
-        return getattr(importlib.import_module(_HOME[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _HOME)
