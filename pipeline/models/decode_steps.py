@@ -45,10 +45,18 @@ class StepState:
     self_v: list[torch.Tensor]
     rows: dict[str, torch.Tensor] = field(default_factory=dict)  # any other per-row tensor that must follow the rows
     layers: list | None = None  # the decoder layers' tensors (Seq2SeqSteps.layers), read once a batch
+    enc_bias: torch.Tensor | None = None  # SDPA's additive form of enc_keep (0 / -inf), made once a batch
+
+    @property
+    def cross_mask(self) -> torch.Tensor:
+        """The cross-attention mask: enc_bias where made (SDPA would convert enc_keep into it every call)."""
+        return self.enc_keep if self.enc_bias is None else self.enc_bias
 
     def select(self, index: torch.Tensor) -> None:
         """Keep rows `index` (a device tensor of row numbers, in their new order)."""
         self.enc_keep = self.enc_keep.index_select(0, index)
+        if self.enc_bias is not None:
+            self.enc_bias = self.enc_bias.index_select(0, index)
         self.rows = {k: v.index_select(0, index) for k, v in self.rows.items()}
         for group in (self.cross_k, self.cross_v, self.self_k, self.self_v):
             group[:] = [x.index_select(0, index) for x in group]
@@ -101,8 +109,10 @@ class Seq2SeqSteps:
             cross_v.append(self._heads(a.v_proj(enc)))
             self_k.append(torch.empty((rows, self.heads, n_tokens, self.head_dim), dtype=dtype, device=dev))
             self_v.append(torch.empty_like(self_k[-1]))
-        return StepState(attention_mask.bool()[:, None, None, :], cross_k, cross_v, self_k, self_v,
-                         layers=self.layers())
+        keep = attention_mask.bool()[:, None, None, :]
+        bias = None if self.eager else \
+            torch.zeros(keep.shape, dtype=dtype, device=dev).masked_fill_(~keep, float("-inf"))
+        return StepState(keep, cross_k, cross_v, self_k, self_v, layers=self.layers(), enc_bias=bias)
 
     def _attend(self, q, k, v, keep) -> torch.Tensor:
         if self.eager:  # FSMT's arithmetic (modeling_fsmt.Attention): q scaled before the product
@@ -134,7 +144,7 @@ class Seq2SeqSteps:
             x = torch.layer_norm(x + F.linear(h.transpose(1, 2).reshape(rows, 1, width), w.out, w.out_bias),
                                  (width,), w.norm1, w.norm1_bias, w.norm1_eps)
             q = F.linear(x, w.cross_q, w.cross_q_bias).view(rows, 1, heads, hd).transpose(1, 2)
-            h = self._attend(q * w.scaling if self.eager else q, state.cross_k[i], state.cross_v[i], state.enc_keep)
+            h = self._attend(q * w.scaling if self.eager else q, state.cross_k[i], state.cross_v[i], state.cross_mask)
             x = torch.layer_norm(x + F.linear(h.transpose(1, 2).reshape(rows, 1, width), w.cross_out,
                                           w.cross_out_bias), (width,), w.norm2, w.norm2_bias, w.norm2_eps)
             x = torch.layer_norm(x + F.linear(w.activation(F.linear(x, w.fc1, w.fc1_bias)), w.fc2, w.fc2_bias),
@@ -204,7 +214,7 @@ def subset_processors(processors: LogitsProcessorList, rows: list[int]) -> Logit
             out.append(p)
         else:
             return None
-    return CheckedProcessors(out)
+    return CheckedProcessors(out, checked=isinstance(processors, CheckedProcessors))
 
 
 class CheckedProcessors(LogitsProcessorList):
@@ -212,9 +222,9 @@ class CheckedProcessors(LogitsProcessorList):
     of a step's host time here): each processor's arguments are checked once, when the list is made. The loop
     passes (input_ids, scores) only, so a processor that needs more fails here as it would in generate."""
 
-    def __init__(self, processors=()):
+    def __init__(self, processors=(), checked: bool = False):
         super().__init__(processors)
-        for p in self:
+        for p in [] if checked else self:  # checked: a subset of a list checked already
             extra = list(inspect.signature(p.__call__).parameters)[2:]
             if extra:
                 raise ValueError(f"{type(p).__name__} needs {extra}: the decode loop passes input_ids and scores only")
