@@ -11,7 +11,7 @@ covers the child and the processes it waited for). Corpora: the first N lines of
 all 11,914 lines); beyond that, the 11,914 lines plus new sentences made by joining the first half of one line's
 words with the second half of another line's (seeded, two different lines, duplicates skipped).
 
-In smoke mode (bench/smoke.py) the sizes are 150 and 300 lines with the stand-in encoder, and the child runs the
+In smoke mode (bench/smoke.py) the sizes are 40 and 80 lines with the stand-in encoder, and the child runs the
 stages with `contramine.pipeline.engine.runner.run_stage` (no Prefect): it checks this module, not the numbers.
 
 Translation is left out (`backtranslate.chains=[]`): the default chain's cost is per row and sized apart by
@@ -42,7 +42,7 @@ from contramine.pipeline.storage.store import Store
 
 GOAL = 2.2
 SIZES = (3000, 6000, 12000, 25000, 50000, 100000)
-SMOKE_SIZES = (150, 300)  # bench/smoke.py: two toy mines (run_stage, no Prefect) ...
+SMOKE_SIZES = (40, 80)  # bench/smoke.py: two toy mines (run_stage, no Prefect) ...
 SMOKE_SETTINGS = ("encoder.model=standin:encoder-384",)  # ... with the stand-in encoder (pipeline/models/standin.py)
 OUT = ROOT / "artifacts" / "bench"
 
@@ -133,8 +133,12 @@ def mine_without_prefect(run: str, corpus_path: str, settings: list[str]) -> Non
     from contramine.pipeline.config import load_config
     from contramine.pipeline.engine.runner import run_stage
 
+    from bench import smoke
+
     cfg = load_config("default", [f"run.name={run}", f"data.corpus={corpus_path}", *settings])
-    for stage in load_stages():
+    stages = load_stages()
+    smoke.freeze_heap()  # the imports out of the collections the runner makes after a stage that loaded a model
+    for stage in stages:
         run_stage(stage, cfg)
 
 
