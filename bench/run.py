@@ -64,6 +64,9 @@ def machine() -> dict:
 
 
 def run_module(name: str) -> tuple[list[dict], str | None, float, list[float]]:
+    from bench import smoke
+
+    smoke.freeze_heap()  # toy sizes: the earlier modules' objects out of the collections the stage runner makes
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
     try:
         mod = importlib.import_module("bench.host.bench" if name == "host" else f"bench.peers.{name}")

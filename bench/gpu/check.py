@@ -221,10 +221,12 @@ def machine(device: str) -> dict:
     facts = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
              "device": device, "cpus": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
              "load_avg": [round(x, 2) for x in os.getloadavg()]}
-    for name in ("transformers", "sentence_transformers"):
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("transformers", "sentence_transformers"):  # the installed versions, without importing them (seconds)
         try:
-            facts[name] = __import__(name).__version__
-        except ImportError:
+            facts[name] = version(name.replace("_", "-"))
+        except PackageNotFoundError:
             pass
     try:  # the projection's CPU stages run on `runner.workers` cores (the default profile's), not on every core
         from contramine.pipeline.config.mining import RunnerCfg

@@ -63,9 +63,9 @@ import time
 from pathlib import Path
 
 from bench import smoke
+from bench.host.jobs import run_workers
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).resolve().with_name("jobs.py")
 BASE_COMMIT = "fce09b0"  # the last commit before issue 46 ("the card sets the pace"): today's code
 JOBS = ("encode", "generate", "search", "resolve", "train")
 UNIT = {"encode": "sentence", "generate": "target token", "search": "query", "resolve": "query", "train": "step"}
@@ -77,8 +77,8 @@ RATIO_GOAL = 3.0  # each ceiling >= 3x today's
 SIZES = {
     "full": dict(encode_n=8_000, gen_n=6_000, search_n=20_000, train_steps=20, train_warmup=3, repeats=1, reps=3,
                  lines=11_000, spm_vocab=8_000),
-    "smoke": dict(encode_n=64, gen_n=8, search_n=500, train_steps=1, train_warmup=1, repeats=1, reps=1,
-                  lines=1_000, spm_vocab=1_000),
+    "smoke": dict(encode_n=16, gen_n=4, search_n=200, train_steps=1, train_warmup=1, repeats=1, reps=1,
+                  lines=200, spm_vocab=300),
 }
 DATA_VERSION = "1"  # bump when prepare() changes what it writes
 
@@ -174,21 +174,6 @@ def export_base(commit: str, folder: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------------ workers
-def run_worker(checkout: Path, data: Path, sizes: dict, jobs: list[str], settings: list[str]) -> dict:
-    """bench/host/jobs.py on `checkout`'s code, in a subprocess: {job: measurements}."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env |= {"PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "false")}
-    cmd = [sys.executable, "-P", str(WORKER), "--checkout", str(checkout), "--data", str(data),  # jobs before --set,
-           "--sizes", json.dumps(sizes), *jobs, *(["--set", *settings] if settings else [])]  # which takes the rest
-    r = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
-    found = [line for line in r.stdout.splitlines() if line.startswith("HOSTBENCH ")]
-    if r.returncode != 0 or not found:
-        tail = (r.stderr or r.stdout).strip().splitlines()[-12:]
-        raise RuntimeError(f"host bench worker on {checkout} failed (exit {r.returncode}):\n" + "\n".join(tail))
-    return json.loads(found[-1].removeprefix("HOSTBENCH "))["jobs"]
-
-
 def side_settings(settings: list[str], side: str) -> list[str]:
     """`--set [base:|new:]JOB.KEY=VALUE` items that apply to `side`, without the side."""
     out = []
@@ -207,12 +192,12 @@ def measure(base: Path, new: Path, data: Path, sizes: dict, jobs: list[str], set
     first in even rounds); the op counts come from the first round (a dispatch mode is slow; counts do not vary)."""
     runs: dict[str, dict[str, list]] = {"base": {}, "new": {}}
     for rep in range(sizes["reps"]):
-        order = [("base", base), ("new", new)]
-        for side, checkout in order if rep % 2 == 0 else order[::-1]:
-            t0 = time.perf_counter()
-            got = run_worker(checkout, data, sizes | {"count": rep == 0}, jobs, side_settings(settings, side))
-            print(f"host bench: round {rep + 1}/{sizes['reps']} {side} ({checkout}): "
-                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+        order = [("base", base), ("new", new)][::1 if rep % 2 == 0 else -1]
+        calls = [(checkout, data, sizes | {"count": rep == 0}, jobs, side_settings(settings, side))
+                 for side, checkout in order]
+        # one side at a time; at toy sizes (which check that both sides run, not their speed) both at once
+        for (side, checkout), (got, seconds) in zip(order, run_workers(calls, together=smoke.on())):
+            print(f"host bench: round {rep + 1}/{sizes['reps']} {side} ({checkout}): {seconds:.0f} s", flush=True)
             for job, m in got.items():
                 runs[side].setdefault(job, []).append(m)
     best: dict[str, dict] = {"base": {}, "new": {}}

@@ -74,6 +74,36 @@ def alias_old_names(checkout: Path) -> None:
     sys.meta_path.insert(0, OldNames())
 
 
+def run_workers(calls: list[tuple], together: bool = False) -> list[tuple[dict, float]]:
+    """What bench/host/bench.py runs: this worker in a subprocess for each (checkout, data, sizes, jobs, settings), on
+    that checkout's code: one after another, or all started at once (`together`); each one's ({job: measurements},
+    seconds)."""
+    import subprocess
+    import tempfile
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env |= {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "false")}
+
+    def start(checkout: Path, data: Path, sizes: dict, jobs: list[str], settings: list[str]):
+        cmd = [sys.executable, "-P", str(Path(__file__).resolve()), "--checkout", str(checkout), "--data", str(data),  # jobs before --set,
+               "--sizes", json.dumps(sizes), *jobs, *(["--set", *settings] if settings else [])]  # which takes the rest
+        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # files: no pipe fills while waiting
+        proc = subprocess.Popen(cmd, cwd=checkout, env=env | {"PYTHONPATH": str(checkout)}, stdout=out, stderr=err)
+        return time.perf_counter(), proc, out, err, checkout
+
+    def finish(t0: float, proc, out, err, checkout: Path) -> tuple[dict, float]:
+        proc.wait()
+        stdout, stderr = (f.seek(0) or f.read() for f in (out, err))
+        found = [line for line in stdout.splitlines() if line.startswith("HOSTBENCH ")]
+        if proc.returncode != 0 or not found:
+            tail = (stderr or stdout).strip().splitlines()[-12:]
+            raise RuntimeError(f"host bench worker on {checkout} failed (exit {proc.returncode}):\n" + "\n".join(tail))
+        return json.loads(found[-1].removeprefix("HOSTBENCH "))["jobs"], time.perf_counter() - t0
+
+    return [finish(*p) for p in [start(*c) for c in calls]] if together else [finish(*start(*c)) for c in calls]
+
+
 def jobs() -> dict:
     from bench.host.model_jobs import job_encode, job_generate, job_train
     from bench.host.search_jobs import job_resolve, job_search

@@ -48,13 +48,13 @@ def run(n: int = 512) -> list[dict]:
     from contramine.pipeline.models.chains import backtranslate, load_chain
     from bench.fixtures.tiny_mt import corpus_lines
 
-    n = smoke.cap(n, 16)
+    n, warm = smoke.cap(n, 4), smoke.cap(4, 1)
     texts = corpus_lines(400 + n)[400:400 + n]  # past the lines the tokenizer was trained on
     rows = [(i, 0, s) for i, s in enumerate(texts)]
     model = str(copy_model())  # trained once (about a minute), outside every timing
     names = [model, model]
     chain = load_chain(names, BacktranslateCfg(**SETTINGS))
-    plain_loop(chain, texts[:4])  # warm-up for both sides
+    plain_loop(chain, texts[:warm])  # warm-up for both sides
     start = time.perf_counter()
     peer_out = plain_loop(chain, texts)
     peer = n / (time.perf_counter() - start)

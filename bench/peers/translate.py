@@ -99,7 +99,7 @@ def run(n: int = 64, hollow: bool = False, settings: list[dict] | None = None, r
     from contramine.pipeline.models.translator import load_engine
 
     shape = TOY_MARIAN if smoke.on() else {**OPUS_MT, **(HOLLOW if hollow else {})}
-    n, repeats = smoke.cap(n, 12), smoke.cap(repeats, 1)
+    n, repeats, warm = smoke.cap(n, 4), smoke.cap(repeats, 1), smoke.cap(4, 1)
     settings = list(settings or DEFAULT_SETTINGS)
     with tempfile.TemporaryDirectory(prefix="translate-bench-") as tmp:
         path, _ = build_marian(os.path.join(tmp, "marian"), shape)
@@ -123,8 +123,8 @@ def run(n: int = 64, hollow: bool = False, settings: list[dict] | None = None, r
 
         sides = {label(s): (lambda tr=tr: tr.translate(texts)) for s, tr in zip(settings, translators)}
         sides["plain_generate_bs64"] = plain
-        plain(texts[:4])  # warm-up: first-call allocations count for no side
-        translators[0].translate(texts[:4])
+        plain(texts[:warm])  # warm-up: first-call allocations count for no side
+        translators[0].translate(texts[:warm])
         best: dict[str, dict] = {}
         load = [round(os.getloadavg()[0], 2)]
         for _ in range(repeats):
