@@ -162,7 +162,7 @@ def _memo_of(reference) -> str:
     """The reference run's row memo (<run.root>/.memo), shared as a team shares one (runner.memo_dir): the runs that
     test what shards are reused, not what the models compute, take the model rows from it, so a killed or resumed
     shard costs its stage's bookkeeping, not the encoder's time. (The memo's own faults: test_memo_trust.py,
-    test_row_memo_mining.py; the determinism runs above keep a memo of their own.)"""
+    test_row_memo_mining.py; the determinism runs keep a memo of their own.)"""
     return f"runner.memo_dir={reference[0].parent / '.memo'}"
 
 
