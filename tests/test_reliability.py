@@ -158,6 +158,14 @@ def reference(corpus, tmp_path_factory):
     return cfg.run.dir, _tables(cfg.run.dir)
 
 
+def _memo_of(reference) -> str:
+    """The reference run's row memo (<run.root>/.memo), shared as a team shares one (runner.memo_dir): the runs that
+    test what shards are reused, not what the models compute, take the model rows from it, so a killed or resumed
+    shard costs its stage's bookkeeping, not the encoder's time. (The memo's own faults: test_memo_trust.py,
+    test_row_memo_mining.py; the determinism runs keep a memo of their own.)"""
+    return f"runner.memo_dir={reference[0].parent / '.memo'}"
+
+
 def test_hostile_lines_each_end_where_expected(reference, rows, corpus):
     run_dir, t = reference
     sentences, rejected = t["sentences"], t["rejected"]
@@ -211,14 +219,14 @@ def test_same_tables_whatever_the_shards_and_workers(reference, corpus, tmp_path
 
 # ---------------------------------------------------------------- kill -9 and resume
 
-def _killed_mine(corpus: Path, root: Path, tmp: Path, *, pause_at: str | None = None,
+def _killed_mine(corpus: Path, root: Path, tmp: Path, *sets: str, pause_at: str | None = None,
                  kill_when: str | None = None, timeout: float = 300) -> None:
     """Start `mine` in a subprocess; SIGKILL it when it reaches `pause_at` (the hook) or when the file pattern
     `kill_when` appears under the run dir (a moment the test does not choose)."""
     marker = tmp / f"paused-{time.monotonic_ns()}"
     env = _cli_env(CONTRAMINE_PAUSE_AT=pause_at or "", CONTRAMINE_PAUSE_MARKER=str(marker))
     cmd = [sys.executable, str(ROOT / "tests" / "hostile.py"), "mine", "--corpus", str(corpus), "--run", "faulty",
-           "--set", *SMALL, f"run.root={root}"]
+           "--set", *SMALL, f"run.root={root}", *sets]
     log = tmp / f"{(pause_at or kill_when).replace(':', '_').replace('/', '_').replace('*', '')}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -239,8 +247,8 @@ def _killed_mine(corpus: Path, root: Path, tmp: Path, *, pause_at: str | None = 
 
 
 def test_kill_9_anywhere_then_resume(reference, corpus, tmp_path):
-    root, run_dir = tmp_path / "runs", tmp_path / "runs" / "faulty"
-    _killed_mine(corpus, root, tmp_path, pause_at="compute:embeddings:1")
+    root, run_dir, memo = tmp_path / "runs", tmp_path / "runs" / "faulty", _memo_of(reference)
+    _killed_mine(corpus, root, tmp_path, memo, pause_at="compute:embeddings:1")
     assert _manifest(run_dir, "sentences") is not None and not (run_dir / "embeddings" / "_manifest.json").exists()
     [emb0] = (run_dir / "embeddings").glob("part-00000-of-00002.*.json")  # named by its computation's key
     assert not list((run_dir / "embeddings").glob("part-00001-of-00002.*"))
@@ -248,21 +256,21 @@ def test_kill_9_anywhere_then_resume(reference, corpus, tmp_path):
     assert emb0 in snap1
 
     # the run order (derived from what each stage reads): ... embeddings, negate, neighbours, ... ipw
-    _killed_mine(corpus, root, tmp_path, kill_when="negations/part-00000-of-00002.*.json")
+    _killed_mine(corpus, root, tmp_path, memo, kill_when="negations/part-00000-of-00002.*.json")
     _assert_untouched(snap1, "the run after the kill during embeddings")
     assert _counts(run_dir)["embeddings"] == (1, 1) and _counts(run_dir)["sentences"] == (0, 2)
     snap2 = _intact_shards(run_dir)
     negate_done = sum(1 for s in snap2 if s.parent.name == "negations")
     assert negate_done >= 1
 
-    _killed_mine(corpus, root, tmp_path, pause_at="tmp:neighbours:1")
+    _killed_mine(corpus, root, tmp_path, memo, pause_at="tmp:neighbours:1")
     _assert_untouched(snap2, "the run after a kill at a random point of negate")
     assert _counts(run_dir)["negate"] == (2 - negate_done, negate_done)
     assert len(list((run_dir / "neighbours").glob(".part-00001-of-00002.*.parquet.*.tmp"))) == 1
     assert not list((run_dir / "neighbours").glob("part-00001-of-00002.*.parquet"))
     snap3 = _intact_shards(run_dir)
 
-    _killed_mine(corpus, root, tmp_path, pause_at="sidecar:candidates:0")
+    _killed_mine(corpus, root, tmp_path, memo, pause_at="sidecar:candidates:0")
     _assert_untouched(snap3, "the run after the kill during a neighbours shard write")
     assert _counts(run_dir)["neighbours"] == (1, 1)
     assert not list((run_dir / "neighbours").glob("*.tmp"))
@@ -270,7 +278,7 @@ def test_kill_9_anywhere_then_resume(reference, corpus, tmp_path):
     assert not cand0.with_suffix(".json").exists()
     snap4 = _intact_shards(run_dir)
 
-    _mine(corpus, root, "faulty")
+    _mine(corpus, root, "faulty", memo)
     for snap in (snap1, snap2, snap3, snap4):
         _assert_untouched(snap, "the completing run")
     counts = _counts(run_dir)
@@ -329,11 +337,12 @@ def test_corpus_changed_in_place_is_detected(reference, rows, tmp_path):
     os.utime(corpus, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert corpus.stat().st_size == st.st_size and as_corpus(corpus).identity() != before
 
-    _mine(corpus, tmp_path / "runs", "ref")
+    memo = _memo_of(reference)  # the changed line is encoded once, by the rerun; the clean run reuses its vector
+    _mine(corpus, tmp_path / "runs", "ref", memo)
     assert _counts(run_dir)["sentences"] == (2, 0)
     texts = _tables(run_dir)["sentences"].column("text").to_pylist()
     assert new.decode() in texts and old.decode() not in texts
-    clean = _mine(corpus, tmp_path / "clean", "clean")
+    clean = _mine(corpus, tmp_path / "clean", "clean", memo)
     _assert_same_tables(_tables(run_dir), _tables(clean.run.dir), "changed corpus vs a clean run of it")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,8 +39,6 @@ def mean_run(corpus, tmp_path_factory):
 
 
 def _copy(src: Path, dst: Path) -> Path:
-    import shutil
-
     shutil.copytree(src, dst, symlinks=True)
     return dst
 
@@ -112,6 +111,9 @@ def test_a_second_writer_stops_at_once_naming_the_first_and_a_killed_ones_lock_n
                                                                                               tmp_path, capsys):
     cfg, want = mean_run
     root = tmp_path / "runs"
+    # the finished run without its `embeddings`: the first writer holds the lock while it computes them again, and
+    # the run after the kill recomputes only them (same bytes, so every stage after them is reused)
+    shutil.rmtree(_copy(cfg.run.dir, root / "r") / "embeddings")
     proc, marker, log = _start(["mine", "--corpus", str(corpus)], root, tmp_path, pause_at="compute:embeddings:0")
     _wait_paused(proc, marker, log)
     t0 = time.monotonic()
@@ -124,6 +126,7 @@ def test_a_second_writer_stops_at_once_naming_the_first_and_a_killed_ones_lock_n
     proc.wait()
     assert json.loads((root / "r" / ".lock").read_text())["pid"] == proc.pid  # the file stays; the lock does not
     assert cli_main(["mine", "--run", "r", "--corpus", str(corpus), "--set", *SMALL, f"run.root={root}"]) == 0
+    assert Store(root / "r").manifest("embeddings")["shards_computed"] == 2
     got = _tables(root / "r")
     for table in TABLES:
         assert got[table].equals(want[table]), table
