@@ -15,6 +15,7 @@ from bench.fixtures.tiny_mt import build_tiny_marian
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 SMALL = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=2",
          "backtranslate.max_new_tokens_factor=1.0", "backtranslate.max_new_tokens_min=6"]
+STANDIN = "encoder.model=standin:encoder-32"
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,8 @@ def corpus30(small_corpus, tmp_path_factory):
     """small_corpus's first 30 lines, its empty, short and duplicate line among them: where a run's rows come from
     is the point, not how many sentences."""
     p = tmp_path_factory.mktemp("corpus") / "c30.txt"
-    p.write_text("".join(small_corpus.read_text(encoding="utf-8").splitlines(keepends=True)[:30]), encoding="utf-8")
+    lines = small_corpus.read_text(encoding="utf-8").splitlines(keepends=True)
+    p.write_text("".join(lines[:30]), encoding="utf-8")
     return p
 
 
@@ -55,7 +57,9 @@ def test_each_chain_serves_its_method(two_chains, small_corpus, corpus30, tmp_pa
     pos_chain, para_chain = two_chains
     chains = ("backtranslate.chains=[{models=%s, role=\"positives\"}, {models=%s, role=\"paraphrases\"}]"
               % (json.dumps(pos_chain), json.dumps(para_chain)))
-    sets = SMALL + [chains, f"run.root={tmp_path}", "paraphrases.mer_lo=0.0", "paraphrases.mer_hi=1.0"]
+    # the stand-in encoder (no weights): the chains are the point here, and MiniLM would embed every sentence and
+    # positive of the 120; the real encoder beside tiny chains: test_debcse_profile_runs_on_tiny_models
+    sets = SMALL + [chains, f"run.root={tmp_path}", "paraphrases.mer_lo=0.0", "paraphrases.mer_hi=1.0", STANDIN]
     # the whole small corpus here: a random tiny chain's output is mostly empty, and a few non-empty paraphrases
     # of 120 sentences are the point
     mine_flow(profile="default", run="roles", corpus=str(small_corpus), overrides=sets)
@@ -77,7 +81,7 @@ def test_each_chain_serves_its_method(two_chains, small_corpus, corpus30, tmp_pa
     # only a paraphrases chain: DebCSE's positives fall back to the noise variants, and the notes say so (30 lines
     # show where every positive comes from)
     only_para = f"backtranslate.chains=[{{models={json.dumps(para_chain)}, role=\"paraphrases\"}}]"
-    sets2 = SMALL + [only_para, f"run.root={tmp_path}", "paraphrases.mer_lo=0.0", "paraphrases.mer_hi=1.0"]
+    sets2 = SMALL + [only_para, f"run.root={tmp_path}", "paraphrases.mer_lo=0.0", "paraphrases.mer_hi=1.0", STANDIN]
     cfg2 = configure("default", "para-only", str(corpus30), sets2)
     mine_flow(profile="default", run="para-only", corpus=str(corpus30), overrides=sets2)
     cand = RunTables(cfg2.run.dir).read("candidates")
