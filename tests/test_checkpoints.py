@@ -195,11 +195,12 @@ def test_ddp_two_ranks_match_one_process(tmp_path):
         write_table(tmp_path / run, "sentences", sentences_rows(32))
         profile = write_profile(tmp_path / f"{run}.toml", tmp_path, run, bert, senteval, pooler="mean", dropout=0.0,
                                 max_steps=6, eval_every=3)
-        args = launcher + ["-m", "contramine.trainer.train", "--profile", str(profile)] if launcher else \
-            ["-m", "contramine.trainer.train", "--profile", str(profile)]
-        p = _run(args, env)
-        out, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, out
+        if launcher:
+            p = _run(launcher + ["-m", "contramine.trainer.train", "--profile", str(profile)], env)
+            out, _ = p.communicate(timeout=300)
+            assert p.returncode == 0, out
+        else:  # the one process: this one (a subprocess would only add its imports)
+            train(load_config(str(profile)))
         states[run] = ckpt.load_state(tmp_path / run / "train" / "simcse" / "last")
     assert len(states["two"]["rng"]) == 2 and states["two"]["step"] == 6
     for k, v in states["one"]["objective"].items():

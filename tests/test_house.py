@@ -55,9 +55,14 @@ def test_a_toy_stage_is_one_module_and_no_runner_edit(toy_stage, small_corpus, t
     from contramine.flows.sql import connect
 
     assert toy_stage in load_stages() and toy_stage not in Path(runner.__file__).read_text()
-    sets = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=2",
+    # 24 lines (a rejected empty and short line among them) and the stand-in encoder: the point is the toy stage's
+    # place in a whole mine, not the models' work
+    corpus = tmp_path / "c24.txt"
+    corpus.write_text("".join(small_corpus.read_text(encoding="utf-8").splitlines(keepends=True)[:24]),
+                      encoding="utf-8")
+    sets = ["encoder.model=standin:encoder-32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=2",
             "backtranslate.chains=[]", f"run.root={tmp_path}"]
-    rows = mine_flow(profile="default", run="toy", corpus=str(small_corpus), overrides=sets)
+    rows = mine_flow(profile="default", run="toy", corpus=str(corpus), overrides=sets)
     run = RunTables(tmp_path / "toy")
     sentences, lengths = run.read("sentences"), run.read(toy_stage)
     assert rows[toy_stage] == {toy_stage: sentences.num_rows} and sentences.num_rows > 0
@@ -65,7 +70,7 @@ def test_a_toy_stage_is_one_module_and_no_runner_edit(toy_stage, small_corpus, t
     assert lengths.column("n_chars").to_pylist() == [len(t) for t in sentences.column("text").to_pylist()]
     got = connect(tmp_path / "toy").sql("SELECT count(*) FROM sentence_lengths l JOIN sentences USING (sid)")
     assert got.fetchall()[0][0] == sentences.num_rows  # a view in `make sql` like every other table
-    again = mine_flow(profile="default", run="toy", corpus=str(small_corpus), overrides=sets)
+    again = mine_flow(profile="default", run="toy", corpus=str(corpus), overrides=sets)
     assert again == rows and run.manifest(toy_stage)["shards_cached"] == 2  # cached like every other stage
     assert f"flows/mine.py:{toy_stage}_flow" in render(load_stages())  # and a deployment of its own
 

@@ -7,8 +7,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from mining_helpers import _mine, _tables
+from mining_helpers import SMALL, _tables
 
+from contramine.pipeline.config import configure
+from contramine.pipeline.engine.runner import load_stages, run_stage
 from contramine.pipeline.models.precomputed import PrecomputedEncoder, PrecomputedError
 from contramine.pipeline.models.standin import StandInEncoder
 from contramine.pipeline.schema import table_vectors
@@ -19,6 +21,15 @@ STANDIN = "standin:encoder-32"
 FAST = [f"encoder.model={STANDIN}"]
 
 
+def _mine(corpus, root, name: str, *extra: str):
+    """Every stage in order through the runner's own driver (what `mine`'s flow maps; the flow itself:
+    tests/test_mine_flow.py): where the vectors and negatives come from is decided inside the stages."""
+    cfg = configure("default", name, str(corpus), [*SMALL, f"run.root={root}", *extra])
+    for stage in load_stages():
+        run_stage(stage, cfg, log=lambda line: None)
+    return cfg
+
+
 def _vectors_file(path, texts, key="text", scale=1.0):
     vecs = StandInEncoder(STANDIN).encode(texts) * scale  # scale != 1: not unit, the reader normalises
     keys = texts if key == "text" else [sentence_id(normalise(t)) for t in texts]
@@ -27,28 +38,37 @@ def _vectors_file(path, texts, key="text", scale=1.0):
 
 
 @pytest.fixture(scope="module")
-def standin_run(small_corpus, tmp_path_factory):
+def corpus40(small_corpus, tmp_path_factory):
+    """small_corpus's first 40 lines (its rejected lines among them): where vectors and negatives come from is the
+    point, not how many sentences; fewer lines for spaCy's negations in each of the file's mines."""
+    p = tmp_path_factory.mktemp("corpus") / "c40.txt"
+    p.write_text("".join(small_corpus.read_text(encoding="utf-8").splitlines(keepends=True)[:40]), encoding="utf-8")
+    return p
+
+
+@pytest.fixture(scope="module")
+def standin_run(corpus40, tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    return _mine(small_corpus, root, "standin", *FAST), root
+    return _mine(corpus40, root, "standin", *FAST), root
 
 
-def test_precomputed_embeddings_give_the_tables_of_the_encoder_itself(standin_run, small_corpus, tmp_path):
+def test_precomputed_embeddings_give_the_tables_of_the_encoder_itself(standin_run, corpus40, tmp_path):
     cfg, root = standin_run
     want = _tables(cfg.run.dir)
     # every text the run embeds: the sentences, and the positive candidates the scores stage embeds
     texts = sorted(set(want["sentences"].column("text").to_pylist()) | set(want["variants"].column("text").to_pylist()))
     src = _vectors_file(tmp_path / "vectors.parquet", texts)
-    got = _tables(_mine(small_corpus, root, "precomputed", f"embeddings.from={src}").run.dir)  # encoder.model unused
+    got = _tables(_mine(corpus40, root, "precomputed", f"embeddings.from={src}").run.dir)  # encoder.model unused
     for table in ("embeddings", "neighbours", "scores", "candidates", "pairs"):
         assert got[table].equals(want[table]), table
 
 
-def test_precomputed_file_missing_the_positives_fails_naming_the_file(standin_run, small_corpus, tmp_path):
+def test_precomputed_file_missing_the_positives_fails_naming_the_file(standin_run, corpus40, tmp_path):
     cfg, root = standin_run
     sentences = _tables(cfg.run.dir)["sentences"].column("text").to_pylist()
     src = _vectors_file(tmp_path / "only-sentences.parquet", sentences)
     with pytest.raises(Exception, match="only-sentences.parquet: no vector for .*variants"):
-        _mine(small_corpus, root, "missing", f"embeddings.from={src}")
+        _mine(corpus40, root, "missing", f"embeddings.from={src}")
 
 
 def test_precomputed_reader_keys_by_sid_or_text_and_rejects_bad_files(tmp_path):
@@ -72,7 +92,7 @@ def test_precomputed_reader_keys_by_sid_or_text_and_rejects_bad_files(tmp_path):
         by_text.encode(["the cat sat on the mat", "never seen before here"])
 
 
-def test_negatives_from_a_separate_candidate_corpus(standin_run, small_corpus, tmp_path):
+def test_negatives_from_a_separate_candidate_corpus(standin_run, corpus40, tmp_path):
     cfg, root = standin_run
     anchors = _tables(cfg.run.dir)["sentences"].column("text").to_pylist()
     # candidates sharing about half their words with an anchor (in the band), plus lines to reject and an anchor
@@ -82,7 +102,7 @@ def test_negatives_from_a_separate_candidate_corpus(standin_run, small_corpus, t
     lines += ["", "too short", lines[0], anchors[0]]
     corpus = tmp_path / "candidates.txt"
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    run = _mine(small_corpus, root, "pool", f"data.candidates={corpus}")
+    run = _mine(corpus40, root, "pool", f"data.candidates={corpus}")
     t = _tables(run.run.dir)
     assert t["pool_sentences"].num_rows + t["pool_rejected"].num_rows == len(lines)
     assert set(t["pool_rejected"].column("reason").to_pylist()) == {"empty", "too_short", "duplicate"}

@@ -17,7 +17,7 @@ import pytest
 from contramine.flows.mine import configure, mine_flow, run_stage_flow
 from contramine.pipeline.search import band, faiss_index as fx
 from contramine.pipeline.config import NeighboursCfg
-from contramine.pipeline.engine.runner import load_stages
+from contramine.pipeline.engine.runner import load_stages, run_stage
 from contramine.pipeline.storage.store import Store
 from contramine.pipeline.storage.tables import RunTables
 from processes import free_port, stop_group
@@ -27,6 +27,9 @@ WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"
 SMALL = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=3",
          "backtranslate.chains=[]"]
 APPROX = ["neighbours.exact_threshold=20", "neighbours.recall_sample=10"]  # 50-odd sentences: auto picks HNSW
+# the stand-in encoder (a vector per text, cosines like a real encoder's, no weights): what must reach the workers
+# here is the mapped index and its recall, not a model; each Dask worker process would load MiniLM otherwise
+STANDIN = ["encoder.model=standin:encoder-32"]
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +46,17 @@ def _tables(cfg) -> dict:
     return {t: tables.read(t) for s in load_stages().values() for t in s.writes}
 
 
-def _mine(corpus, root, name, *extra):
+def _mine(corpus, root, name, *extra, flow=True):
+    """A mine through the flow, or (flow=False) every stage in order through the runner's own driver (what the flow
+    maps, without a Prefect flow run a stage): the threads reference."""
     sets = SMALL + [f"run.root={root}", *extra]
-    mine_flow(profile="default", run=name, corpus=str(corpus), overrides=sets)
-    return configure("default", name, str(corpus), sets)
+    cfg = configure("default", name, str(corpus), sets)
+    if flow:
+        mine_flow(profile="default", run=name, corpus=str(corpus), overrides=sets)
+    else:
+        for stage in load_stages():
+            run_stage(stage, cfg, log=lambda line: None)
+    return cfg
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +64,8 @@ def mined(prefect_harness, corpus60, tmp_path_factory):
     """The same small run on 2 threads and on a 2-worker local Dask cluster, neighbours through HNSW (index auto
     past a tiny exact_threshold) so that the mapped index and its measured recall have to reach the workers."""
     root = tmp_path_factory.mktemp("runs")
-    threads = _mine(corpus60, root, "threads", *APPROX, "runner.workers=2")
-    dask = _mine(corpus60, root, "dask", *APPROX, "runner.kind=dask-local", "runner.workers=2")
+    threads = _mine(corpus60, root, "threads", *STANDIN, *APPROX, "runner.workers=2", flow=False)
+    dask = _mine(corpus60, root, "dask", *STANDIN, *APPROX, "runner.kind=dask-local", "runner.workers=2")
     return corpus60, root, threads, dask
 
 
@@ -78,7 +88,7 @@ def test_approximate_recall_reaches_manifest_from_dask_workers_and_survives_reus
         facts[cfg.run.name] = (man["ef_search"], man["recall"], man["resources"]["index"]["file"])
         assert man["recall"] == 1.0  # 50-odd nodes, efSearch 64: the graph is searched whole, as exact as flat
     assert facts["dask"][:2] == facts["threads"][:2]
-    sets = SMALL + [f"run.root={root}", *APPROX, "runner.workers=2"]
+    sets = SMALL + [f"run.root={root}", *STANDIN, *APPROX, "runner.workers=2"]
     again = run_stage_flow("neighbours", configure("default", "dask", str(corpus), sets), profile="default",
                            run="dask", corpus=str(corpus), overrides=sets)
     assert again["shards_cached"] == 3 and (again["ef_search"], again["recall"]) == facts["dask"][:2]
@@ -97,7 +107,7 @@ def _wait(predicate, timeout: float, what: str, procs=()):
                 return
         except OSError:
             pass
-        time.sleep(1.0)
+        time.sleep(0.25)  # a local HTTP check: cheap to ask often
     raise AssertionError(f"{what}: not ready after {timeout:.0f}s")
 
 
@@ -135,8 +145,9 @@ def test_sentences_deployment_runs_on_a_process_worker(tmp_path, corpus60):
         _wait(lambda: urllib.request.urlopen(f"{api}/health", timeout=5).status == 200, 180, "prefect server",
               [server])
         cli("work-pool", "create", "contramine-process", "--type", "process")
-        cli("deploy", "--no-prompt", "--name", "sentences-default", "--prefect-file", str(ROOT / "prefect.yaml"))
+        # the worker starts (imports, first poll) while `prefect deploy` runs: the two need nothing of each other
         worker = start("worker", "worker", "start", "--pool", "contramine-process", "--limit", "1")
+        cli("deploy", "--no-prompt", "--name", "sentences-default", "--prefect-file", str(ROOT / "prefect.yaml"))
         params = ["-p", "run=deployed", "-p", f"corpus={corpus60}",
                   "--params", json.dumps({"overrides": [f"run.root={run_root}", "run.shards=2"]})]
         out = cli("deployment", "run", "sentences/sentences-default", *params)
