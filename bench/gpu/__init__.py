@@ -28,7 +28,7 @@ the package imports none of its modules):
 """
 from __future__ import annotations
 
-from contramine.pipeline.lazy import lazy_attributes
+from bench import lazy_attributes
 
 _HOME = {
     "failures": "bench.gpu.check",

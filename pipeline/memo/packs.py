@@ -229,9 +229,10 @@ def read_pack(path: Path, expected: str | None, key: bytes | None = None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         try:
-            # one thread: a pack is small, and pyarrow's pool reading a Python file object can still be running
-            # when a short command exits, which aborts the process ("terminate called without an active exception")
-            table = pq.read_table(f, page_checksum_verification=True, use_threads=False)
+            # on this thread only (a pack is small): no CPU pool, and no IO pool pre-buffering reads of a Python
+            # file object: an Arrow thread still reading one when a short command exits aborts the process
+            # ("terminate called without an active exception", apache/arrow#34314)
+            table = pq.read_table(f, page_checksum_verification=True, use_threads=False, pre_buffer=False)
         except (OSError, pa.ArrowException) as e:
             return None, st, f"does not read ({type(e).__name__}: {e})"
     problem = pack_problem(table.schema, expected) or values_problem(table, key)
