@@ -35,6 +35,12 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # cached mine's wall time (6.6-9.4 s -> 4.3-4.8 s; the first mine 27.6 s -> 16.0 s, measured here). Inherited by
 # the CLI subprocesses and the Dask workers the tests start.
 os.environ.setdefault("PREFECT_LOGGING_TO_API_ENABLED", "false")
+# The tests' Prefect servers record flow runs, states and artifacts (what tests read), not the event stream: no test
+# reads events, task runs or automations through the API, and persisting each task run's events took ~1 s of a small
+# cached mine (3.4-3.9 s -> 3.0 s) and a quarter of the server's CPU. The tests' own servers only (the harness, and
+# the temporary servers of the CLI subprocesses, which inherit this); a user's server keeps every service.
+for _service in ("TASK_RUN_RECORDER", "EVENT_PERSISTER", "TRIGGERS", "EVENT_LOGGER"):
+    os.environ.setdefault(f"PREFECT_SERVER_SERVICES_{_service}_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 # One torch / OpenMP thread per test process when pytest-xdist runs several (`make test`: 2 processes on 2 cores):
 # two processes of 2 threads each on 2 cores make every torch op wait on thread wake-ups (measured 4-8x slower for
