@@ -131,7 +131,7 @@ scale: $(STAMP)
 	$(BIN)/python -m bench.scale --n $(N) $(if $(SET),--set $(SET))
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 clean:
 	rm -rf artifacts

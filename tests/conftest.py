@@ -42,6 +42,12 @@ os.environ.setdefault("PREFECT_LOGGING_TO_API_ENABLED", "false")
 for _service in ("TASK_RUN_RECORDER", "EVENT_PERSISTER", "TRIGGERS", "EVENT_LOGGER"):
     os.environ.setdefault(f"PREFECT_SERVER_SERVICES_{_service}_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+# The Python processes the tests start (CLI runs, Dask workers, `make` targets) run their flows without Prefect's
+# heartbeat thread, as this process does (no_flow_heartbeats): subprocess_site/ on their PYTHONPATH, here for those
+# that inherit the environment, child_env.CHILD_PYTHONPATH for those that set their own
+_SITE = str(ROOT / "tests" / "subprocess_site")
+if _SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join([_SITE, *filter(None, [os.environ.get("PYTHONPATH")])])
 # One torch / OpenMP thread per test process when pytest-xdist runs several (`make test`: 2 processes on 2 cores):
 # two processes of 2 threads each on 2 cores make every torch op wait on thread wake-ups (measured 4-8x slower for
 # encoding and generate on this box). Set before torch is imported, and inherited by the CLI subprocesses and the
@@ -57,6 +63,29 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"
 
 
+def _one_ca_file() -> str:
+    """A CA file of one certificate (certifi's first), made once per session beside the suite's HF_HOME. Prefect's
+    client builds a TLS context from its CA file each time it makes a client (PrefectClient.__init__: a stage flow's
+    parent task run, an artifact, ...), even for the tests' plain-HTTP server on 127.0.0.1: parsing certifi's ~150
+    certificates took 17 ms a time, ~29% of a small cached mine's own CPU (1.35 -> 0.84 CPU-s; wall 3.0 -> 2.3 s,
+    measured here). No test speaks TLS, so which certificates the file trusts changes nothing a test sees."""
+    path = os.path.join(os.environ["CONTRAMINE_TEST_HF_HOME"], "one-ca.pem")
+    if not os.path.exists(path):
+        import re
+
+        import certifi
+
+        bundle = Path(certifi.where()).read_text(encoding="ascii")
+        first = re.search(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----\n", bundle, re.S).group(0)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        Path(tmp).write_text(first, encoding="ascii")
+        os.replace(tmp, path)
+    return path
+
+
+os.environ.setdefault("PREFECT_API_SSL_CERT_FILE", _one_ca_file())
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness
@@ -67,6 +96,21 @@ def prefect_harness():
 
 def pytest_configure(config):
     no_flow_heartbeats()
+
+
+# The longest files first (`make test`'s --durations, 2026-11-28: 139, 114, 103, 90, 60, 50, 49, 44, 41, 38, 35 s),
+# then the rest in their usual order. `make test` hands whole files to its two workers in the order collected
+# (--no-loadscope-reorder: pytest-xdist's own reorder puts files with many tests first, so the one-test file of
+# nearly two minutes, test_hub_makefile, started last and ran alone at the end); longest first leaves the short
+# ones to even the two workers out. A list that goes stale costs balance only: every file still runs.
+LONGEST_FIRST = ("test_reliability.py", "test_hub_makefile.py", "test_cluster.py", "test_execution_settings.py",
+                 "test_bench_modules.py", "test_scaleout.py", "test_mine_flow.py", "test_row_memo_mining.py",
+                 "test_snapshots.py", "test_gpu_check.py", "test_generators_flow.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
 
 
 def no_flow_heartbeats() -> None:

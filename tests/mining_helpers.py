@@ -14,6 +14,7 @@ from contramine.pipeline.storage.store import Store
 from contramine.pipeline.storage.tables import RunTables
 from contramine.pipeline.schema import table_vectors
 from contramine.pipeline.search.band import exact_band_neighbours
+from child_env import CHILD_PYTHONPATH
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["encoder.max_length=32", "neighbours.pool_size=8", "noise.n_variants=2", "run.shards=2",
@@ -38,7 +39,7 @@ def _cli_env(**extra) -> dict:
     import prefect.settings
 
     env = {**os.environ, "PREFECT_API_URL": prefect.settings.PREFECT_API_URL.value(), "OMP_NUM_THREADS": "1",
-           "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+           "HF_HUB_OFFLINE": "1", "PYTHONPATH": CHILD_PYTHONPATH}
     env.update(extra)
     return env
 

@@ -25,6 +25,7 @@ from contramine.pipeline.engine.runner import load_stages, run_stage
 from contramine.pipeline.storage.store import Store
 from contramine.pipeline.storage.tables import RunTables
 from processes import free_port, stop_group
+from child_env import CHILD_PYTHONPATH
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
@@ -41,7 +42,7 @@ class Cluster:
         self.dask = str(Path(sys.executable).with_name("dask"))
         self.port, self.tmp, self.workers = free_port(), tmp, []
         self.address = f"tcp://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([CHILD_PYTHONPATH, str(ROOT / "tests")]),
                     "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
         self.scheduler = self._start("scheduler", [self.dask, "scheduler", "--host", "127.0.0.1", "--port",
                                                    str(self.port), "--no-dashboard", "--no-show"])

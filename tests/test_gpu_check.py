@@ -14,6 +14,7 @@ import pytest
 
 from bench.gpu.generate import COMPILED_ROWS, GENERATE_ROWS, NOT_IN_CHECKOUT
 from bench.gpu.speeds import ENCODE_ROWS, SEARCH_ROWS, TRAIN_ROWS
+from child_env import CHILD_PYTHONPATH
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,7 +66,7 @@ EXPECTED = ["check_encoder_cpu_vs_cpu", "check_batch_float32", "check_band_pools
 @pytest.fixture(scope="module")
 def twin(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-check")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": CHILD_PYTHONPATH}
     proc = subprocess.run([sys.executable, "-m", "bench.gpu.check", "--twin", "--out", str(out)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=400)
     result = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else None

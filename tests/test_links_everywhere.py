@@ -21,6 +21,7 @@ from contramine.pipeline.schema import SCHEMAS
 from test_run_folder_safety import tiny_run  # noqa: F401 -- the fixture: a sentences table, a 4-step profile
 from train_helpers import ROOT
 from contramine.trainer.train import train
+from child_env import CHILD_PYTHONPATH
 
 
 def _victim(tmp_path: Path) -> tuple[Path, dict]:
@@ -77,7 +78,7 @@ def test_a_linked_export_folder_is_refused_before_anything_is_read(tmp_path, lin
     if link == "export":  # the command line: exit 2, the one line last, nothing written (~5 s: once)
         p = subprocess.run([sys.executable, "-m", "contramine.flows.cli", "export", "--run", "r", "--format", "sentences",
                             "--set", f"run.root={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+                           env={**os.environ, "PYTHONPATH": CHILD_PYTHONPATH})
         assert p.returncode == 2 and one_line(p.stderr) == f"error: {e.value}", p.stderr
         assert tree(victim) == before
 
@@ -207,7 +208,7 @@ def _hold(folder: Path, root: Path, what: str):
     code = ("import sys, time; from contramine.pipeline.storage.lock import run_lock\n"
             "with run_lock(sys.argv[1], sys.argv[3], root=sys.argv[2]):\n    print('held', flush=True); time.sleep(300)")
     p = subprocess.Popen([sys.executable, "-c", code, str(folder), str(root), what], cwd=ROOT, text=True,
-                         stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": CHILD_PYTHONPATH})
     assert p.stdout.readline().strip() == "held"
     return p
 
@@ -228,7 +229,7 @@ def test_two_trainings_of_one_objective_and_run_the_second_stops_in_one_line(tin
             pass
         # the command line: exit 2, the one line last (~15 s: once)
         p = subprocess.run([sys.executable, "-m", "contramine.flows.cli", "train", "--profile", str(profile)], cwd=ROOT,
-                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}, capture_output=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": CHILD_PYTHONPATH}, capture_output=True,
                            text=True, timeout=300)
         assert p.returncode == 2 and one_line(p.stderr) == f"error: {msg}", p.stderr
     finally:
@@ -256,7 +257,7 @@ def test_export_report_and_compare_lock_their_output_folders(tiny_run, tmp_path)
             "with run_lock(sys.argv[1], 'theirs', root=sys.argv[2], name='.sentences.lock'):\n"
             "    print('held', flush=True); time.sleep(300)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(run / "export"), str(run)], cwd=ROOT, text=True,
-                              stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": CHILD_PYTHONPATH})
     assert holder.stdout.readline().strip() == "held"
     try:
         with pytest.raises(RunBusy, match=r"is being written by pid .*\(theirs\)"):

@@ -16,6 +16,7 @@ from contramine.pipeline.storage.store import MANIFEST, Store, TableCorrupt, che
 from contramine.pipeline.storage.tables import RunTables, TableUnreadable
 from contramine.pipeline.errors import ExpectedError
 from contramine.pipeline.schema import SCHEMAS
+from child_env import CHILD_PYTHONPATH
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -194,7 +195,7 @@ def test_the_commands_themselves_one_process_each(tmp_path):
     """`python -m contramine.flows.cli <cmd>` (what make runs): exit 2 and exactly one stderr line, for one shape each."""
     root = tmp_path / "runs"
     run = _mined(root)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": CHILD_PYTHONPATH}
     for cmd, how in zip(["sql", "report", "train", "export"], ["listed twice", "absurd old layout",
                                                                "a newline in a name", "files a number"]):
         table = TABLE_OF[cmd]

@@ -15,6 +15,7 @@ from contramine.flows.cli import main as cli_main
 from contramine.flows.cli import reuse_source
 from contramine.pipeline.config import ConfigError, configure, load_config
 from contramine.pipeline.config.names import inside
+from child_env import CHILD_PYTHONPATH
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD_NAMES = ["..", ".", ".hidden", "a/b", "../x", "a\\b", "/etc", "x" * 129]
@@ -29,7 +30,7 @@ def _files_under(folder: Path) -> list[Path]:
 def test_cli_refuses_a_run_name_outside_the_root_in_one_line(tmp_path, argv):
     """The real command line (what `make mine RUN=..` runs): exit 2, one line naming run.name, nothing written."""
     root = tmp_path / "runs" / "root"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": CHILD_PYTHONPATH, "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-m", "contramine.flows.cli", *argv, "--set", f"run.root={root}"], capture_output=True,
                        text=True, cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr

@@ -22,6 +22,7 @@ import pytest
 from contramine.pipeline.storage.lock import RunBusy, run_lock
 from contramine.pipeline.memo.rows import RowMemo, row_key
 from contramine.pipeline.memo.packs import FORMAT, RECORD, pack_record, values_hash
+from child_env import CHILD_PYTHONPATH
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = b"a team key of 32 characters, ok"
@@ -68,14 +69,14 @@ def _named(caplog, *words) -> list[str]:
 def _cli(*args: str) -> subprocess.CompletedProcess:
     """`contramine <args>` in a child, killed after 120 s: a hang fails the test instead of the suite."""
     return subprocess.run([sys.executable, "-m", "contramine.flows.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": CHILD_PYTHONPATH})
 
 
 def _hold(folder: Path, what: str) -> subprocess.Popen:
     code = ("import sys, time; from contramine.pipeline.storage.lock import run_lock\n"
             "with run_lock(sys.argv[1], sys.argv[2]):\n    print('held', flush=True); time.sleep(300)")
     p = subprocess.Popen([sys.executable, "-c", code, str(folder), what], cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         env={**os.environ, "PYTHONPATH": CHILD_PYTHONPATH})
     assert p.stdout.readline().strip() == "held"
     return p
 
@@ -243,7 +244,7 @@ def test_cache_verify_with_the_key_catches_what_it_cannot_without(tmp_path):
     assert p.returncode == 0 and "1 packs verified, none failed" in p.stdout, p.stdout + p.stderr  # keyless: passes
     p = subprocess.run([sys.executable, "-m", "contramine.flows.cli", "cache", "--verify", "--dry-run", "--set",
                         f"run.root={runs}"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), "CONTRAMINE_MEMO_KEY": KEY.decode()})
+                       env={**os.environ, "PYTHONPATH": CHILD_PYTHONPATH, "CONTRAMINE_MEMO_KEY": KEY.decode()})
     assert p.returncode == 2 and "keyed hash" in p.stdout and OWNER in p.stdout and "mallory" not in p.stdout
     assert KEY.decode() not in p.stdout + p.stderr
 

@@ -21,6 +21,7 @@ from contramine.pipeline.storage.safe_paths import UnsafePath, check_below, open
 from contramine.trainer import checkpoint as ckpt
 from contramine.trainer.train import train
 from train_helpers import ROOT, read_metrics, sentences_rows, write_profile, write_table
+from child_env import CHILD_PYTHONPATH
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -82,7 +83,7 @@ def test_poisoned_state_runs_no_code_and_is_one_line(tiny_run, tmp_path, as_torc
     if not as_torch_file:
         return
     # the command line (once: ~15 s): exit 2, the last line is the one error line, no traceback, no code run
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": CHILD_PYTHONPATH}
     p = subprocess.run([sys.executable, "-m", "contramine.flows.cli", "train", "--profile", str(profile)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2, p.stderr
@@ -272,7 +273,7 @@ def test_report_refuses_a_linked_report_folder(tmp_path):
         write_report(run)
     assert list(target.iterdir()) == []
     p = subprocess.run([sys.executable, "-m", "contramine.pipeline.report", str(run)], cwd=ROOT, capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+                       env={**os.environ, "PYTHONPATH": CHILD_PYTHONPATH}, timeout=120)
     assert p.returncode == 2 and one_line(p.stderr).startswith(f"error: {run / 'report'} is a symbolic link")
     assert list(target.iterdir()) == []
 

@@ -21,6 +21,7 @@ from contramine.pipeline.engine.runner import load_stages, run_stage
 from contramine.pipeline.storage.store import Store
 from contramine.pipeline.storage.tables import RunTables
 from processes import free_port, stop_group
+from child_env import CHILD_PYTHONPATH
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"
@@ -119,7 +120,7 @@ def test_sentences_deployment_runs_on_a_process_worker(tmp_path, corpus60):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": api,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "PREFECT_UI_ENABLED": "false",
            "PREFECT_CLI_PROMPT": "false", "PREFECT_WORKER_QUERY_SECONDS": "2", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": CHILD_PYTHONPATH}
     env.pop("PREFECT_PROFILES_PATH", None)
     logs = tmp_path / "logs"
     logs.mkdir()

@@ -22,6 +22,7 @@ from contramine.pipeline.storage.tables import RunTables, TableUnreadable
 
 from hostile import plain_rows, wiki_lines, write_corpus
 from mining_helpers import ROOT, SMALL, TABLES, _cli_env, _mine, _tables
+from child_env import CHILD_PYTHONPATH
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -139,7 +140,7 @@ def test_the_lock_is_one_per_process_and_reentrant(tmp_path):
         probe = ("import sys; from contramine.pipeline.storage.lock import run_lock, RunBusy\n"
                  "try:\n    run_lock(sys.argv[1]).__enter__()\nexcept RunBusy as e:\n    print(e); sys.exit(3)")
         r = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "r")], cwd=ROOT, capture_output=True,
-                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                           text=True, env={**os.environ, "PYTHONPATH": CHILD_PYTHONPATH})
         assert r.returncode == 3 and f"pid {os.getpid()}" in r.stdout and "(outer)" in r.stdout, r.stdout + r.stderr
     with run_lock(tmp_path / "r"):  # released: free again
         pass

@@ -21,8 +21,6 @@ measured them on a GPU yet.
 """
 from __future__ import annotations
 
-import copy
-
 import torch
 from transformers import (LogitsProcessorList,
                           NoBadWordsLogitsProcessor)
@@ -35,7 +33,7 @@ __all__ = ["DecodeLoop", "KNOWN_TYPES", "supports"]
 def prepared(model, gen, input_ids: torch.Tensor, ours: LogitsProcessorList):
     """(generation config, logits processors) as model.generate prepares them for these inputs: transformers'
     processors for the config (the model's generation_config filled in), then ours."""
-    gen, model_kwargs = model._prepare_generation_config(copy.deepcopy(gen))
+    gen, model_kwargs = model._prepare_generation_config(gen)  # a deep copy: the caller's config is not changed
     model._prepare_special_tokens(gen, True, device=input_ids.device, batch_size=input_ids.shape[0])
     gen = model._prepare_generated_length(generation_config=gen, has_default_max_length=True,
                                           has_default_min_length=True, model_input_name="input_ids",
@@ -79,7 +77,8 @@ class DecodeLoop:
     def _greedy(self, input_ids, attention_mask, gen, processors) -> torch.Tensor:
         rows, dev, length = input_ids.shape[0], input_ids.device, gen.max_length
         pad = token_ids(gen.pad_token_id)[0]
-        eos = torch.tensor(token_ids(gen.eos_token_id), device=dev)
+        eos_ids = token_ids(gen.eos_token_id)
+        eos = eos_ids[0] if len(eos_ids) == 1 else torch.tensor(eos_ids, device=dev)  # one id: a comparison
         state = self.steps_model.start(input_ids, attention_mask, length)
         tokens = torch.full((rows, length), pad, dtype=torch.long, device=dev)
         tokens[:, 0] = self.start_token(gen)
@@ -92,7 +91,7 @@ class DecodeLoop:
             self.steps += 1
             nxt = torch.where(unfinished, scores.argmax(-1), pad)  # a finished row takes pad, as in generate
             tokens[:, t + 1] = nxt
-            unfinished &= ~torch.isin(nxt, eos)
+            unfinished &= nxt.ne(eos) if isinstance(eos, int) else ~torch.isin(nxt, eos)
             if flags.pending:  # sent a step ago: drop the rows finished by then
                 live = [r for r, u in enumerate(flags.receive()) if u]
                 self.checks += 1

@@ -45,6 +45,7 @@ class StepState:
     self_v: list[torch.Tensor]
     rows: dict[str, torch.Tensor] = field(default_factory=dict)  # any other per-row tensor that must follow the rows
     layers: list | None = None  # the decoder layers' tensors (Seq2SeqSteps.layers), read once a batch
+    ends: tuple | None = None  # (token embeddings, output projection, its bias or None), read once a batch
     enc_bias: torch.Tensor | None = None  # SDPA's additive form of enc_keep (0 / -inf), made once a batch
 
     @property
@@ -112,7 +113,16 @@ class Seq2SeqSteps:
         keep = attention_mask.bool()[:, None, None, :]
         bias = None if self.eager else \
             torch.zeros(keep.shape, dtype=dtype, device=dev).masked_fill_(~keep, float("-inf"))
-        return StepState(keep, cross_k, cross_v, self_k, self_v, layers=self.layers(), enc_bias=bias)
+        return StepState(keep, cross_k, cross_v, self_k, self_v, layers=self.layers(), enc_bias=bias, ends=self.ends())
+
+    def ends(self) -> tuple:
+        """(token embedding table, output projection, its bias): the step calls F.embedding and F.linear on them
+        as nn.Embedding and nn.Linear do (the bias: Marian's final_logits_bias, added after the product as its
+        forward does; FSMT has none)."""
+        d = self.decoder
+        if self.fsmt:
+            return d.embed_tokens.weight, d.output_projection.weight, None
+        return d.embed_tokens.weight, self.model.lm_head.weight, self.model.final_logits_bias
 
     def _attend(self, q, k, v, keep) -> torch.Tensor:
         if self.eager:  # FSMT's arithmetic (modeling_fsmt.Attention): q scaled before the product
@@ -129,7 +139,8 @@ class Seq2SeqSteps:
         Each layer's arithmetic is its modules' (the same F.linear / layer_norm / activation on the same tensors, in
         the same order), called directly: the host's work a step is the ops themselves, which a GPU waits for."""
         d = self.decoder
-        x = d.embed_tokens(tokens[:, None]) * d.embed_scale
+        embed, project, project_bias = state.ends or self.ends()
+        x = F.embedding(tokens[:, None], embed) * d.embed_scale
         if self.fsmt:  # fairseq positions: pad + 1 + t for a real token, pad + t for a pad (make_positions)
             x = x + F.embedding(tokens.ne(self.pad).long() + (self.pad + t), d.embed_positions.weight)[:, None]
         else:
@@ -149,10 +160,7 @@ class Seq2SeqSteps:
                                           w.cross_out_bias), (width,), w.norm2, w.norm2_bias, w.norm2_eps)
             x = torch.layer_norm(x + F.linear(w.activation(F.linear(x, w.fc1, w.fc1_bias)), w.fc2, w.fc2_bias),
                                  (width,), w.norm3, w.norm3_bias, w.norm3_eps)
-        if self.fsmt:
-            logits = d.output_projection(x)
-        else:
-            logits = self.model.lm_head(x) + self.model.final_logits_bias
+        logits = F.linear(x, project) if project_bias is None else F.linear(x, project) + project_bias
         return logits[:, 0].float()
 
 
