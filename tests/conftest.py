@@ -45,9 +45,10 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 # The Python processes the tests start (CLI runs, Dask workers, `make` targets) run their flows without Prefect's
 # heartbeat thread, as this process does (no_flow_heartbeats): subprocess_site/ on their PYTHONPATH, here for those
 # that inherit the environment, child_env.CHILD_PYTHONPATH for those that set their own
-_SITE = str(ROOT / "tests" / "subprocess_site")
-if _SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-    os.environ["PYTHONPATH"] = os.pathsep.join([_SITE, *filter(None, [os.environ.get("PYTHONPATH")])])
+from child_env import SITE  # noqa: E402  (tests/ is on sys.path: pytest's rootdir conftest)
+
+if str(SITE) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])])
 # One torch / OpenMP thread per test process when pytest-xdist runs several (`make test`: 2 processes on 2 cores):
 # two processes of 2 threads each on 2 cores make every torch op wait on thread wake-ups (measured 4-8x slower for
 # encoding and generate on this box). Set before torch is imported, and inherited by the CLI subprocesses and the

@@ -14,8 +14,8 @@ ours: our decode loop (float32: must agree with HF token for token; goal >= 3x g
 peer: HF transformers `generate`, the engine the pipeline used before (greedy, float32, same batches).
 The engines run interleaved (HF, loop, float32, int8, then again: 5 rounds); a ratio is the median over rounds of the
 two engines' speeds in that round (this box's speed drifts by tens of percent within a minute; a ratio of each
-engine's best run paired a fast moment of one with a slow one of the other: 2.67-3.67x in four runs of one code),
-and each engine's best run is printed too; the load average is in the note.
+engine's best run paired a fast moment of one with a slow one of the other: 2.67-3.67x in five runs of nearly one
+code), and each engine's best run is printed too; the load average is in the note.
 What this shows: per-step framework overhead, which is most of a small model's step in HF (Python, hooks, logits
 processors) and which CTranslate2's C++ decoder removes. What it does not show: the speed-up on a real opus-mt model,
 where matrix products dominate; CTranslate2 publishes 4.7x (int8, 4 threads, CPU) and 9.1x (float16, A10G) over
