@@ -1,7 +1,8 @@
 """The paper profiles run through the Makefile exactly as a user types them — `make mine PROFILE=debcse-paper`,
 `PROFILE=osscse-paper`, `make train PROFILE=debcse-paper`, `make eval MODEL=<its checkpoint>` — on a machine WITH
 hub access (the suite's hub on 127.0.0.1, tiny random models under the real ids), with an empty HF_HOME and no
-variable set but HF_ENDPOINT; every model is downloaded once, and only the files loading needs.
+variable set but HF_ENDPOINT (and the suite's Prefect server, as a user who runs one); every model is downloaded
+once, and only the files loading needs.
 
 Its own file (not test_hub.py's): the suite's workers take whole files, and this one test is minutes of one."""
 from __future__ import annotations
@@ -13,6 +14,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
+import prefect.settings
 import pyarrow.compute as pc
 import pytest
 
@@ -30,13 +32,16 @@ def hub(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_paper_profiles_mine_train_eval_through_the_makefile(hub, tmp_path):
+def test_paper_profiles_mine_train_eval_through_the_makefile(hub, prefect_harness, tmp_path):
     corpus = tmp_path / "corpus.txt"
     # 32 lines (was 80: the profile's batch of 64 pairs); `make train` below takes batches of 16 instead, and every
     # model still downloads once, each chain translates every line and its variants (at 16 lines, no random tiny
     # back-translation was left as a positive candidate)
     corpus.write_text("".join(WIKI.read_text(encoding="utf-8").splitlines(keepends=True)[:32]), encoding="utf-8")
-    env, runs = user_env(hub.url, tmp_path / "hf-home"), tmp_path / "runs"
+    # a user whose Prefect server is configured (the suite's): the temporary server Prefect starts without one
+    # (~5 s a `make mine`) is test_stage_errors' and the clean-clone check's, not this test's promise
+    env = {**user_env(hub.url, tmp_path / "hf-home"), "PREFECT_API_URL": prefect.settings.PREFECT_API_URL.value()}
+    runs = tmp_path / "runs"
 
     r = make("mine", "PROFILE=debcse-paper", f"CORPUS={corpus}", f"SET=run.root={runs}", env=env)
     assert r.returncode == 0, r.stderr[-3000:]

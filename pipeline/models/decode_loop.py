@@ -86,11 +86,12 @@ class DecodeLoop:
         origin = torch.arange(rows, device=dev)  # each live row's row in `out`
         unfinished = torch.ones(rows, dtype=torch.bool, device=dev)
         flags = DoneFlags()
+        pad_token = torch.tensor(pad, device=dev)  # a 0-d tensor: where() wraps a Python number every step
         for t in range(length - 1):
-            scores = processors(tokens[:, :t + 1], self.steps_model.step(state, tokens[:, t], t))
+            scores = processors(tokens.narrow(1, 0, t + 1), self.steps_model.step(state, tokens.select(1, t), t))
             self.steps += 1
-            nxt = torch.where(unfinished, scores.argmax(-1), pad)  # a finished row takes pad, as in generate
-            tokens[:, t + 1] = nxt
+            nxt = torch.where(unfinished, scores.argmax(-1), pad_token)  # a finished row takes pad, as in generate
+            tokens.select(1, t + 1).copy_(nxt)
             unfinished &= nxt.ne(eos) if isinstance(eos, int) else ~torch.isin(nxt, eos)
             if flags.pending:  # sent a step ago: drop the rows finished by then
                 live = [r for r, u in enumerate(flags.receive()) if u]

@@ -10,10 +10,10 @@ from its output. The self-attention keys and values go into buffers allocated on
 positions (the batch's longest cap plus its start token), written in place at each step and read as a view of the
 positions so far: no cache is copied per step and no mask is built (every position up to t is a real token).
 The arithmetic is the model's own, module for module (its projections, layer norms, activation and output layer:
-the same functions on the same tensors, called through torch.nn.functional with the layers' tensors read once a
-batch, LayerWeights, so a step's host work is its ops and not ~12 module calls a layer), with the attention HF uses
-for that model: SDPA for Marian (its default), FSMT's eager form (q scaled first,
-padding filled with the dtype's minimum). Both are post-norm transformers, the layer order below.
+the same kernels on the same tensors: a projection is the addmm / mm that F.linear calls, a norm torch.layer_norm,
+with the layers' tensors read once a batch, LayerWeights, so a step's host work is its ops and not ~12 module
+calls a layer), with the attention HF uses for that model: SDPA for Marian (its default), FSMT's eager form (q
+scaled first, padding filled with the dtype's minimum). Both are post-norm transformers, the layer order below.
 """
 from __future__ import annotations
 
@@ -116,13 +116,13 @@ class Seq2SeqSteps:
         return StepState(keep, cross_k, cross_v, self_k, self_v, layers=self.layers(), enc_bias=bias, ends=self.ends())
 
     def ends(self) -> tuple:
-        """(token embedding table, output projection, its bias): the step calls F.embedding and F.linear on them
-        as nn.Embedding and nn.Linear do (the bias: Marian's final_logits_bias, added after the product as its
-        forward does; FSMT has none)."""
+        """(token embedding table, output projection transposed, its bias): the step calls F.embedding and
+        `linear` on them as nn.Embedding and nn.Linear do (the bias: Marian's final_logits_bias, added after the
+        product as its forward does; FSMT has none)."""
         d = self.decoder
         if self.fsmt:
-            return d.embed_tokens.weight, d.output_projection.weight, None
-        return d.embed_tokens.weight, self.model.lm_head.weight, self.model.final_logits_bias
+            return d.embed_tokens.weight, d.output_projection.weight.t(), None
+        return d.embed_tokens.weight, self.model.lm_head.weight.t(), self.model.final_logits_bias
 
     def _attend(self, q, k, v, keep) -> torch.Tensor:
         if self.eager:  # FSMT's arithmetic (modeling_fsmt.Attention): q scaled before the product
@@ -136,36 +136,49 @@ class Seq2SeqSteps:
     def step(self, state: StepState, tokens: torch.Tensor, t: int) -> torch.Tensor:
         """Logits (rows, vocab), float32, for the next token after `tokens` (rows,) at decoder position t.
 
-        Each layer's arithmetic is its modules' (the same F.linear / layer_norm / activation on the same tensors, in
-        the same order), called directly: the host's work a step is the ops themselves, which a GPU waits for."""
+        Each layer's arithmetic is its modules' (the same addmm / layer_norm / activation kernels on the same
+        tensors, in the same order), called directly: the host's work a step is the ops themselves, which a GPU
+        waits for. The hidden state is kept (rows, d_model) (one query position: the same products, row for row, as
+        the modules' (rows, 1, d_model)), so a head view is a view and the caches are written through select /
+        narrow, not through indexing's slice objects."""
         d = self.decoder
         embed, project, project_bias = state.ends or self.ends()
-        x = F.embedding(tokens[:, None], embed) * d.embed_scale
+        x = F.embedding(tokens, embed)
+        if d.embed_scale != 1.0:  # x * 1.0 is x, bit for bit: the op is skipped, not the arithmetic
+            x = x * d.embed_scale
         if self.fsmt:  # fairseq positions: pad + 1 + t for a real token, pad + t for a pad (make_positions)
-            x = x + F.embedding(tokens.ne(self.pad).long() + (self.pad + t), d.embed_positions.weight)[:, None]
+            x = x + F.embedding(tokens.ne(self.pad).long() + (self.pad + t), d.embed_positions.weight)
         else:
             x = x + d.embed_positions.weight[t]
         rows, width, heads, hd = x.shape[0], x.shape[-1], self.heads, self.head_dim
         for i, w in enumerate(state.layers or self.layers()):
             k_cache, v_cache = state.self_k[i], state.self_v[i]
-            k_cache[:, :, t] = F.linear(x, w.k, w.k_bias).view(rows, heads, hd)
-            v_cache[:, :, t] = F.linear(x, w.v, w.v_bias).view(rows, heads, hd)
-            q = F.linear(x, w.q, w.q_bias).view(rows, 1, heads, hd).transpose(1, 2)
-            h = self._attend(q * w.scaling if self.eager else q, k_cache[:, :, :t + 1], v_cache[:, :, :t + 1], None)
-            x = torch.layer_norm(x + F.linear(h.transpose(1, 2).reshape(rows, 1, width), w.out, w.out_bias),
+            k_cache.select(2, t).copy_(linear(x, w.k, w.k_bias).view(rows, heads, hd))
+            v_cache.select(2, t).copy_(linear(x, w.v, w.v_bias).view(rows, heads, hd))
+            q = linear(x, w.q, w.q_bias).view(rows, heads, 1, hd)
+            h = self._attend(q * w.scaling if self.eager else q, k_cache.narrow(2, 0, t + 1),
+                             v_cache.narrow(2, 0, t + 1), None)
+            x = torch.layer_norm(x + linear(h.reshape(rows, width), w.out, w.out_bias),
                                  (width,), w.norm1, w.norm1_bias, w.norm1_eps)
-            q = F.linear(x, w.cross_q, w.cross_q_bias).view(rows, 1, heads, hd).transpose(1, 2)
+            q = linear(x, w.cross_q, w.cross_q_bias).view(rows, heads, 1, hd)
             h = self._attend(q * w.scaling if self.eager else q, state.cross_k[i], state.cross_v[i], state.cross_mask)
-            x = torch.layer_norm(x + F.linear(h.transpose(1, 2).reshape(rows, 1, width), w.cross_out,
-                                          w.cross_out_bias), (width,), w.norm2, w.norm2_bias, w.norm2_eps)
-            x = torch.layer_norm(x + F.linear(w.activation(F.linear(x, w.fc1, w.fc1_bias)), w.fc2, w.fc2_bias),
+            x = torch.layer_norm(x + linear(h.reshape(rows, width), w.cross_out, w.cross_out_bias),
+                                 (width,), w.norm2, w.norm2_bias, w.norm2_eps)
+            x = torch.layer_norm(x + linear(w.activation(linear(x, w.fc1, w.fc1_bias)), w.fc2, w.fc2_bias),
                                  (width,), w.norm3, w.norm3_bias, w.norm3_eps)
-        logits = F.linear(x, project) if project_bias is None else F.linear(x, project) + project_bias
-        return logits[:, 0].float()
+        logits = linear(x, project, None)
+        return (logits if project_bias is None else logits + project_bias).float()
+
+
+def linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(x, weight_t.t(), bias) for a 2-D x, called as at::linear calls it (addmm with the bias, mm
+    without): the same kernel on the same tensors, without linear's dispatch and weight.t() every call."""
+    return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
 
 
 class LayerWeights(NamedTuple):
-    """One decoder layer's parameters as tensors (Marian's and FSMT's layers name them alike)."""
+    """One decoder layer's parameters as tensors (Marian's and FSMT's layers name them alike); projection
+    weights transposed (views, in x out), as `linear` takes them."""
     q: torch.Tensor
     q_bias: torch.Tensor | None
     k: torch.Tensor
@@ -198,10 +211,11 @@ class LayerWeights(NamedTuple):
     def of(cls, layer) -> "LayerWeights":
         a, c = layer.self_attn, layer.encoder_attn
         n1, n2, n3 = layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm
-        return cls(a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias, a.v_proj.weight, a.v_proj.bias,
-                   a.out_proj.weight, a.out_proj.bias, a.scaling, n1.weight, n1.bias, n1.eps,
-                   c.q_proj.weight, c.q_proj.bias, c.out_proj.weight, c.out_proj.bias, n2.weight, n2.bias, n2.eps,
-                   layer.fc1.weight, layer.fc1.bias, layer.fc2.weight, layer.fc2.bias, n3.weight, n3.bias, n3.eps,
+        return cls(a.q_proj.weight.t(), a.q_proj.bias, a.k_proj.weight.t(), a.k_proj.bias, a.v_proj.weight.t(),
+                   a.v_proj.bias, a.out_proj.weight.t(), a.out_proj.bias, a.scaling, n1.weight, n1.bias, n1.eps,
+                   c.q_proj.weight.t(), c.q_proj.bias, c.out_proj.weight.t(), c.out_proj.bias, n2.weight, n2.bias,
+                   n2.eps, layer.fc1.weight.t(), layer.fc1.bias, layer.fc2.weight.t(), layer.fc2.bias, n3.weight,
+                   n3.bias, n3.eps,
                    getattr(layer.activation_fn, "forward", layer.activation_fn))  # a module's forward: no hooks
 
 

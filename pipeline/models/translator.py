@@ -91,7 +91,7 @@ class BannedTokens(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         for t in self.token_ids:
-            scores[:, t] = float("-inf")
+            scores.select(1, t).fill_(float("-inf"))
         return scores
 
 
