@@ -58,9 +58,10 @@ def work_dir() -> Path:
 
 def freeze_heap() -> None:
     """In smoke mode, collect once and move every object alive now out of the collector's sight (`gc.freeze`): the
-    stage runner collects after each stage that loaded a model, and in one smoke process full of the earlier
-    modules' imports each collection walked ~0.3 s of objects that outlive it anyway. A no-op otherwise, so a full
-    run's timings keep their collections as a user's process pays them."""
+    stage runner collects after each stage that loaded a model and freezes once, at its first collection
+    (pipeline/engine/resources.py), but one smoke process imports module after module after that, and each
+    collection walked ~0.3 s of objects that outlive it anyway. A no-op otherwise, so a full run's timings keep
+    their collections as a user's process pays them."""
     if on():
         import gc
 

@@ -189,6 +189,32 @@ def test_a_process_that_cannot_honour_the_plan_stops_with_one_line(tmp_path, cor
         run_shard("neighbours", cfg, 0, plan=index)
 
 
+def test_a_released_model_is_freed_at_once_its_cycles_included():
+    """What a stage loaded is freed when it is released, before the next stage loads its own: a model's reference
+    cycles too (its memory, a GPU's with it). The process' imports are frozen out of those collections (gc.freeze at
+    the first one that finds nothing loaded: a full collection walked ~300k objects, 0.25 s, four times a mine), and
+    what is loaded after the freeze is still freed."""
+    import gc
+    import weakref
+
+    class Model:  # a module tree with back-references, as a loaded model has
+        def __init__(self):
+            self.me = self
+
+    refs = []
+
+    def load(*_):
+        refs.append(weakref.ref(model := Model()))
+        return model
+
+    cyclic = resources.Resource("cyclic", lambda *a: {}, load, reads=())
+    for stage in ("probe-a", "probe-b"):
+        resources.acquire(stage, cyclic, load_config("default"), None, 1, {})
+        assert refs[-1]() is not None
+        assert resources.release(stage) == 1 and refs[-1]() is None
+    assert gc.get_freeze_count() > 0
+
+
 def test_a_resource_load_sees_only_the_sections_it_declares():
     """What keys a loaded object is what its load can read: reading an undeclared section is an error."""
     cfg = load_config("default")
