@@ -113,6 +113,8 @@ def test_the_audit_catches_a_pack_rewritten_with_a_valid_hash(tmp_path, caplog, 
     table = pq.read_table(pack).replace_schema_metadata(None)
     wrong = [t + "!" if changed == "every row" or i == 37 else t for i, t in enumerate(TEXTS)]
     _forge(pack, table.set_column(1, "vec", _vectors(wrong).column("vec")))
+    # the forged file's time, which the warning names: the run below writes the pack again (a later second, maybe)
+    mtime = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(pack.stat().st_mtime))
     unaudited: list = []
     if changed == "every row":  # without the audit it is served: this is what the audit is for
         assert _rows(_memo(tmp_path, verify=0.0), TEXTS, unaudited).equals(_vectors(wrong)) and unaudited == []
@@ -121,7 +123,6 @@ def test_the_audit_catches_a_pack_rewritten_with_a_valid_hash(tmp_path, caplog, 
     with caplog.at_level(logging.WARNING, logger="contramine.memo"):
         got = _rows(memo, TEXTS, calls)
     assert got.equals(_vectors(TEXTS))  # the run's rows equal a fresh computation's
-    mtime = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(pack.stat().st_mtime))
     named = _named(caplog, str(pack), "failed the audit", f"{OWNER}", f"modified {mtime}")
     assert len(named) == 1 and "moved to" in named[0] and "mallory" not in named[0]
     assert len(list((tmp_path / ".quarantine").rglob("*.parquet"))) == 1  # aside, for whoever looks into it
