@@ -105,6 +105,7 @@ def load_settings(resource: Resource, cfg: "Config") -> str:
 _lock = threading.Lock()
 _loaded: dict[tuple[str, str, str], tuple[str, Any]] = {}  # (resource, plan, load settings) -> (holder stage, object)
 _loading: dict[tuple[str, str, str], threading.Lock] = {}
+_frozen = False  # gc.freeze() has run in this process (_collect)
 
 
 def acquire(stage: str, resource: Resource, cfg: "Config", store: "Store", n: int, plan: dict) -> Any:
@@ -150,9 +151,6 @@ def release(stage: str | None = None) -> int:
     if gone:
         _collect()
     return len(gone)
-
-
-_frozen = False  # gc.freeze() has run in this process (_collect)
 
 
 def held() -> list[tuple[str, str]]:
