@@ -196,3 +196,20 @@ def test_on_a_gpu_the_batch_budgets_are_keyed_and_on_a_cpu_they_are_not(monkeypa
     # the row memo of vectors on a GPU is keyed with the plan too
     plan = {"encoder": encoder_resource.encoder_plan(configs["other"])}
     assert encoder_resource.encode_memo_facts(configs["other"], plan)["encoder"]["batch_tokens"] == 4096
+
+
+def test_on_a_gpu_the_decoder_is_keyed_and_on_a_cpu_it_is_not(monkeypatch):
+    """backtranslate.decoder is an execution setting where the loop's tokens equal generate's (a CPU in float32,
+    tests/test_decode_loop.py); a GPU's kernels make no such promise, so there the plan records it. kv_cache "auto"
+    is the dynamic cache (the loop) on both."""
+    configs = {d: load_config("default", STANDIN + [f"backtranslate.decoder={d}"]) for d in ("loop", "generate")}
+    cpu = {d: extra_key(STAGES["backtranslate"], c) for d, c in configs.items()}
+    assert cpu["loop"] == cpu["generate"] and "decoding" not in cpu["loop"]
+    cuda = lambda setting="auto": "cuda" if setting == "auto" else setting  # noqa: E731
+    monkeypatch.setattr(chains, "pick_device", cuda)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    gpu = {d: extra_key(STAGES["backtranslate"], c) for d, c in configs.items()}
+    assert gpu["loop"] != gpu["generate"]
+    assert '"decoding":{"decoder":"loop"}' in gpu["loop"] and '"decoder":"generate"' in gpu["generate"]
+    static = extra_key(STAGES["backtranslate"], load_config("default", STANDIN + ["backtranslate.kv_cache=static"]))
+    assert '"kv_cache":"static"' in static and static != gpu["loop"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.gpu.generate import COMPILED_ROWS, GENERATE_ROWS, NOT_IN_CHECKOUT
-from bench.gpu.speeds import ENCODE_ROWS, SEARCH_ROWS, TRAIN_ROWS
+from bench.gpu.speeds import ENCODE_ROWS, PROFILED_SEARCH, SEARCH_ROWS, TRAIN_ROWS
 from child_env import CHILD_PYTHONPATH
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +39,8 @@ def search_rows() -> list[str]:
     out, seen = [], set()
     for name, settings in SEARCH_ROWS.items():
         out += [f"{name}_{what}" for what in ("seconds", "queries_per_s", "peak_memory")]
+        if name == PROFILED_SEARCH:
+            out.append("profile_search_busy")
         if settings["d"] not in seen:
             seen.add(settings["d"])
             out += [f"gemm_search_d{settings['d']}_{p}" for p in ("bf16", "tf32", "fp32")]
@@ -122,11 +124,17 @@ def test_twin_sets_each_job_against_its_peer_and_its_limit_and_writes_the_profil
         assert r["flop"] > 0, r
     assert "encode" in by["vs_limit_encode_st_float32"]["note"] and by["projection_1m_hours"]["value"] > 0
     assert all(by[n]["value"] > 0 for n in EXPECTED if n.startswith("goal_"))
-    for name in ("profile_encode.json.gz", "profile_generate.json.gz", "profile_loop.json.gz"):
+    for name in ("profile_encode.json.gz", "profile_generate.json.gz", "profile_loop.json.gz",
+                 "profile_search.json.gz"):
         trace = json.loads(gzip.decompress((out / name).read_bytes()))
         assert trace["traceEvents"], name
     table = (out / "profile.txt").read_text()
     assert "== encode" in table and "== generate" in table and "== decode loop" in table and "Self CPU" in table
+    search = (out / "profile_search.txt").read_text()
+    assert search.startswith("== band search") and "aten::topk" in search
+    # each table's first line says which host ops took over 1 ms in one call (a cuDNN plan would be named there)
+    heads = [line for line in (table + search).splitlines() if line.startswith("== ")]
+    assert len(heads) == 4 and all("host op" in line for line in heads), heads
 
 
 def test_summary_projects_the_1m_path_from_the_measured_rates():

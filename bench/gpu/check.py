@@ -13,7 +13,8 @@ downloads: every model is built here with random weights (bench/fixtures/shapes.
 It prints one table (name, device, value, unit, ok) and writes artifacts/gpu-check/results.json (`--out DIR` to
 write elsewhere): the machine, the sizes, and one row per number: {"name", "device", "value", "unit", "ok", "note"}
 (speed rows add what the summary reads: job, flop, seconds, precision, peer_of). Beside it: profile.txt and two
-Chrome traces (profile_encode.json.gz, profile_generate.json.gz, profile_loop.json.gz; chrome://tracing or ui.perfetto.dev).
+Chrome traces (profile_encode.json.gz, profile_generate.json.gz, profile_loop.json.gz, profile_search.json.gz;
+chrome://tracing or ui.perfetto.dev); each table's first line names any host op that took over 1 ms in one call.
 `ok` is true/false for each equality check and null for a measurement. Exit status: 1 when a check fails, a
 section stops with an error, or (strict: on a CUDA machine, under `--strict`, and always in `make gpu-rehearsal`) a
 section is skipped for a missing package; else 0. A lease is minutes long and comes rarely, so on the GPU every
@@ -38,6 +39,8 @@ settings; a variant (a static cache, a token budget, ...) is one line there.
   twentieth of them, then one timed pass each. encode_st_<precision>: the peer, sentence-transformers `encode`
   (preinstalled on the GPU machine) on the same model folder (a plain HF folder: mean pooling) and sentences, same
   batch size, normalised, float32 and bf16 weights; the note has its max |difference| from our vectors.
+  encode_bf16_cudnn: encode_bf16 with SDPA free to pick cuDNN's attention, torch's default order on sm90 / sm100
+  (the pipeline runs without it: pipeline/models/attention_kernels.py); the contrast says what that choice is worth.
 - band_search_d<d>[_<precision>]: `contramine.pipeline.search.band.band_neighbours` with `contramine.pipeline.search.torch_exact.TorchExact`
   on the GPU (exact inner-product k-NN in torch; the stage's `neighbours.engine = "torch"`), per SEARCH_ROWS: at
   d = 768 (debcse-paper's bert-base encoder: the projection's row) in float32 on all `search_queries` queries, TF32
@@ -46,6 +49,8 @@ settings; a variant (a static cache, a token budget, ...) is one line there.
   neighbours defaults (band 0.25-0.75, pool 64); seconds, queries/s, pool rows, GPU peak memory. After the first
   search at each d, gemm_search_d<d>_<precision>: torch.mm at [the block of queries that search took
   (`TorchExact.band_rows`, read as band() reads it: 2,147 on an 80 GB card against 1M), d, `search_n`].
+  profile_search_busy: two blocks of the band_search_d768 search under torch.profiler (profile_search.json.gz and
+  profile_search.txt beside results.json): where a block's time goes besides its GEMM.
 - train_<objective>: one training step of each objective (trainer/objectives/) on the bert-base shape, as
   trainer/train.py's loop runs it on a GPU: bf16 autocast, TF32 matmuls, fused AdamW, gradient clipping at 1.0,
   padding-free encoder (train.unpad), batch `train_batch` x `train_max_length` tokens of pre-collated rows (the loop
@@ -64,7 +69,9 @@ settings; a variant (a static cache, a token budget, ...) is one line there.
   line, not a failure), generate_old the old path (`decoder = "generate"`: HF generate). generate_user_hf: the peer
   on the same rows and model, plain HF generate as a user writes it: `tokenizer(texts, padding=True)`,
   `model.generate(**inputs)`, batch `gen_batch` (64) in input order, max_new_tokens the batch's largest row cap;
-  tokens counted up to each row's eos, at most its cap.
+  tokens counted up to each row's eos, at most its cap. generate_ours_cudnn: generate_ours with SDPA free to pick
+  cuDNN's attention (as encode_bf16_cudnn): a cuDNN plan built for each new key length is what the H200's 18,169
+  tokens/s for the loop paid (2026-11-28).
 - generate_ct2: the same rows through CTranslate2 as the pipeline loads it (pipeline/models/ct2.py `load_engine`:
   converted once, CUDA 12's cuBLAS loaded first on a GPU by pipeline/models/cublas.py), float16 on a GPU, int8 on a
   CPU; where its wheel or cuBLAS 12 is missing there, no value and the one-line reason (not a failure).

@@ -9,18 +9,22 @@ from __future__ import annotations
 import time
 
 from bench.gpu.limits import marian_flop
-from bench.gpu.sections import (Models, guarded, marian_texts, mem_unit, peak_mib, reset_peak, row, sync,
-                                translator)
+from bench.gpu.sections import (CUDNN_ATTENTION, Models, attention_setting, guarded, marian_texts, mem_unit,
+                                peak_mib, reset_peak, row, sync, translator)
 
 # Translator rows: row name -> BacktranslateCfg fields on top of the stage's defaults. `decoder` (issue 51): "loop" is
 # our decode loop, the HF engine's default once merged; "generate" the stage's old path (HF generate). A checkout
 # whose config has no `decoder` has only the old path: "generate" is then its default, and a "loop" row is not
 # measured (one line says so, not a failure: nothing to measure).
-# generate_default: the stage's defaults as they resolve on this device (on a GPU: kv_cache "auto" = static, so
-# generate for Marian). The others pin what they measure.
+# generate_default: the stage's defaults as they resolve on this device (kv_cache "auto": the dynamic cache, so our
+# loop, on every device since 2026-11-28's attention_kernels; static on a GPU before it). The others pin what they
+# measure: generate_ours against generate_static is the row pair that says whether "auto" is right on a GPU.
+# generate_ours_cudnn: generate_ours with SDPA free to pick cuDNN's attention (sections.CUDNN_ATTENTION), as before
+# 2026-11-28's attention_kernels: the H200's 18,169 tokens/s, a cuDNN plan built every decoding step.
 GENERATE_ROWS = {"generate_default": {}, "generate_ours": {"decoder": "loop", "kv_cache": "dynamic"},
                  "generate_old": {"decoder": "generate", "kv_cache": "dynamic"},
-                 "generate_static": {"decoder": "generate", "kv_cache": "static"}}
+                 "generate_static": {"decoder": "generate", "kv_cache": "static"},
+                 "generate_ours_cudnn": {"decoder": "loop", "kv_cache": "dynamic", CUDNN_ATTENTION: True}}
 # compiled Translator rows, run in the check's last section on `gen_compile_n` rows (each batch shape compiles)
 COMPILED_ROWS = {"generate_static_compile": {"decoder": "generate", "kv_cache": "static", "compile": True}}
 NOT_IN_CHECKOUT = "not measured: this checkout's BacktranslateCfg has no setting"
@@ -46,6 +50,15 @@ def translator_row(name: str, settings: dict, texts: list[str], models: Models, 
                    warm_all: bool = False) -> list[dict]:
     """One Translator row: `Translator.translate(texts)` at the stage's defaults + settings, after a warm-up on one
     batch's rows (`warm_all`: every row, so a compiled step has compiled every batch shape of the timed pass)."""
+    with attention_setting(settings) as stage_settings:
+        out = translated_row(name, stage_settings, texts, models, device, warm_all)
+    if settings.get(CUDNN_ATTENTION) and out[0]["value"]:
+        out[0]["note"] += "; SDPA free to pick cuDNN's attention (torch's default order)"
+    return out
+
+
+def translated_row(name: str, settings: dict, texts: list[str], models: Models, device: str,
+                   warm_all: bool) -> list[dict]:
     from contramine.pipeline.models.translation import batch_token_budget
 
     settings, why = checkout_settings(settings)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import resource
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 BAND = dict(lo=0.25, hi=0.75, pool_size=64, slack=8, max_block_elems=1 << 24)  # NeighboursCfg's defaults
@@ -14,6 +15,29 @@ BAND = dict(lo=0.25, hi=0.75, pool_size=64, slack=8, max_block_elems=1 << 24)  #
 def row(name: str, device: str, value, unit: str, ok: bool | None = None, note: str = "", **work) -> dict:
     """One result. `work` (speed rows): what bench/gpu/limits.py's summary reads, e.g. flop, seconds, precision."""
     return {"name": name, "device": device, "value": value, "unit": unit, "ok": ok, "note": note, **work}
+
+
+# A row setting of the encode and translation rows: True runs the row with SDPA free to pick cuDNN's attention, as
+# torch does by default (first on sm90 / sm100), instead of the pipeline's choice without it
+# (pipeline/models/attention_kernels.py): the "*_cudnn" rows, the contrast that shows what that choice is worth.
+CUDNN_ATTENTION = "cudnn_attention"
+
+
+@contextmanager
+def attention_setting(settings: dict):
+    """The row's settings without CUDNN_ATTENTION, with cuDNN's attention allowed while the row runs where it asks
+    (a checkout without attention_kernels fails such a row in one line: it has no choice to contrast)."""
+    rest = {k: v for k, v in settings.items() if k != CUDNN_ATTENTION}
+    if not settings.get(CUDNN_ATTENTION):
+        yield rest
+        return
+    from contramine.pipeline.models import attention_kernels
+
+    before, attention_kernels.ALLOW_CUDNN = attention_kernels.ALLOW_CUDNN, True
+    try:
+        yield rest
+    finally:
+        attention_kernels.ALLOW_CUDNN = before
 
 
 def apply_settings(obj, fn, settings: dict) -> dict:

@@ -7,22 +7,26 @@ from __future__ import annotations
 import time
 
 from bench.gpu.limits import bert_flop, config_of
-from bench.gpu.sections import (BAND, Models, apply_settings, guarded, mem_unit, peak_mib, reset_peak, row, sync,
-                                texts_for, topic_vectors)
+from bench.gpu.sections import (BAND, CUDNN_ATTENTION, Models, apply_settings, attention_setting, guarded,
+                                mem_unit, peak_mib, reset_peak, row, sync, texts_for, topic_vectors)
 
 # The rows each speed section measures: row name -> settings. A variant is one line (name: settings); after a change
 # that adds a setting, add its row here. Settings of
 # - ENCODE_ROWS: an `Encoder.encode` keyword, else an Encoder attribute (precision, ...);
 # - SEARCH_ROWS: a `band_neighbours` keyword, else a TorchExact attribute (at 1M each row costs the full search);
 # - TRAIN_ROWS: TrainCfg fields (objective, ...).
+# "encode_bf16_cudnn": encode_bf16 with SDPA free to pick cuDNN's attention (sections.CUDNN_ATTENTION), as before
+# 2026-11-28's attention_kernels: on the H200 a cuDNN plan built a batch made bf16 slower than float32.
 ENCODE_ROWS = {"encode_float32": {"precision": "float32"}, "encode_bf16": {"precision": "bf16"},
-               "encode_bf16_tokens65536": {"precision": "bf16", "batch_tokens": 65536}}
+               "encode_bf16_tokens65536": {"precision": "bf16", "batch_tokens": 65536},
+               "encode_bf16_cudnn": {"precision": "bf16", CUDNN_ATTENTION: True}}
 # SEARCH_ROWS: `d` (the vectors' dimension: 768 is debcse-paper's bert-base encoder, 384 the default MiniLM) + settings
 # A row without "precision" scores as the stage does (neighbours.score_precision = "auto": bf16 on a GPU, float32 on
 # the CPU twin); before 2026-11-28 such a row scored in TorchExact's own default, float32 (the H200's 50.3 s).
 SEARCH_ROWS = {"band_search_d768": {"d": 768}, "band_search_d768_tf32": {"d": 768, "precision": "tf32"},
                "band_search_d768_float32": {"d": 768, "precision": "float32"}, "band_search_d384": {"d": 384}}
 TRAIN_ROWS = {f"train_{o}": {"objective": o} for o in ("simcse", "debcse", "osscse", "whitenedcse", "dclr")}
+PROFILED_SEARCH = "band_search_d768"  # after it, two of its blocks under torch.profiler (profile_search)
 VARIANT_SHARE = 8  # SEARCH_ROWS past the first search this share of the queries (the check's time: 8 minutes)
 PRECISION = {"float32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "bf16"}  # a row's precision -> its gemm_* row
 
@@ -44,14 +48,15 @@ def section_encode(models: Models, device: str, sizes: dict) -> list[dict]:
         def measure(name=name, settings=settings):
             before = {k: getattr(enc, k) for k in settings if hasattr(enc, k)}  # put back after the row
             try:
-                call = {"batch_size": sizes["encode_batch"], **apply_settings(enc, enc.encode, settings)}
-                enc.encode(texts[: max(64, len(texts) // 20)], **call)  # warm-up: kernels, caches
-                reset_peak(device)
-                sync(device)
-                t0 = time.perf_counter()
-                ours[name] = enc.encode(texts, **call)
-                sync(device)
-                s = time.perf_counter() - t0
+                with attention_setting(settings) as encode_settings:
+                    call = {"batch_size": sizes["encode_batch"], **apply_settings(enc, enc.encode, encode_settings)}
+                    enc.encode(texts[: max(64, len(texts) // 20)], **call)  # warm-up: kernels, caches
+                    reset_peak(device)
+                    sync(device)
+                    t0 = time.perf_counter()
+                    ours[name] = enc.encode(texts, **call)
+                    sync(device)
+                    s = time.perf_counter() - t0
                 return [row(name, device, round(len(texts) / s, 1), "sentences/s", None,
                             f"{what}, {settings} {call}, {s:.2f} s, peak {peak_mib(device)} {mem_unit(device)}",
                             job="encode", flop=flop, seconds=s,
@@ -163,11 +168,41 @@ def section_search(models: Models, device: str, sizes: dict) -> list[dict]:
                         "base on the device + one block")]
 
         rows += guarded(f"{name}_seconds", "s", device, measure)
+        if name == PROFILED_SEARCH and d in blocks:
+            rows += guarded("profile_search_busy", "of wall", device,
+                            lambda x=x, d=d, settings=settings: profile_search(models, device, x, sids, d, blocks[d],
+                                                                               settings, b))
         if d in blocks and not any(r["name"].startswith(f"gemm_search_d{d}_") for r in rows):
             rows += gemm_rows(f"search_d{d}", (blocks[d], d, n), device,
                               f"the block of queries the {name} search took (TorchExact.band_rows)")
     del vectors
     return rows
+
+
+def profile_search(models: Models, device: str, x, sids, d: int, block: int, settings: dict, b: dict) -> list[dict]:
+    """torch.profiler over two blocks of PROFILED_SEARCH's band search (the block band() took, the base and the
+    precision check ready before): profile_search.json.gz and profile_search.txt beside results.json, so a lease
+    shows where a block's time goes besides its GEMM (the H200's: 66 ms a block, 5 ms of it GEMM)."""
+    from bench.gpu.limits import _profiled
+    from contramine.pipeline.search.band import band_neighbours
+    from contramine.pipeline.search.torch_exact import TorchExact
+
+    out = models.out
+    out.mkdir(parents=True, exist_ok=True)
+    index = TorchExact(x, device, block_rows=block)
+    call = apply_settings(index, band_neighbours, settings)
+    kw = {"slack": b["slack"], "max_block_elems": b["max_block_elems"], **call}
+    band_neighbours(x[:16], sids[:16], x, sids, index, index, b["lo"], b["hi"], b["pool_size"], **kw)  # warm-up
+    q = min(len(x), 2 * block)
+    wall, table, busy = _profiled(
+        lambda: band_neighbours(x[:q], sids[:q], x, sids, index, index, b["lo"], b["hi"], b["pool_size"], **kw),
+        device, out / "profile_search.json.gz", f"band search: {q} queries (2 blocks of {block}) x {len(x)} x {d}")
+    (out / "profile_search.txt").write_text(table)
+    del index
+    what = "device" if device.startswith("cuda") else "ops (CPU twin)"
+    return [row("profile_search_busy", device, round(busy, 3), "of wall", None,
+                f"{what} busy {busy:.0%} of {wall:.2f} s: {q} queries, {settings}; {out / 'profile_search.json.gz'}, "
+                f"{out / 'profile_search.txt'}")]
 
 
 def section_train(models: Models, device: str, sizes: dict) -> list[dict]:

@@ -112,15 +112,16 @@ class BacktranslateCfg(Section):
     # cross-attention once per batch, preallocated caches, next token chosen on the device, finished rows dropped,
     # the device read every few steps), for Marian and FSMT models; "generate" = transformers' generate. Models the
     # loop does not know (M2M100, NLLB, ...) and kv_cache = "static" / compile = true use generate (the log says
-    # so). An execution setting: on a CPU the loop's tokens equal generate's (tests/test_decode_loop.py).
+    # so). An execution setting: on a CPU the loop's tokens equal generate's (tests/test_decode_loop.py); on a GPU,
+    # whose kernels promise no such thing, the chains' plan records it (another decoder there recomputes).
     decoder: Literal["loop", "generate"] = "loop"
     # HF generate's key/value cache: "static" preallocates it once per batch for max_length + 2 tokens (one length
     # for every batch, so a row's output still does not depend on its batch; the shape torch.compile needs);
-    # models without static-cache support (FSMT, the wmt19 models) keep "dynamic". "auto" = "static" on a GPU, where
-    # generate with it measured fastest (86.6k target tokens/s on an H200 at the 1M path's batches, against 31.1k
-    # for the dynamic cache and 18.2k for our loop: BENCHMARKS.md, 2026-11-28), and "dynamic" on a CPU (static
-    # measured 0.77-0.86x there). A static cache is generate's, so "auto" on a GPU decodes with generate for the
-    # models that support it (Marian); the others (FSMT) keep the loop.
+    # models without static-cache support (FSMT, the wmt19 models) keep "dynamic". A static cache is generate's: the
+    # decode loop keeps its own caches. "auto" = "dynamic" on every device, so the loop decodes (a CPU measured
+    # static at 0.77-0.86x). On an H200 static measured fastest (86.6k target tokens/s at the 1M path's batches
+    # against 18.2k for the loop, 2026-11-28), but there the loop paid a cuDNN attention plan every decoding step,
+    # ~49 ms each, which mining no longer uses (pipeline/models/attention_kernels.py): BENCHMARKS.md.
     kv_cache: Literal["auto", "dynamic", "static"] = "auto"
     # torch.compile HF generate's decoding step (needs kv_cache = "static"; on a GPU with CUDA graphs, as transformers
     # does). Compiles for each new batch shape; on a CPU it measured no faster. Not yet measured on a GPU.

@@ -169,6 +169,8 @@ def chains_plan(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
         kv_cache = resolve_kv_cache(bt.kv_cache, device)
         if kv_cache != "dynamic" or bt.compile:  # only where it departs from the plain path: keys stay as they were
             out["decoding"] = {"kv_cache": kv_cache, "compile": bt.compile}
+        if out["device"] == "cuda":  # a GPU's loop and generate need not agree to the bit (a CPU's do: not keyed)
+            out["decoding"] = {**out.get("decoding", {}), "decoder": bt.decoder}
     return out
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from contramine.pipeline.models.attention_kernels import without_cudnn_attention
 from contramine.pipeline.models.encode_batches import (Tokens, packed_batches, same_length_batches, token_arrays,
                                             tokenize_threads, tokenized_chunks)
 from contramine.pipeline.models.hub import pick_device, resolve_model
@@ -227,7 +228,7 @@ class Encoder(torch.nn.Module):
 
         try:
             for batch in batches:
-                with autocast:
+                with autocast, without_cudnn_attention(self.device):  # a batch's shape is new: no plan to build
                     vec = self._pooled(model, self._device_batch(batch)).float()
                 if normalize:
                     vec = torch.nn.functional.normalize(vec, dim=-1)

@@ -82,11 +82,15 @@ def batch_token_budget(setting: int | str, device: str, engine: str) -> int:
 
 
 def resolve_kv_cache(setting: str, device: str) -> str:
-    """HF generate's key/value cache on `device`: the setting, or for "auto" "static" on a GPU (measured fastest
-    there) and "dynamic" elsewhere."""
+    """HF generate's key/value cache on `device`: the setting, or for "auto" "dynamic" on every device (our decode
+    loop where it knows the model). Until attention_kernels.py (2026-11-28) "auto" was "static" on a GPU, from an
+    H200 run in which the loop and the dynamic cache built a cuDNN attention plan every decoding step: the loop's
+    9.5 s for 197 steps at the 1M path's batches is what one ~49 ms plan a step costs, and mining no longer lets
+    SDPA pick cuDNN (BENCHMARKS.md). Not yet measured on a GPU without it: `device` stays in the signature, so
+    that a GPU that measures otherwise can be told apart here."""
     if setting != "auto":
         return setting
-    return "static" if device.startswith("cuda") else "dynamic"
+    return "dynamic"
 
 
 def language_settings(name: str, tok, cfg: BacktranslateCfg, model_type: str | None) -> tuple[str, str | None]:

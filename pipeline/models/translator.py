@@ -36,6 +36,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
 from contramine.pipeline.config.backtranslation import BacktranslateCfg, chain_name
+from contramine.pipeline.models.attention_kernels import without_cudnn_attention
 from contramine.pipeline.models.fast_tokens import input_ids
 from contramine.pipeline.models.fast_tokens import texts as decoded_texts
 from contramine.pipeline.models.mt19937 import mt19937_uniform
@@ -254,7 +255,8 @@ class Translator:
         decode = self.loop.generate if self.loop is not None else (
             lambda ids, m, g, p: self.model.generate(input_ids=ids, attention_mask=m, generation_config=g,
                                                      logits_processor=p))
-        seqs = decode(input_ids.to(self.device), mask.to(self.device), gen, LogitsProcessorList(procs))
+        with without_cudnn_attention(self.device):  # keys grow a position a step: no cuDNN plan to build per step
+            seqs = decode(input_ids.to(self.device), mask.to(self.device), gen, LogitsProcessorList(procs))
         if gen.forced_bos_token_id is not None:  # a language token is not text, whether or not a tokenizer says so
             seqs = seqs.masked_fill(seqs == gen.forced_bos_token_id, self.pad_id)
         return seqs
