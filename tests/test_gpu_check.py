@@ -168,6 +168,10 @@ def test_summary_projects_the_1m_path_from_the_measured_rates():
     old = {r["name"]: r for r in summary(no_loop, "cuda", {"cpus": 16})}  # workers: 1 by default
     assert old["projection_1m_hours"]["value"] == pytest.approx(seconds(20_000, 1) / 3600, rel=1e-3)
     assert "translation at generate_old_tokens_per_s" in old["projection_1m_hours"]["note"]
+    # what a search pays once (the base to the device, the precision check) is not scaled with the queries
+    setup = [dict(r, setup_seconds=2.0) if r["name"] == "band_search_d768_seconds" else r for r in rows]
+    once = {r["name"]: r for r in summary(setup, "cuda", {"cpus": 16, "workers": 1})}
+    assert once["goal_search_1m_15s"]["value"] == pytest.approx(15 / (2.0 + 8.0 * 10), rel=1e-3)
     missing = summary([r for r in rows if not r["name"].startswith("train")], "cuda", {"cpus": 16})
     assert missing[-1]["value"] is None and "train_debcse_steps_per_s" in missing[-1]["note"]
 

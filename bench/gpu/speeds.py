@@ -149,6 +149,10 @@ def section_search(models: Models, device: str, sizes: dict) -> list[dict]:
             t0 = time.perf_counter()
             index = TorchExact(x, device)
             call = apply_settings(index, band_neighbours, settings)
+            if index.precision != "float32":
+                index.check_bound()  # what band() runs first: once a search, whatever its queries
+            sync(device)
+            setup = time.perf_counter() - t0  # the base to the device and the precision check: once, not per query
             block = min(q, index.band_rows())  # what band() takes on entry (free memory with the base loaded)
             table = band_neighbours(x[:q], sids[:q], x, sids, index, index, b["lo"], b["hi"], b["pool_size"],
                                     **{"slack": b["slack"], "max_block_elems": b["max_block_elems"], **call})
@@ -159,10 +163,11 @@ def section_search(models: Models, device: str, sizes: dict) -> list[dict]:
             blocks.setdefault(d, block)
             note = (f"{q} queries x {n} base x {d}, band {b['lo']}-{b['hi']}, pool {b['pool_size']}, {settings}: "
                     f"{table.num_rows} pool rows ({table.num_rows / q:.1f}/query), blocks of {block} queries; "
+                    f"{setup:.2f} s of it once a search (the base to the device, the precision check); "
                     f"vectors made in {made:.1f} s (not timed)")
             return [row(f"{name}_seconds", device, round(s, 2), "s", None, note, job=f"search_d{d}",
                         flop=2.0 * q * n * d, seconds=s, precision=PRECISION[settings.get("precision", "float32")],
-                        queries=q, base=n, d=d),
+                        queries=q, base=n, d=d, setup_seconds=round(setup, 3)),
                     row(f"{name}_queries_per_s", device, round(q / s, 1), "queries/s", None, note),
                     row(f"{name}_peak_memory", device, peak, mem_unit(device), None,
                         "base on the device + one block")]
