@@ -154,8 +154,7 @@ def section_search(models: Models, device: str, sizes: dict) -> list[dict]:
             sync(device)
             setup = time.perf_counter() - t0  # the base to the device and the precision check: once, not per query
             block = min(q, index.band_rows())  # what band() takes on entry (free memory with the base loaded)
-            table = band_neighbours(x[:q], sids[:q], x, sids, index, index, b["lo"], b["hi"], b["pool_size"],
-                                    **{"slack": b["slack"], "max_block_elems": b["max_block_elems"], **call})
+            table = band_search(index, x, sids, q, b, call)
             sync(device)
             s = time.perf_counter() - t0
             peak = peak_mib(device)
@@ -184,6 +183,15 @@ def section_search(models: Models, device: str, sizes: dict) -> list[dict]:
     return rows
 
 
+def band_search(index, x, sids, q: int, b: dict, call: dict):
+    """The stage's band search of the first `q` vectors against all of `x` (both the base), with `index` (a
+    TorchExact), the band settings `b` and a row's `call` keywords: its `neighbours` table."""
+    from contramine.pipeline.search.band import band_neighbours
+
+    return band_neighbours(x[:q], sids[:q], x, sids, index, index, b["lo"], b["hi"], b["pool_size"],
+                           **{"slack": b["slack"], "max_block_elems": b["max_block_elems"], **call})
+
+
 def profile_search(models: Models, device: str, x, sids, d: int, block: int, settings: dict, b: dict) -> list[dict]:
     """torch.profiler over two blocks of PROFILED_SEARCH's band search (the block band() took, the base and the
     precision check ready before): profile_search.json.gz and profile_search.txt beside results.json, so a lease
@@ -196,12 +204,11 @@ def profile_search(models: Models, device: str, x, sids, d: int, block: int, set
     out.mkdir(parents=True, exist_ok=True)
     index = TorchExact(x, device, block_rows=block)
     call = apply_settings(index, band_neighbours, settings)
-    kw = {"slack": b["slack"], "max_block_elems": b["max_block_elems"], **call}
-    band_neighbours(x[:16], sids[:16], x, sids, index, index, b["lo"], b["hi"], b["pool_size"], **kw)  # warm-up
+    band_search(index, x, sids, 16, b, call)  # warm-up
     q = min(len(x), 2 * block)
-    wall, table, busy = _profiled(
-        lambda: band_neighbours(x[:q], sids[:q], x, sids, index, index, b["lo"], b["hi"], b["pool_size"], **kw),
-        device, out / "profile_search.json.gz", f"band search: {q} queries (2 blocks of {block}) x {len(x)} x {d}")
+    wall, table, busy = _profiled(lambda: band_search(index, x, sids, q, b, call), device,
+                                  out / "profile_search.json.gz",
+                                  f"band search: {q} queries (2 blocks of {block}) x {len(x)} x {d}")
     (out / "profile_search.txt").write_text(table)
     del index
     what = "device" if device.startswith("cuda") else "ops (CPU twin)"
