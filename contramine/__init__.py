@@ -14,12 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# In a checkout (this folder beside pipeline/ and pyproject.toml) the parts live in the repository's own folders:
-# `contramine.pipeline` is <repo>/pipeline. An installed wheel maps them into this package (pyproject.toml's
-# package-dir), and setuptools' editable finder maps them too; this covers `PYTHONPATH=<repo>` with no install.
-_REPO = Path(__file__).resolve().parent.parent
-if (_REPO / "pyproject.toml").is_file() and (_REPO / "pipeline" / "__init__.py").is_file():
-    __path__.append(str(_REPO))  # noqa: F821  (a package's __path__)
+# The parts are this package's subpackages: contramine/pipeline, contramine/trainer and contramine/flows are committed
+# links to the repository's top-level folders, so a checkout, an editable install and the wheel all load each file as
+# one module, `contramine.<part>.<...>`, and tools that read code (IDEs, type checkers) see the same names.
 
 
 class Run:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from contramine.pipeline.config import TrainCfg
-from contramine.pipeline.models.encoder import Encoder
+from contramine.pipeline.models.encode.encoder import Encoder
 from tiny_bert import tiny_encoder
 
 TEXTS = [

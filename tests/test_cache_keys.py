@@ -7,9 +7,10 @@ import shutil
 import torch
 
 from contramine.pipeline.config import load_config
-from contramine.pipeline.engine.codeversion import PIPELINE, code_version, module_closure
+from contramine.pipeline.codeversion import PIPELINE, code_version, module_closure
 from contramine.pipeline.engine.runner import load_stages, resolve_plan, stage_facts
-from contramine.pipeline.models import chains, encoder_resource
+from contramine.pipeline.models.translate import chains
+from contramine.pipeline.models.encode import resource as encoder_resource
 from contramine.pipeline.models import hub as models
 
 OFFLINE = ["backtranslate.chains=[]"]
@@ -35,7 +36,7 @@ def test_code_version_follows_every_module_a_stage_imports(tmp_path):
     changed = {s for s in STAGES if before[s] != after[s]}
     assert {"noise", "ipw", "backtranslate"} <= changed  # the stages that draw per-row random numbers
     assert not changed & {"sentences", "embeddings", "neighbours", "negate", "pairs", "triplets"}
-    (src / "models" / "unpad.py").write_text((src / "models" / "unpad.py").read_text() + "\n# the forward\n")
+    (src / "models" / "encode" / "encode/unpad.py").write_text((src / "models" / "encode" / "encode/unpad.py").read_text() + "\n# the forward\n")
     code_version.cache_clear()
     again = versions()
     assert {s for s in STAGES if again[s] != after[s]} == {"embeddings", "pool_embeddings", "scores"}  # they embed
@@ -47,20 +48,20 @@ def test_code_version_covers_the_code_that_ran_and_no_other(tmp_path):
     src = tmp_path / "pipeline"
     shutil.copytree(PIPELINE, src, ignore=shutil.ignore_patterns("__pycache__"))
     versions = lambda: {s: code_version(STAGES[s].module, root=src) for s in STAGES}  # noqa: E731
-    engines = lambda: {m: code_version(m, root=src) for m in chains.ENGINES.values()}  # noqa: E731
+    engines = lambda: {m: code_version(m, root=src) for m in (e.module for e in chains.ENGINES.values())}  # noqa: E731
     before, engines_before = versions(), engines()
     for closure in (module_closure((STAGES[s].module,)) for s in STAGES):
         assert not {"contramine.pipeline.config.training", "contramine.pipeline.config.root", "contramine.pipeline.config.loading",
-                    *chains.ENGINES.values()} & set(closure)
-    for module in ("config/training.py", "models/ct2.py", "models/translator.py", "models/bergamot.py"):
+                    *(e.module for e in chains.ENGINES.values())} & set(closure)
+    for module in ("config/training.py", "models/translate/engines/ct2.py", "models/translate/engines/hf.py", "models/translate/engines/bergamot.py"):
         (src / module).write_text((src / module).read_text() + "\n\ndef added():\n    return 1\n")
     code_version.cache_clear()
     assert versions() == before  # no stage's own code version moves ...
     moved = {m for m, v in engines().items() if v != engines_before[m]}
-    assert moved == set(chains.ENGINES.values())  # ... the engines' do, and a run's plan names only its own
+    assert moved == {e.module for e in chains.ENGINES.values()}  # ... the engines' do, and a run's plan names only its own
     plan = chains.chains_plan(load_config("default", BERGAMOT))
-    assert set(plan["code"]) == {"bergamot"} and plan["code"]["bergamot"] == code_version("contramine.pipeline.models.bergamot")
-    encoder_py = src / "models" / "encoder.py"
+    assert set(plan["code"]) == {"bergamot"} and plan["code"]["bergamot"] == code_version("contramine.pipeline.models.translate.engines.bergamot")
+    encoder_py = src / "models" / "encode" / "encode/encoder.py"
     encoder_py.write_text(encoder_py.read_text() + "\n\ndef added():\n    pass\n")
     code_version.cache_clear()
     after = versions()

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from contramine.pipeline.config import load_config
-from contramine.pipeline.models.encoder import Encoder
+from contramine.pipeline.models.encode.encoder import Encoder
 from tiny_bert import build_tiny_bert, tiny_encoder
 from contramine.trainer import checkpoint as ckpt
 from contramine.trainer.train import train

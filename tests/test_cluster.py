@@ -119,7 +119,7 @@ def test_a_warm_worker_embeds_with_the_rerun_pooler(cluster, corpus30, tmp_path)
     """The issue's case: `make stage STAGE=embeddings` with pooler mean, then with pooler cls, on warm workers."""
     from tiny_bert import build_tiny_bert
 
-    from contramine.pipeline.models.encoder import Encoder
+    from contramine.pipeline.models.encode.encoder import Encoder
 
     enc = build_tiny_bert(tmp_path / "enc", seed=3)
     sets = SMALL + [f"run.root={tmp_path}", f"encoder.model={enc}", "runner.kind=dask",

@@ -11,12 +11,12 @@ import pytest
 from contramine.pipeline.config import BacktranslateCfg, ConfigError, load_config
 from contramine.pipeline.engine.runner import run_shard, run_stage
 from contramine.pipeline.storage.store import Store
-from contramine.pipeline.models import ct2
-from contramine.pipeline.models.translation import row_limit
+from contramine.pipeline.models.translate.engines import ct2
+from contramine.pipeline.models.translate.settings import row_limit
 from contramine.pipeline.config import chain_name
-from contramine.pipeline.models.chains import backtranslate, load_chain, load_translator
+from contramine.pipeline.models.translate.chains import backtranslate, load_chain, load_translator
 from contramine.pipeline.schema import SCHEMAS
-from contramine.pipeline.models.chains import chains_plan, generator_notes
+from contramine.pipeline.models.translate.chains import chains_plan, generator_notes
 from bench.fixtures.tiny_mt import build_tiny_fsmt, build_tiny_m2m100, build_tiny_marian, corpus_lines
 
 SMALL = dict(max_new_tokens_factor=1.0, max_new_tokens_min=4, max_length=48)
@@ -228,7 +228,7 @@ def test_on_a_gpu_without_cuda_12_auto_takes_hf_and_ctranslate2_is_refused(tiny,
     """What the GPU check met on the lent H100 (CUDA 13 only): CTranslate2's wheels cannot load libcublas.so.12
     there. `engine = "auto"` then plans HF generate, saying so once; an explicit "ctranslate2" is refused in one line
     before any model loads. On a CPU nothing changes."""
-    from contramine.pipeline.models import chains
+    from contramine.pipeline.models.translate import chains
 
     assert chains.ct2_cuda_problem("cpu") is None
     assert "no CUDA device" in chains.ct2_cuda_problem("cuda")  # this box's CPU-only CTranslate2

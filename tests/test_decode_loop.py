@@ -1,4 +1,4 @@
-"""Our decode loop (pipeline/models/decode_loop.py, backtranslate.decoder = "loop", the default): on a CPU in
+"""Our decode loop (pipeline/models/translate/decode/loop.py, backtranslate.decoder = "loop", the default): on a CPU in
 float32 its sequences equal transformers' generate token for token — greedy, sampling, beam search — for Marian and
 FSMT, with rows of mixed lengths, per-row caps, banned tokens, a forced first token and several returns per input;
 dropping finished rows changes no row; it reads the device back at most once every 4 decoding steps; models it
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from contramine.pipeline.config import BacktranslateCfg
-from contramine.pipeline.models.chains import load_translator
+from contramine.pipeline.models.translate.chains import load_translator
 from contramine.pipeline.seeding import row_seed
 from tests.host_reads import HostReads
 from tests.test_backtranslate import LINES, cfg, tiny  # noqa: F401 (tiny: the module's fixture)
@@ -127,7 +127,7 @@ def test_host_reads_at_most_one_in_four_decoding_steps(tmp_path):
 def test_models_the_loop_does_not_know_use_generate_and_say_so(tiny, caplog):
     """M2M100 (and NLLB) keep transformers' generate, and so do generate's own settings (a static cache,
     compilation); the log names the model and why. decoder = "generate" uses generate without a word."""
-    with caplog.at_level(logging.INFO, logger="contramine.pipeline.models.translator"):
+    with caplog.at_level(logging.INFO, logger="contramine.pipeline.models.translate.engines.hf"):
         m2m = load_translator(tiny["m2m100"], cfg(target_lang={tiny["m2m100"]: "de"}))
         static = load_translator(tiny["marian-en-xx"], cfg(kv_cache="static"))
         plain = load_translator(tiny["marian-en-xx"], cfg(decoder="generate"))
@@ -147,12 +147,12 @@ def test_decoder_is_an_execution_setting():
 
 
 def test_marian_input_ids_through_sentencepieces_batch_call_equal_the_tokenizers(tmp_path):
-    """translator.py's token ids (pipeline/models/fast_tokens.py: one SentencePiece call for the rows) are the
+    """engines/hf.py's token ids (pipeline/models/translate/decode/tokens.py: one SentencePiece call for the rows) are the
     tokenizer's, truncation and a multi-target >>code<< prefix included; text holding special tokens and other
     tokenizers go through the tokenizer itself."""
     from transformers import AutoTokenizer
 
-    from contramine.pipeline.models.fast_tokens import input_ids
+    from contramine.pipeline.models.translate.decode.tokens import input_ids
 
     path = build_tiny_marian(tmp_path / "m", target_codes=(">>cmn_Hans<<",))
     tok = AutoTokenizer.from_pretrained(path)
@@ -165,7 +165,7 @@ def test_marian_input_ids_through_sentencepieces_batch_call_equal_the_tokenizers
 
 
 def test_marian_texts_through_sentencepieces_batch_call_equal_the_tokenizers(tmp_path):
-    """translator.py's output texts (fast_tokens.texts: one SentencePiece decode for the rows) are
+    """engines/hf.py's output texts (fast_tokens.texts: one SentencePiece decode for the rows) are
     tokenizer.batch_decode(..., skip_special_tokens=True)'s: for real translations' ids and random ones holding
     special tokens, language codes and empty rows; also for a tokenizer whose source and target SentencePiece
     differ and for one with separate vocabularies."""
@@ -175,7 +175,7 @@ def test_marian_texts_through_sentencepieces_batch_call_equal_the_tokenizers(tmp
     from transformers import AutoTokenizer, MarianTokenizer
 
     from bench.fixtures.tiny_mt import _spm_bytes
-    from contramine.pipeline.models.fast_tokens import input_ids, texts
+    from contramine.pipeline.models.translate.decode.tokens import input_ids, texts
 
     path = build_tiny_marian(tmp_path / "m", target_codes=(">>cmn_Hans<<",))
     other = tmp_path / "other"

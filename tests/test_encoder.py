@@ -10,7 +10,7 @@ import torch
 from transformers import BertTokenizerFast, DistilBertConfig, DistilBertModel, ElectraConfig, ElectraModel
 
 from contramine.pipeline.config import SHARED_DATA
-from contramine.pipeline.models.encoder import Encoder, _takes_pooling_layer
+from contramine.pipeline.models.encode.encoder import Encoder, _takes_pooling_layer
 from tiny_bert import build_tiny_bert, write_vocab
 
 TEXTS = ["the man plays the guitar .", "a dog ran in the park", "two women were walking home"]
@@ -82,7 +82,7 @@ def test_autocast_precision_is_a_setting():
     np.testing.assert_allclose(low, exact, atol=5e-2)
 
 
-# ---- Encoder.encode's feeding (pipeline/models/encode_batches.py): tokenised ahead, batched per device kind
+# ---- Encoder.encode's feeding (pipeline/models/encode/batches.py): tokenised ahead, batched per device kind
 WIKI = [t for t in (line.strip() for line in (SHARED_DATA / "wiki1m_head.txt").open(encoding="utf-8")) if t][:300]
 ODD = ["", "x", "word " * 200, "é ü 中文 ﬁ tokens", "[MASK] and [SEP] inside", "   spaces   "]
 
@@ -90,7 +90,8 @@ ODD = ["", "x", "word " * 200, "é ü 中文 ﬁ tokens", "[MASK] and [SEP] insi
 @pytest.fixture
 def threaded(monkeypatch):
     """Small chunks and two tokenising threads, so a few hundred texts take the threaded path."""
-    from contramine.pipeline.models import encode_batches, encoder
+    from contramine.pipeline.models.encode import batches as encode_batches
+    from contramine.pipeline.models.encode import encoder
 
     monkeypatch.setattr(encode_batches, "CHUNK_ROWS", 37)
     monkeypatch.setattr(encoder, "tokenize_threads", lambda: 2)
@@ -131,7 +132,7 @@ def test_a_cpu_vector_does_not_depend_on_its_batch_or_chunk(threaded, pooler):
 def test_same_length_batches_cut_each_length_in_input_order():
     """Each length's rows in input order, cut every `rows` rows as the bucket fills (the old whole-input sort gave
     the same batches), small batches repeating their rows up to MIN_ROWS rows and MIN_TOKENS tokens."""
-    from contramine.pipeline.models.encode_batches import MIN_ROWS, MIN_TOKENS, Tokens, same_length_batches
+    from contramine.pipeline.models.encode.batches import MIN_ROWS, MIN_TOKENS, Tokens, same_length_batches
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(2, 9, 500)
@@ -155,7 +156,7 @@ def test_same_length_batches_cut_each_length_in_input_order():
 def test_packed_batches_fill_the_token_budget():
     """A GPU's batches: every row once, longest first, rows x padded length within the budget (a longer row
     alone), and all but the last few full."""
-    from contramine.pipeline.models.encode_batches import Tokens, packed_batches
+    from contramine.pipeline.models.encode.batches import Tokens, packed_batches
 
     rng = np.random.default_rng(1)
     lengths = np.r_[rng.integers(3, 40, 3000), 300]

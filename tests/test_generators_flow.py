@@ -87,7 +87,7 @@ def test_each_chain_serves_its_method(two_chains, small_corpus, corpus30, tmp_pa
     cand = RunTables(cfg2.run.dir).read("candidates")
     sources = set(cand.filter(pc.equal(cand.column("kind"), "pos")).column("source").to_pylist())
     assert sources == {"noise"}
-    from contramine.pipeline.models.chains import chains_plan, generator_notes
+    from contramine.pipeline.models.translate.chains import chains_plan, generator_notes
     none = configure("default", overrides=["backtranslate.chains=[]"])
     assert generator_notes(none, chains_plan(none)) == [
         "no back-translation chain is configured: DebCSE positive candidates come from the noise variants "
@@ -124,7 +124,7 @@ def test_paper_profiles_fail_fast_offline(tmp_path):
 def test_default_profile_says_once_what_it_cannot_load(tmp_path):
     """The default chain (bundled Bergamot) always loads: nothing to say. With fallback = true, a chain that cannot
     load is named once, and where DebCSE's positives then come from is said plainly."""
-    from contramine.pipeline.models.chains import chains_plan, generator_notes
+    from contramine.pipeline.models.translate.chains import chains_plan, generator_notes
 
     notes = lambda cfg: generator_notes(cfg, chains_plan(cfg))  # noqa: E731
     assert notes(configure("default")) == []

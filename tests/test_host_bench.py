@@ -50,7 +50,7 @@ def test_the_hollow_marian_emits_a_translations_length_through_generate_and_our_
     runs to its cap), under HF generate and under our decode loop (HollowSteps): the same texts both ways."""
     from bench.host.hollow import hollow_steps, target_lengths
     from contramine.pipeline.config.backtranslation import BacktranslateCfg
-    from contramine.pipeline.models.translator import Translator
+    from contramine.pipeline.models.translate.engines.hf import Translator
 
     n = torch.arange(1, 200)
     want = target_lengths(n)
@@ -76,8 +76,8 @@ def test_the_hollow_marian_emits_a_translations_length_through_generate_and_our_
 
 
 def test_the_hollow_bert_takes_the_padding_free_path_and_trains_every_weight(tokenizers):
-    from contramine.pipeline.models.encoder import Encoder
-    from contramine.pipeline.models.unpad import can_unpad
+    from contramine.pipeline.models.encode.encoder import Encoder
+    from contramine.pipeline.models.encode.unpad import can_unpad
 
     tok = tokenizers[0]
     model = hollow_bert(len(tok))
@@ -96,7 +96,7 @@ def test_the_hollow_bert_takes_the_padding_free_path_and_trains_every_weight(tok
 
 def test_the_base_is_a_git_export_and_a_setting_reaches_its_side(tmp_path):
     base = export_base("HEAD", tmp_path)
-    assert (base / "pipeline" / "models" / "encoder.py").is_file() and not (base / ".git").exists()
+    assert (base / "pipeline" / "models" / "encode" / "encode/encoder.py").is_file() and not (base / ".git").exists()
     with pytest.raises(SystemExit, match="cannot export commit 'no-such-commit'"):
         export_base("no-such-commit", tmp_path / "x")
     items = ["new:generate.batch_size=64", "encode.batch_size=256", "base:train.unpad=false"]

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import contramine.pipeline.stages
 from contramine.flows.deployments import render
-from contramine.pipeline.engine import runner
+from contramine.pipeline.engine import discovery, runner
 from contramine.pipeline.engine.runner import load_stages
 from contramine.pipeline.storage.tables import RunTables
 from contramine.pipeline.schema import SCHEMAS
@@ -45,7 +44,7 @@ def toy_stage(tmp_path, monkeypatch):
     (package / "__init__.py").write_text("")
     (package / "lengths.py").write_text(textwrap.dedent(TOY_STAGE))
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(contramine.pipeline.stages, "PACKAGES", [*contramine.pipeline.stages.PACKAGES, "toystages"])
+    monkeypatch.setattr(discovery, "PACKAGES", [*discovery.PACKAGES, "toystages"])
     yield "sentence_lengths"
     SCHEMAS.pop("sentence_lengths", None)
 
@@ -82,7 +81,7 @@ def test_a_stage_table_without_a_schema_is_refused(tmp_path, monkeypatch):
     (package / "nameless.py").write_text(textwrap.dedent(TOY_STAGE).replace(
         ', schemas={"sentence_lengths": LENGTHS}', "").replace("sentence_lengths", "nameless_table"))
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(contramine.pipeline.stages, "PACKAGES", [*contramine.pipeline.stages.PACKAGES, "badstages"])
+    monkeypatch.setattr(discovery, "PACKAGES", [*discovery.PACKAGES, "badstages"])
     with pytest.raises(ImportError, match="writes `nameless_table` with no schema"):
         load_stages()
 
@@ -118,17 +117,17 @@ def test_no_python_file_over_400_lines():
 
 # The layers, lowest first: a module imports only from its own layer or below, lazily (in a function) or not, and
 # under `if TYPE_CHECKING:` too (an arrow is an arrow, even one only a type checker follows). A name is matched by
-# its longest prefix here; "=name" is that module alone (the stage list, names only, not the stage modules).
+# its longest prefix here: a layer is whole packages and leaves, with no per-file exceptions.
 LAYERS = [
     ("shared leaves", ["contramine.pipeline.errors", "contramine.pipeline.hints", "contramine.pipeline.schema",
                        "contramine.pipeline.lazy",
                        "contramine.pipeline.markdown", "contramine.pipeline.identity", "contramine.pipeline.seeding",
                        "contramine.pipeline.roles", "contramine.pipeline.text_distances",
-                       "contramine.pipeline.degenerate", "=contramine.pipeline.stages"]),
+                       "contramine.pipeline.degenerate", "contramine.pipeline.codeversion"]),
     ("storage: the run folder on disk", ["contramine.pipeline.storage"]),
     ("corpus: reading the input", ["contramine.pipeline.corpus"]),
     ("config", ["contramine.pipeline.config"]),
-    ("code versions", ["contramine.pipeline.engine.codeversion"]),
+    ("code versions", ["contramine.pipeline.codeversion"]),
     ("row memo", ["contramine.pipeline.memo"]),
     ("engine: declarations, runner, resources", ["contramine.pipeline.engine"]),
     ("models and search", ["contramine.pipeline.models", "contramine.pipeline.search"]),
@@ -179,11 +178,9 @@ def _import_graph() -> dict[str, set[str]]:
 def _layer(module: str) -> int:
     best = (-1, -1)
     for i, (_, prefixes) in enumerate(LAYERS):
-        for prefix in prefixes:
-            exact = prefix.startswith("=")
-            name = prefix.lstrip("=")
-            if module == name or (not exact and module.startswith(name + ".")):
-                best = max(best, (len(name) + exact, i))
+        for name in prefixes:
+            if module == name or module.startswith(name + "."):
+                best = max(best, (len(name), i))
     assert best[1] >= 0, f"{module} is in no layer of LAYERS: add it"
     return best[1]
 
@@ -297,8 +294,8 @@ def test_the_cli_names_no_stage_and_no_error_class():
 
 def test_layers_point_down_no_lower_module_imports_a_stage():
     """models/, engine/, report/ and config/ (and the shared modules beside them) import no stage module, lazily or
-    not; only discovery finds the stages, in the packages of pipeline/stages/__init__.py's PACKAGES."""
-    from contramine.pipeline.engine.codeversion import PIPELINE, imported_modules
+    not; only discovery finds the stages, in the packages of pipeline/engine/discovery.py's PACKAGES."""
+    from contramine.pipeline.codeversion import PIPELINE, imported_modules
 
     stage_modules = {s.module for s in load_stages().values()}
     lower = [p for p in PIPELINE.rglob("*.py") if "stages" not in p.relative_to(PIPELINE).parts]

@@ -102,7 +102,7 @@ def test_cache_with_only_config_json_is_not_a_model(online, busy_repo, monkeypat
     models.clear_cache()
     path = Path(resolve_model("bert-base-uncased", "encoder"))  # reachable: the rest is downloaded
     assert missing_files(path) == [] and "model.safetensors" in hub.fetched("bert-base-uncased")
-    from contramine.pipeline.models.encoder import Encoder
+    from contramine.pipeline.models.encode.encoder import Encoder
     enc = Encoder.load("bert-base-uncased", pooler="mean", max_length=16)
     assert enc.tokenizer.vocab_size == len((busy_repo / "vocab.txt").read_text().split())
 

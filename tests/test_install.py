@@ -85,16 +85,17 @@ def test_doctor_on_this_environment():
 
 # ---- installed with pip (the full install runs in CI: tests/pip_install_check.py) ----------------------------------
 def test_the_wheel_lists_every_package_and_ships_the_profiles():
-    """pyproject.toml lists its packages by hand (the repository's pipeline/, trainer/, flows/ and configs/ are mapped
-    into the one package `contramine`, which the package finder cannot do): every folder of Python code under them
-    must be in that list."""
+    """pyproject.toml lists its packages by hand (the repository's pipeline/, trainer/ and flows/ are in the one package
+    `contramine` through committed links, configs/ as pipeline/profiles): every folder of Python code under them must
+    be in that list, and no folder is mapped (each file is one module, the same in a checkout and an install)."""
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     folders = {"contramine." + ".".join(p.parent.relative_to(ROOT).parts) for top in ("pipeline", "flows", "trainer")
                for p in (ROOT / top).rglob("*.py") if "__pycache__" not in p.parts}
     assert set(tool["packages"]) == folders | {"contramine", "contramine.pipeline.profiles"}
-    assert tool["package-dir"] == {"contramine": "contramine", "contramine.pipeline": "pipeline",
-                                   "contramine.trainer": "trainer", "contramine.flows": "flows",
-                                   "contramine.pipeline.profiles": "configs"}
+    assert "package-dir" not in tool
+    for part in ("pipeline", "trainer", "flows"):
+        assert os.readlink(ROOT / "contramine" / part) == f"../{part}"
+    assert os.readlink(ROOT / "pipeline" / "profiles") == "../configs"
     data = tool["package-data"]
     assert data["contramine.pipeline.profiles"] == ["*.toml"] and list((ROOT / "configs").glob("*.toml"))
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -122,9 +123,10 @@ def test_an_installed_package_reads_its_own_profiles_and_keeps_runs_where_it_run
     beside them), run from an empty folder: packaged profiles, ./artifacts, no default corpus (one line naming
     --corpus), SentEval in ./senteval."""
     site, here = tmp_path / "site-packages", tmp_path / "work"
-    shutil.copytree(ROOT / "contramine", site / "contramine", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "pipeline", site / "contramine" / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "configs", site / "contramine" / "pipeline" / "profiles")
+    shutil.copytree(ROOT / "contramine", site / "contramine", ignore=shutil.ignore_patterns("__pycache__", "pipeline",
+                                                                                         "trainer", "flows"))
+    shutil.copytree(ROOT / "pipeline", site / "contramine" / "pipeline", ignore=shutil.ignore_patterns("__pycache__"),
+                    symlinks=False)  # the links' targets, as a wheel holds them (pipeline/profiles: configs/)
     here.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "CONTRAMINE_VIA"} | {"PYTHONPATH": str(site)}
     r = subprocess.run([sys.executable, "-c", INSTALLED], cwd=here, env=env, capture_output=True, text=True,
@@ -146,7 +148,10 @@ def wheel(tmp_path_factory) -> Path:
     names = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout.split()
     for name in names:
-        if (ROOT / name).is_file():
+        if (ROOT / name).is_symlink():  # contramine/pipeline -> ../pipeline and the like: links, as git keeps them
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            (src / name).symlink_to(os.readlink(ROOT / name))
+        elif (ROOT / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",

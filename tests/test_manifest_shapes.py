@@ -12,7 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from contramine.pipeline.storage.store import MANIFEST, Store, TableCorrupt, check_manifest, committed_files
+from contramine.pipeline.storage.manifest import MANIFEST, TableCorrupt, check_manifest, committed_files
+from contramine.pipeline.storage.store import Store
 from contramine.pipeline.storage.tables import RunTables, TableUnreadable
 from contramine.pipeline.errors import ExpectedError
 from contramine.pipeline.schema import SCHEMAS

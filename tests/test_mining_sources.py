@@ -11,7 +11,7 @@ from mining_helpers import SMALL, _tables
 
 from contramine.pipeline.config import configure
 from contramine.pipeline.engine.runner import load_stages, run_stage
-from contramine.pipeline.models.precomputed import PrecomputedEncoder, PrecomputedError
+from contramine.pipeline.models.encode.precomputed import PrecomputedEncoder, PrecomputedError
 from contramine.pipeline.models.standin import StandInEncoder
 from contramine.pipeline.schema import table_vectors
 from contramine.pipeline.search.band import exact_band_neighbours

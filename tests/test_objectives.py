@@ -11,7 +11,7 @@ import torch
 
 from objective_helpers import TEXTS, cfg_for, encoder_for, rows_all
 from contramine.pipeline.config import OBJECTIVE_NAMES, ConfigError, TrainCfg, load_config
-from contramine.pipeline.models.encoder import Encoder
+from contramine.pipeline.models.encode.encoder import Encoder
 from tiny_bert import build_tiny_bert
 from contramine.trainer import dist
 from contramine.trainer.objectives import OBJECTIVES, check_settings, get_objective

@@ -11,7 +11,7 @@ import torch
 
 from host_reads import HostReads
 from objective_helpers import cfg_for, rows_all
-from contramine.pipeline.models.unpad import unpad_layout
+from contramine.pipeline.models.encode.unpad import unpad_layout
 from tiny_bert import tiny_encoder
 from contramine.trainer.metrics_log import MetricWindow
 from contramine.trainer.objectives import get_objective

@@ -159,7 +159,7 @@ def test_a_fifo_named_like_a_pack_never_stalls_a_lookup(tmp_path, caplog):
 
 
 def test_a_fifo_at_a_table_manifest_is_one_line(tmp_path):
-    from contramine.pipeline.storage.store import TableCorrupt, read_manifest
+    from contramine.pipeline.storage.manifest import TableCorrupt, read_manifest
 
     table = tmp_path / "runs" / "r" / "sentences"
     table.mkdir(parents=True)

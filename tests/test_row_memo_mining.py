@@ -25,7 +25,8 @@ class ModelCalls:
     """Texts that reached each model, counted outside the memo."""
 
     def __init__(self, monkeypatch):
-        from contramine.pipeline.models import bergamot, encoder
+        from contramine.pipeline.models.translate.engines import bergamot
+        from contramine.pipeline.models.encode import encoder
         from contramine.pipeline.stages import negate
 
         self.n = {"encode": 0, "translate": 0, "negate": 0}
@@ -63,10 +64,10 @@ def test_a_grown_corpus_another_layout_and_another_run_send_only_new_rows_to_the
     from mining_helpers import table_hashes
     from contramine.pipeline.config import configure
     from contramine.pipeline.engine.runner import run_stage
-    from contramine.pipeline.models import bergamot
+    from contramine.pipeline.models.translate.engines import bergamot
 
     if not hasattr(bergamot, "BergamotTranslator"):
-        pytest.fail("pipeline/models/bergamot.py no longer has BergamotTranslator: count its calls another way")
+        pytest.fail("pipeline/models/translate/engines/bergamot.py no longer has BergamotTranslator: count its calls another way")
     lines = WIKI.read_text(encoding="utf-8").splitlines()
     small, grown = tmp_path / "c60.txt", tmp_path / "c61.txt"
     small.write_text("\n".join(lines[:60]) + "\n", encoding="utf-8")

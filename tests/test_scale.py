@@ -18,8 +18,8 @@ from contramine.pipeline.config import BacktranslateCfg, ConfigError, Neighbours
 from contramine.pipeline.engine import devices, resources
 from contramine.pipeline.engine.runner import finish_stage, run_job, run_shard
 from contramine.pipeline.storage.store import Store
-from contramine.pipeline.models.encoder import Encoder
-from contramine.pipeline.models.chains import load_translator
+from contramine.pipeline.models.encode.encoder import Encoder
+from contramine.pipeline.models.translate.chains import load_translator
 from contramine.pipeline.schema import vectors_table
 from contramine.trainer.objectives.common import cos_matrix, cos_rows
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from contramine.pipeline.storage.store import MANIFEST, Store, TableCorrupt
+from contramine.pipeline.storage.manifest import MANIFEST, TableCorrupt
+from contramine.pipeline.storage.store import Store
 from contramine.pipeline.storage.tables import RunTables, TableUnreadable
 from contramine.pipeline.storage.verify import CACHE
 from contramine.pipeline.schema import SCHEMAS

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from contramine.pipeline.export import export_run
-from contramine.pipeline.models.encoder import Encoder
+from contramine.pipeline.models.encode.encoder import Encoder
 from tiny_bert import build_tiny_bert
 from train_helpers import write_table
 from contramine.trainer.objectives import get_objective

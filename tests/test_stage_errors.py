@@ -16,7 +16,7 @@ from mining_helpers import ROOT, SMALL, _cli_env, _cli_error
 from contramine.pipeline.config import ConfigError, load_config
 from contramine.pipeline.errors import ExpectedErrors, StageError, is_expected
 from contramine.pipeline.models.hub import ModelUnavailable
-from contramine.pipeline.models.precomputed import PrecomputedEncoder, PrecomputedError
+from contramine.pipeline.models.encode.precomputed import PrecomputedEncoder, PrecomputedError
 from contramine.pipeline.models.standin import StandInEncoder
 
 WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"

@@ -298,7 +298,7 @@ def test_dev_evaluation_is_strict_float32_and_training_settings_come_back(tmp_pa
     """During the dev evaluation inside training (every Encoder.encode call, i.e. the dev embeddings), TF32 is off,
     the float32 matmul precision is "highest" and no autocast is on, although the training steps around it run with
     TF32 and bf16 autocast; the training steps after an evaluation see their settings again, and so does the caller."""
-    from contramine.pipeline.models.encoder import Encoder
+    from contramine.pipeline.models.encode.encoder import Encoder
 
     from contramine.trainer.objectives.simcse import SimCSE
 

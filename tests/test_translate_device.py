@@ -1,4 +1,4 @@
-"""HF generate at the card's pace (pipeline/models/translator.py): batches by tokens, the decoding loop's work kept on
+"""HF generate at the card's pace (pipeline/models/translate/engines/hf.py): batches by tokens, the decoding loop's work kept on
 the device, the static cache and compilation, sampling's noise computed where the scores are. On a CPU every row's
 output equals the row alone, at any batching, and no logits processor of ours reads a value back from the device."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from contramine.pipeline.config import BacktranslateCfg
-from contramine.pipeline.models.chains import load_translator
+from contramine.pipeline.models.translate.chains import load_translator
 from contramine.pipeline.seeding import row_seed
 from tests.test_backtranslate import LINES, SMALL, cfg, tiny  # noqa: F401 (tiny: the module's fixture)
 
@@ -38,7 +38,7 @@ def test_batches_by_tokens_equal_each_row_alone(tiny, mode):
 def test_a_token_budget_counts_each_input_decoder_rows_and_caps():
     """A batch of inputs sorted longest first holds as many inputs as fit: decoder rows per input (num_beams, or
     the returns when sampling) x (its longest input + that input's length cap) <= the budget; never fewer than one."""
-    from contramine.pipeline.models.translator import Translator
+    from contramine.pipeline.models.translate.engines.hf import Translator
 
     def batches(lengths, budget, k=1, **kw):
         tr = Translator.__new__(Translator)
@@ -56,8 +56,8 @@ def test_a_token_budget_counts_each_input_decoder_rows_and_caps():
 def test_auto_batching_is_sized_for_the_device():
     """"auto": thousands of rows on a GPU, 8,192 tokens on a CPU (what measured best there: ~85 rows of
     32-token inputs); CTranslate2 keeps batch_size rows on a CPU."""
-    from contramine.pipeline.models.translation import batch_token_budget
-    from contramine.pipeline.models.translator import Translator
+    from contramine.pipeline.models.translate.settings import batch_token_budget
+    from contramine.pipeline.models.translate.engines.hf import Translator
 
     assert cfg().batch_tokens == "auto"
     assert batch_token_budget("auto", "cpu", "hf") == 8_192 and batch_token_budget("auto", "cuda:1", "hf") == 262_144
@@ -76,7 +76,7 @@ def test_auto_batching_is_sized_for_the_device():
 def test_length_limit_reads_nothing_from_the_device():
     """The per-row length limit is decided from the host's list of limits: the processor runs on meta tensors
     (which have no values to read: any .any() or .item() raises) and equals the masked form on real ones."""
-    from contramine.pipeline.models.translator import RowLengthLimit
+    from contramine.pipeline.models.translate.engines.hf import RowLengthLimit
 
     limits, eos = [5, 5, 4, 2, 2], 3
     proc = RowLengthLimit(limits, eos)
@@ -100,7 +100,7 @@ def test_a_banned_token_scores_as_transformers_ban_scores_it(tiny):
     NoBadWordsLogitsProcessor gives by adding a bias tensor."""
     from transformers import NoBadWordsLogitsProcessor
 
-    from contramine.pipeline.models.translator import BannedTokens
+    from contramine.pipeline.models.translate.engines.hf import BannedTokens
 
     scores = torch.randn((6, 50), generator=torch.Generator().manual_seed(2))
     scores[0, 7], scores[1, 3], scores[2, 9] = float("-inf"), float("nan"), float("inf")
@@ -151,11 +151,11 @@ def test_compile_is_passed_to_generate_and_needs_the_static_cache(tiny, monkeypa
 
 
 def test_the_device_sampler_draws_the_host_generators_numbers():
-    """Sampling's noise without the host: pipeline/models/mt19937.py computes, for many seeds at once and on any
+    """Sampling's noise without the host: pipeline/models/translate/decode/mt19937.py computes, for many seeds at once and on any
     device, the uniforms torch's CPU generator draws from each seed, bit for bit; the sampler's device path (what a
     GPU runs) then adds the same noise as one generator per row (what a CPU runs), here on the CPU."""
-    from contramine.pipeline.models.mt19937 import mt19937_uniform
-    from contramine.pipeline.models.translator import GumbelSampler
+    from contramine.pipeline.models.translate.decode.mt19937 import mt19937_uniform
+    from contramine.pipeline.models.translate.engines.hf import GumbelSampler
 
     seeds = [0, 1, 5489, 2**32 + 3, 2**63 - 1, *(row_seed(9, "test", i) for i in range(11))]
     for n in (1, 623, 624, 625, 1249, 2000):
@@ -172,7 +172,7 @@ def test_the_device_sampler_draws_the_host_generators_numbers():
 
 class HostReads(torch.overrides.TorchFunctionMode):
     """Counts the tensor calls that read a value back to the host (on a GPU: a wait for the device), split into
-    those made inside one of translator.py's logits processors and the rest (transformers' own loop)."""
+    those made inside one of engines/hf.py's logits processors and the rest (transformers' own loop)."""
 
     READS = {"__bool__", "item", "tolist", "numpy", "__int__", "__float__", "__index__", "cpu", "nonzero", "equal"}
 
@@ -185,7 +185,7 @@ class HostReads(torch.overrides.TorchFunctionMode):
         if name in self.READS:
             frame, ours = sys._getframe(1), False
             while frame is not None and not ours:
-                ours = frame.f_code.co_name == "__call__" and frame.f_code.co_filename.endswith("translator.py")
+                ours = frame.f_code.co_name == "__call__" and frame.f_code.co_filename.endswith("engines/hf.py")
                 frame = frame.f_back
             (self.ours if ours else self.theirs).append(name)
         return func(*args, **(kwargs or {}))
@@ -198,7 +198,7 @@ def test_our_logits_processors_read_nothing_back_at_any_step(tiny, mode):
     greedy and sampling loops still read is transformers': "is every row done" (StopCheck) and, in Marian's
     forward, whether the decoder's and the encoder's padding masks can be skipped under SDPA (masking_utils), three
     values a step (docs/backtranslation.md); this pins that count so a new read per step shows."""
-    from contramine.pipeline.models.translator import GumbelSampler
+    from contramine.pipeline.models.translate.engines.hf import GumbelSampler
 
     tr = load_translator(tiny["marian-en-xx"], cfg(batch_size=8, decoder="generate", **MODES[mode]))  # (the
     steps = []  # decode loop's reads: tests/test_decode_loop.py)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import BertModel, RobertaConfig, RobertaModel
 
-from contramine.pipeline.models.encoder import POOLERS, Encoder
-from contramine.pipeline.models.unpad import can_unpad, unpadded_forward
+from contramine.pipeline.models.encode.encoder import POOLERS, Encoder
+from contramine.pipeline.models.encode.unpad import can_unpad, unpadded_forward
 from tiny_bert import tiny_config, tiny_encoder
 
 TEXTS = ["a man is playing the guitar", "dogs run", "the old city has a river and a big park with many people",

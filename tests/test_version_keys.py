@@ -29,7 +29,7 @@ def test_unicode_tables_are_in_the_keys_of_the_stages_that_normalise(tmp_path, m
 
 def test_a_new_ctranslate2_converts_again(tmp_path, monkeypatch):
     ctranslate2 = pytest.importorskip("ctranslate2")
-    from contramine.pipeline.models import ct2
+    from contramine.pipeline.models.translate.engines import ct2
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
     now = ct2.converted_dir("standin:shuffle-de", "standin:shuffle-de", "int8")

@@ -1,7 +1,7 @@
 """A tiny random BERT for tests: no download, builds in well under a second.
 
     path = build_tiny_bert(tmp_path / "bert")                  # save_pretrained model + tokenizer
-    enc = tiny_encoder(pooler="cls_before_pooler", dropout=0.0)  # an in-memory contramine.pipeline.models.encoder.Encoder
+    enc = tiny_encoder(pooler="cls_before_pooler", dropout=0.0)  # an in-memory contramine.pipeline.models.encode.encoder.Encoder
 
 The vocabulary is a small WordPiece vocab: the special tokens, every printable ASCII character (so any English
 sentence tokenises without [UNK], falling back to single characters), the `##`-continuation of every letter and
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, BertModel, BertTokenizerFast
 
-from contramine.pipeline.models.encoder import Encoder
+from contramine.pipeline.models.encode.encoder import Encoder
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = """

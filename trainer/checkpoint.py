@@ -29,7 +29,7 @@ The sentence-transformers modules match our poolers exactly for `mean` (mean poo
 token) and `cls` (CLS token + a Dense/Tanh module carrying the BERT pooler's weights). `avg_first_last` (mean of the
 first and last layers) and `mask` (the hidden state at a prompt's [MASK]) have no sentence-transformers module:
 the folder then gets the closest stock pipeline (mean, resp. CLS) and says so in README.md and train_config.json;
-use contramine.pipeline.models.encoder.Encoder with the recorded pooler to get the trained behaviour.
+use contramine.pipeline.models.encode.encoder.Encoder with the recorded pooler to get the trained behaviour.
 """
 from __future__ import annotations
 

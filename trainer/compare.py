@@ -172,7 +172,7 @@ def command(profile: str, run: str, user_sets: list[str], overrides: list[str]) 
 def eval_settings(model: str, cfg: Config) -> dict:
     """How a model is evaluated: a checkpoint with its own pooler/prompt/length (as `make eval`), the starting
     model with the config's. One function for evaluate_checkpoint and start_key, so the key is what ran."""
-    from contramine.pipeline.models.encoder import DEFAULT_PROMPT
+    from contramine.pipeline.models.encode.encoder import DEFAULT_PROMPT
     from contramine.pipeline.models.hub import resolve_model
     from contramine.trainer.evaluate import checkpoint_settings, default_max_length
 
@@ -186,7 +186,7 @@ def eval_settings(model: str, cfg: Config) -> dict:
 
 def evaluate_checkpoint(model: str, cfg: Config) -> dict:
     """evaluate_all on a checkpoint or the starting model, with eval_settings."""
-    from contramine.pipeline.models.encoder import Encoder
+    from contramine.pipeline.models.encode.encoder import Encoder
     from contramine.pipeline.models.hub import pick_device
     from contramine.trainer.evaluate import evaluate_all
 

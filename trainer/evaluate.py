@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
 
-    from contramine.pipeline.models.encoder import DEFAULT_PROMPT, Encoder
+    from contramine.pipeline.models.encode.encoder import DEFAULT_PROMPT, Encoder
     from contramine.pipeline.models.hub import ModelUnavailable, resolve_model
 
     name = args.name or derive_name(args.model)

@@ -17,7 +17,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from contramine.pipeline.engine.codeversion import imported_modules
+from contramine.pipeline.codeversion import imported_modules
 from contramine.pipeline.storage.store import combine, file_hash
 from contramine.pipeline.storage.tables import RunTables, TableMissing, writer_of
 from contramine.pipeline.hints import command
@@ -134,7 +134,7 @@ def module_closure(roots: tuple[str, ...]) -> list[str]:
 @functools.cache
 def eval_code_version() -> str:
     """Hash of the evaluation code (trainer/evaluate.py's closure: the STS loaders, the encoder, its pooling...),
-    as pipeline/engine/codeversion.py hashes a stage's: derived from the imports, never a hand list."""
+    as pipeline/codeversion.py hashes a stage's: derived from the imports, never a hand list."""
     h = hashlib.blake2b(b"contramine-eval-1", digest_size=16)
     for module in module_closure(("contramine.trainer.evaluate",)):
         h.update(module.encode() + b"\0" + _module_file(module).read_bytes())

@@ -37,7 +37,7 @@ from contramine.pipeline.storage.lock import run_lock
 from contramine.pipeline.hints import command
 from contramine.pipeline.storage.safe_paths import check_below
 from contramine.pipeline.errors import ExpectedError
-from contramine.pipeline.models.encoder import Encoder
+from contramine.pipeline.models.encode.encoder import Encoder
 from contramine.pipeline.models.hub import pick_device, resolve_model
 from contramine.trainer import checkpoint as ckpt
 from contramine.trainer.model_card import write_card

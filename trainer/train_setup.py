@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from contramine.pipeline.config import Config
-from contramine.pipeline.models.encoder import Encoder
+from contramine.pipeline.models.encode.encoder import Encoder
 from contramine.pipeline.models.hub import model_fingerprint, resolve_model
 from contramine.trainer.keys import eval_data_hash
 

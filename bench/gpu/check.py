@@ -32,7 +32,7 @@ settings; a variant (a static cache, a token budget, ...) is one line there.
 - gemm_<job>_<precision>: the card's own rate, torch.mm TFLOP/s in bf16, TF32 and full float32, at each job's
   largest matmul: encode (`encode_batch` x 22 tokens x 768 x 3072), generate (`gen_batch` x 512 x 58,101: the
   output layer), and peak (`gemm_peak` cubed); the search's, at its real block, come with the search rows.
-- encode_<precision>: `contramine.pipeline.models.encoder.Encoder.encode` sentences/s with a bert-base-shaped BertModel
+- encode_<precision>: `contramine.pipeline.models.encode.encoder.Encoder.encode` sentences/s with a bert-base-shaped BertModel
   (12 layers, hidden 768, 12 heads, WordPiece vocabulary trained on wiki1m lines), `encode_n` sentences (wiki1m
   lines, repeated past the file's 11k; seeded sentences of common words where ../shared/data is absent), batch
   `encode_batch`, max length 128, mean pooling, float32 (TF32 off) and bf16 autocast; one warm-up pass on a
@@ -72,7 +72,7 @@ settings; a variant (a static cache, a token budget, ...) is one line there.
   tokens counted up to each row's eos, at most its cap. generate_ours_cudnn: generate_ours with SDPA free to pick
   cuDNN's attention (as encode_bf16_cudnn): a cuDNN plan built for each new key length is what the H200's 18,169
   tokens/s for the loop paid (2026-11-28).
-- generate_ct2: the same rows through CTranslate2 as the pipeline loads it (pipeline/models/ct2.py `load_engine`:
+- generate_ct2: the same rows through CTranslate2 as the pipeline loads it (pipeline/models/translate/engines/ct2.py `load_engine`:
   converted once, CUDA 12's cuBLAS loaded first on a GPU by pipeline/models/cublas.py), float16 on a GPU, int8 on a
   CPU; where its wheel or cuBLAS 12 is missing there, no value and the one-line reason (not a failure).
 - generate_static_compile (the `compiled` section, the check's last: a compile can take minutes or break the

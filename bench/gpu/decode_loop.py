@@ -21,7 +21,7 @@ import time
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, MarianConfig, MarianMTModel
 
-from contramine.pipeline.models.decode_loop import DecodeLoop
+from contramine.pipeline.models.translate.decode.loop import DecodeLoop
 
 BUDGET = 262_144
 

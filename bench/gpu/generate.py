@@ -59,7 +59,7 @@ def translator_row(name: str, settings: dict, texts: list[str], models: Models, 
 
 def translated_row(name: str, settings: dict, texts: list[str], models: Models, device: str,
                    warm_all: bool) -> list[dict]:
-    from contramine.pipeline.models.translation import batch_token_budget
+    from contramine.pipeline.models.translate.settings import batch_token_budget
 
     settings, why = checkout_settings(settings)
     if why:
@@ -165,7 +165,7 @@ def user_hf(models: Models, device: str, sizes: dict, texts: list[str]) -> list[
     its batch's largest row cap (the stage's caps); a row's useful tokens are counted up to its eos, at most its cap."""
     import torch
 
-    from contramine.pipeline.models.translation import row_limit
+    from contramine.pipeline.models.translate.settings import row_limit
 
     _, _, shape = models.marian()
     tr = translator(models, device, checkout_settings({"decoder": "generate"})[0])
@@ -205,7 +205,7 @@ def user_hf(models: Models, device: str, sizes: dict, texts: list[str]) -> list[
 
 
 def ct2_row(models: Models, device: str, texts: list[str]) -> list[dict]:
-    """CTranslate2 on the same rows through the pipeline's loader (pipeline/models/ct2.py `load_engine`: the model
+    """CTranslate2 on the same rows through the pipeline's loader (pipeline/models/translate/engines/ct2.py `load_engine`: the model
     converted once, CUDA 12's cuBLAS loaded first on a GPU as the stage loads it, pipeline/models/cublas.py), at the
     pipeline's compute type (float16 on a GPU, int8 on a CPU) and batching. Where its wheel or its CUDA 12 libraries
     are missing: no value and the one-line reason, not a failure."""
@@ -214,7 +214,7 @@ def ct2_row(models: Models, device: str, texts: list[str]) -> list[dict]:
     name = f"generate_ct2_{compute}_tokens_per_s"
     try:
         from contramine.pipeline.config.backtranslation import BacktranslateCfg
-        from contramine.pipeline.models import ct2
+        from contramine.pipeline.models.translate.engines import ct2
         from contramine.pipeline.models.cublas import load_cublas
 
         cublas = load_cublas() if cuda else "not needed on a CPU"
@@ -228,7 +228,7 @@ def ct2_row(models: Models, device: str, texts: list[str]) -> list[dict]:
         import ctranslate2
 
         return [row(name, device, round(made / s, 1), "tokens/s", None,
-                    f"CTranslate2 {ctranslate2.__version__} {compute} through pipeline/models/ct2.py load_engine "
+                    f"CTranslate2 {ctranslate2.__version__} {compute} through pipeline/models/translate/engines/ct2.py load_engine "
                     f"(cuBLAS 12: {cublas or 'not found'}), the same {len(texts)} rows; {made} target tokens in "
                     f"{s:.2f} s, {len(texts) / s:.1f} sentences/s")]
     except Exception as e:  # the one-line reason (not installed, or its CUDA 12 libraries missing under CUDA 13)

@@ -160,7 +160,7 @@ def section_profile(models: Models, device: str, sizes: dict) -> list[dict]:
     profile_encode.json.gz, profile_generate.json.gz (Chrome traces: chrome://tracing, ui.perfetto.dev) and
     profile.txt (top ops by self device time; CPU time on the twin) beside results.json."""
     from bench.gpu.sections import marian_texts, translator
-    from contramine.pipeline.models.encoder import Encoder, resolve_precision
+    from contramine.pipeline.models.encode.encoder import Encoder, resolve_precision
 
     out = models.out
     out.mkdir(parents=True, exist_ok=True)

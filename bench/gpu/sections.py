@@ -158,7 +158,7 @@ def section_checks(models: Models, device: str, sizes: dict) -> list[dict]:
 
     from bench.fixtures.shapes import sentences
     from contramine.pipeline.search.band import band_neighbours, exact_band_neighbours
-    from contramine.pipeline.models.encoder import Encoder
+    from contramine.pipeline.models.encode.encoder import Encoder
     from contramine.pipeline.search.torch_exact import TorchExact
     from contramine.trainer.precision import strict_float32
 
@@ -296,7 +296,7 @@ def translator(models: Models, device: str, settings: dict):
     import torch
 
     from contramine.pipeline.config.backtranslation import BacktranslateCfg
-    from contramine.pipeline.models.translator import load_engine
+    from contramine.pipeline.models.translate.engines.hf import load_engine
 
     cuda = device.startswith("cuda")
     dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if cuda else "float32"

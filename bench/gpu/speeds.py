@@ -34,7 +34,7 @@ PRECISION = {"float32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "bf16"} 
 def section_encode(models: Models, device: str, sizes: dict) -> list[dict]:
     """`Encoder.encode` per ENCODE_ROWS, then the peer: sentence-transformers `encode` on the same model folder and
     sentences (a plain HF folder loads with mean pooling), same batch size, float32 and bf16 weights."""
-    from contramine.pipeline.models.encoder import Encoder, resolve_precision
+    from contramine.pipeline.models.encode.encoder import Encoder, resolve_precision
 
     enc = Encoder.load(str(models.bert()), pooler="mean", max_length=sizes["max_length"], device=device)
     texts = texts_for(sizes["encode_n"])
@@ -222,7 +222,7 @@ def section_train(models: Models, device: str, sizes: dict) -> list[dict]:
     import torch
 
     from contramine.pipeline.config import TrainCfg
-    from contramine.pipeline.models.encoder import Encoder
+    from contramine.pipeline.models.encode.encoder import Encoder
     from contramine.trainer.metrics_log import MetricWindow
     from contramine.trainer.objectives import OBJECTIVES
     from contramine.trainer.precision import restored_float32_settings

@@ -15,7 +15,7 @@ bench.host.bench`).
   encoder pass is hollow like HollowBert's. Each row emits a translation's length (target_lengths: 0.8-1.3x its
   source's tokens, its last one eos), and one row in 23 never stops by itself and runs to its cap (a degenerate
   output; the Translator forces its eos there). Under our decode loop (a checkout that has
-  pipeline/models/decode_loop.py) HollowSteps decodes the same rows through the loop's real per-step layer calls. -
+  pipeline/models/translate/decode/loop.py) HollowSteps decodes the same rows through the loop's real per-step layer calls. -
   HollowIndex: TorchExact's part on the card (the score GEMM and the top-k) done before the clock starts: `search`
   returns the exact top-k of the queries from a table computed once with TorchExact, found by a key of each query's
   first coordinates (bench/host/bench.py builds it); a k past the table is searched exactly in numpy.

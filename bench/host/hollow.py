@@ -11,7 +11,7 @@ speak of on this CPU, while the batch and sequence shapes stay the jobs' own:
   processors; the encoder pass is hollow like HollowBert's. Each row emits a translation's length
   (target_lengths: 0.8-1.3x its source's tokens, its last one eos), and one row in 23 never stops by itself and runs
   to its cap (a degenerate output; the Translator forces its eos there). Under our decode loop (a checkout that has
-  pipeline/models/decode_loop.py) HollowSteps decodes the same rows through the loop's real per-step layer calls.
+  pipeline/models/translate/decode/loop.py) HollowSteps decodes the same rows through the loop's real per-step layer calls.
 - HollowIndex: TorchExact's part on the card (the score GEMM and the top-k) done before the clock starts: `search`
   returns the exact top-k of the queries from a table computed once with TorchExact, found by a key of each
   query's first coordinates (bench/host/bench.py builds it); a k past the table is searched exactly in numpy.
@@ -69,14 +69,14 @@ def target_lengths(source_tokens):
 
 
 def hollow_steps(model):
-    """The decode loop's steps (pipeline/models/decode_steps.py) for a HollowMarian, hollow as HollowBert is: the
+    """The decode loop's steps (pipeline/models/translate/decode/steps.py) for a HollowMarian, hollow as HollowBert is: the
     real thin decoder layers run on one row a step (the loop's own per-step dispatch: its layer calls, K/V writes
     and attention, as a GPU launches them), and every row's token is the hollow model's (words, then eos at its
     length). The loop's per-row work outside the model (processors, argmax, finished rows, drops) runs on every
     row."""
     import torch
 
-    from contramine.pipeline.models.decode_steps import Seq2SeqSteps, StepState
+    from contramine.pipeline.models.translate.decode.steps import Seq2SeqSteps, StepState
 
     class HollowSteps(Seq2SeqSteps):
         def start(self, input_ids, attention_mask, n_tokens):

@@ -40,6 +40,19 @@ def use_this_bench() -> None:
     spec.loader.exec_module(package)
 
 
+class _Alias:
+    """A loader whose module is one already imported (or a new empty package): two names, one module object."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def create_module(self, spec):
+        return self.module
+
+    def exec_module(self, module):
+        pass
+
+
 def alias_old_names(checkout: Path) -> None:
     """A checkout from before the one import name (no contramine/ folder: its code imports `pipeline`, `trainer`):
     `contramine.pipeline.x` is then that checkout's `pipeline.x`, the same module object, so the jobs run on it."""
@@ -51,27 +64,54 @@ def alias_old_names(checkout: Path) -> None:
     if (checkout / "contramine" / "__init__.py").is_file():
         return
 
-    class Alias(importlib.abc.Loader):
-        def __init__(self, module):
-            self.module = module
-
-        def create_module(self, spec):
-            return self.module
-
-        def exec_module(self, module):
-            pass
-
     class OldNames(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
             if name.split(".")[:2][-1] in ("pipeline", "trainer", "flows") and name.startswith("contramine."):
                 module = importlib.import_module(name.removeprefix("contramine."))
-                return importlib.util.spec_from_loader(name, Alias(module), is_package=hasattr(module, "__path__"))
+                return importlib.util.spec_from_loader(name, _Alias(module), is_package=hasattr(module, "__path__"))
             return None
 
     top = types.ModuleType("contramine")
     top.__path__ = []
     sys.modules["contramine"] = top
     sys.meta_path.insert(0, OldNames())
+
+
+_M = "contramine.pipeline.models."
+# The modules pipeline/models/ moved into packages by job (encode/, translate/): new name -> a checkout's from before
+MOVED = {_M + new: _M + old for new, old in {
+    "encode.encoder": "encoder", "encode.batches": "encode_batches", "encode.resource": "encoder_resource",
+    "encode.unpad": "unpad", "encode.precomputed": "precomputed", "translate.chains": "chains",
+    "translate.settings": "translation", "translate.engines.hf": "translator", "translate.engines.ct2": "ct2",
+    "translate.engines.bergamot": "bergamot", "translate.decode.loop": "decode_loop",
+    "translate.decode.steps": "decode_steps", "translate.decode.beam": "beam_loop",
+    "translate.decode.tokens": "fast_tokens", "translate.decode.mt19937": "mt19937"}.items()}
+MOVED["contramine.pipeline.codeversion"] = "contramine.pipeline.engine.codeversion"
+
+
+def alias_moved_modules(checkout: Path) -> None:
+    """A checkout from before models/ was split by job: the jobs' new module names are its old modules (the same
+    module objects), and the new packages are empty ones."""
+    import importlib
+    import importlib.abc
+    import importlib.util
+    import types
+
+    if (checkout / "pipeline" / "models" / "encode").is_dir():
+        return
+    packages = {new.rsplit(".", i)[0] for new in MOVED for i in (1, 2)} - {"contramine.pipeline", _M[:-1]}
+
+    class Moved(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name in MOVED:
+                return importlib.util.spec_from_loader(name, _Alias(importlib.import_module(MOVED[name])))
+            if name in packages:
+                package = types.ModuleType(name)
+                package.__path__ = []
+                return importlib.util.spec_from_loader(name, _Alias(package), is_package=True)
+            return None
+
+    sys.meta_path.insert(0, Moved())
 
 
 def run_workers(calls: list[tuple], together: bool = False) -> list[tuple[dict, float]]:
@@ -126,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # the host's work is one Python thread; no CPU thread pool waits on another
     checkout = Path(args.checkout).resolve()
     alias_old_names(checkout)
+    alias_moved_modules(checkout)
     import contramine.pipeline as pipeline
 
     if not Path(pipeline.__file__).resolve().is_relative_to(checkout):

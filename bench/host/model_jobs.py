@@ -15,7 +15,7 @@ def job_encode(data: Path, sizes: dict, settings: dict) -> dict:
     from transformers import AutoTokenizer
 
     from contramine.pipeline.config.mining import EncoderCfg
-    from contramine.pipeline.models.encoder import Encoder
+    from contramine.pipeline.models.encode.encoder import Encoder
 
     tok = AutoTokenizer.from_pretrained(data / "bert")
     model = hollow_bert(len(tok)).eval()
@@ -56,7 +56,7 @@ def pipeline_tokenising(enc, texts: list[str]):
     `encode_batch`, the padded id arrays), at tokenize_threads() threads; before issue 46, the one tokenizer call
     encode made over all its texts."""
     if hasattr(enc, "_token_arrays"):
-        from contramine.pipeline.models.encode_batches import tokenize_threads, tokenized_chunks
+        from contramine.pipeline.models.encode.batches import tokenize_threads, tokenized_chunks
 
         def tokenise():
             chunks = tokenized_chunks(texts, lambda rows, part: enc._token_arrays(rows, part, None, enc.max_length),
@@ -108,7 +108,7 @@ def gpu_batch() -> dict:
     AUTO_BATCH_TOKENS' HF budget), else nothing (before issue 46 every device decoded `batch_size` rows a batch). On
     this CPU "auto" is a CPU's budget, so timing the default here would time the wrong host path, as for encode."""
     try:
-        from contramine.pipeline.models.translation import AUTO_BATCH_TOKENS
+        from contramine.pipeline.models.translate.settings import AUTO_BATCH_TOKENS
     except ImportError:
         return {}
     return {"batch_tokens": AUTO_BATCH_TOKENS[("hf", "cuda")]}
@@ -123,7 +123,7 @@ def job_generate(data: Path, sizes: dict, settings: dict) -> dict:
 
     from bench.host.hollow import hollow_steps, target_lengths
     from contramine.pipeline.config.backtranslation import BacktranslateCfg
-    from contramine.pipeline.models.translator import Translator
+    from contramine.pipeline.models.translate.engines.hf import Translator
 
     tok = AutoTokenizer.from_pretrained(data / "marian")
     model = hollow_marian(tok.pad_token_id, tok.eos_token_id)
@@ -155,7 +155,7 @@ def emitted_tokens(tok, texts: list[str], cfg, target_lengths) -> int:
     eos forced there)."""
     import torch
 
-    from contramine.pipeline.models.translation import row_limit
+    from contramine.pipeline.models.translate.settings import row_limit
 
     lengths = [len(x) for x in tok(texts, truncation=True, max_length=cfg.max_length)["input_ids"]]
     want = target_lengths(torch.tensor(lengths)).tolist()
@@ -170,7 +170,7 @@ def job_train(data: Path, sizes: dict, settings: dict) -> dict:
     from transformers import AutoTokenizer
 
     from contramine.pipeline.config import TrainCfg
-    from contramine.pipeline.models.encoder import Encoder
+    from contramine.pipeline.models.encode.encoder import Encoder
     from contramine.trainer.objectives import OBJECTIVES
 
     torch.manual_seed(0)

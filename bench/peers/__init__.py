@@ -5,7 +5,7 @@ ratio, goal}.
   sentence `model.generate` loop, both on HF generate.
 - bergamot.py: The `backtranslate` stage on the default chain (Bergamot en→pt→en) against the bare engine called in a
   loop.
-- ct2.py: Back-translation engines: our decode loop (engine "hf", decoder "loop": pipeline/models/decode_loop.py) and
+- ct2.py: Back-translation engines: our decode loop (engine "hf", decoder "loop": pipeline/models/translate/decode/loop.py) and
   `backtranslate.engine = "ctranslate2"` vs HF `generate` (engine "hf", decoder "generate"), same model, same
   sentences, same batch size, same per-row length caps, all through `backtranslate`.
 - embeddings.py: Embedding throughput: our `Encoder.encode` vs sentence-transformers' `SentenceTransformer.encode`.

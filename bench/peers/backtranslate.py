@@ -8,7 +8,7 @@ artifacts/bench/), so it ends its outputs with `</s>` as a real model does; chai
 ours: `backtranslate` at batch sizes 8 / 32 / 128, greedy, float32.
 peer: for each sentence in input order, tokenizer([s]) -> generate(max_new_tokens=its cap) -> decode, hop by hop
       (batch 1, so no sorting and no padding); measured once and shared by the three rows.
-Same caps on both sides (`contramine.pipeline.models.translation.row_limit` with the pipeline's defaults: 2x the input's
+Same caps on both sides (`contramine.pipeline.models.translate.settings.row_limit` with the pipeline's defaults: 2x the input's
 tokens, at least 16), so greedy outputs should agree; the agreement is printed. The model is tiny (d_model 32):
 this measures batching and overhead, not real MT speed.
 """
@@ -26,7 +26,7 @@ def plain_loop(translators, texts: list[str]) -> list[str]:
     """What one writes without the pipeline: one sentence at a time, each hop in turn."""
     import torch
 
-    from contramine.pipeline.models.translation import row_limit
+    from contramine.pipeline.models.translate.settings import row_limit
 
     with torch.inference_mode():
         for tr in translators:
@@ -45,7 +45,7 @@ def run(n: int = 512) -> list[dict]:
     from bench.fixtures.tiny_copy import copy_model
     from contramine.pipeline.config import BacktranslateCfg
     from contramine.pipeline.config import chain_name
-    from contramine.pipeline.models.chains import backtranslate, load_chain
+    from contramine.pipeline.models.translate.chains import backtranslate, load_chain
     from bench.fixtures.tiny_mt import corpus_lines
 
     n, warm = smoke.cap(n, 4), smoke.cap(4, 1)

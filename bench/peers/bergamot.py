@@ -33,7 +33,7 @@ def _stage_fn(threads: int):
     """The stage's shard function under the run's plan (resolved once, as a run does before its shards), with the
     chains loaded once (as the stage's `chains` resource keeps them for every shard of a run)."""
     from contramine.pipeline.config import configure
-    from contramine.pipeline.models.chains import chains_plan, load_chains
+    from contramine.pipeline.models.translate.chains import chains_plan, load_chains
     from contramine.pipeline.schema import SCHEMAS
     from contramine.pipeline.stages.backtranslate import backtranslate_shard
 
@@ -62,7 +62,7 @@ def _bare_fn(threads: int, en_pt, pt_en):
 
 def measure(n: int = 600, chunk: int = 100, warm: int = 8) -> dict:
     from contramine.pipeline.config import BacktranslateCfg
-    from contramine.pipeline.models.chains import load_chain
+    from contramine.pipeline.models.translate.chains import load_chain
 
     texts = sentences(n)
     hops = load_chain(["bergamot:en-pt", "bergamot:pt-en"], BacktranslateCfg(chains=[]))  # loaded once, shared

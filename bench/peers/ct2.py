@@ -1,4 +1,4 @@
-"""Back-translation engines: our decode loop (engine "hf", decoder "loop": pipeline/models/decode_loop.py) and
+"""Back-translation engines: our decode loop (engine "hf", decoder "loop": pipeline/models/translate/decode/loop.py) and
 `backtranslate.engine = "ctranslate2"` vs HF `generate` (engine "hf", decoder "generate"), same model, same
 sentences, same batch size, same per-row length caps, all through `backtranslate`.
 
@@ -56,7 +56,7 @@ def _measure(model: str, n: int, repeats: int) -> list[dict]:
     from bench import smoke
     from contramine.pipeline.config import BacktranslateCfg
     from contramine.pipeline.config import chain_name
-    from contramine.pipeline.models.chains import backtranslate, load_chain
+    from contramine.pipeline.models.translate.chains import backtranslate, load_chain
     from bench.fixtures.tiny_mt import corpus_lines
 
     texts = corpus_lines(400 + n)[400:400 + n]  # past the lines the tokenizer was trained on

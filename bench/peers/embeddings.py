@@ -33,7 +33,7 @@ def run(n: int = 2000, batch_size: int = 128) -> list[dict]:
     from sentence_transformers import SentenceTransformer
 
     from bench import smoke
-    from contramine.pipeline.models.encoder import Encoder
+    from contramine.pipeline.models.encode.encoder import Encoder
     from contramine.pipeline.models.hub import resolve_model
 
     n, batch_size, warm = smoke.cap(n, 8), smoke.cap(batch_size, 8), smoke.cap(16, 2)

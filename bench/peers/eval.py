@@ -93,7 +93,7 @@ def run(max_pairs: int = 300, batch_size: int = 128) -> list[dict]:
     from sentence_transformers import SentenceTransformer
 
     from bench import smoke
-    from contramine.pipeline.models.encoder import Encoder
+    from contramine.pipeline.models.encode.encoder import Encoder
     from contramine.pipeline.models.hub import resolve_model
     from contramine.trainer.evaluate import all_texts, default_max_length
 

@@ -33,7 +33,7 @@ def tatoeba_vectors(n: int) -> tuple[np.ndarray, np.ndarray]:
     if path.is_file():
         x = np.load(path)
     else:
-        from contramine.pipeline.models.encoder import Encoder
+        from contramine.pipeline.models.encode.encoder import Encoder
 
         lines = (SHARED_DATA / "tatoeba_en.txt").read_text(encoding="utf-8").splitlines()
         texts = list(dict.fromkeys(t.strip() for t in lines if t.strip()))[:n]

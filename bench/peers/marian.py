@@ -11,7 +11,7 @@ Decoding: greedy, and exactly `tgt_len` new tokens per row on both sides, so not
 model would stop: HF `generate(min_new_tokens = max_new_tokens = tgt_len)` (eos suppressed until then), CTranslate2
 `translate_batch(min_decoding_length = max_decoding_length = tgt_len)`; every output's length is checked.
 Batches of `batch_size` rows on both sides (no padding: every row is as long). CPU, float32 torch for HF.
-CTranslate2 threads as the pipeline sets them on CPU (pipeline/models/ct2.py): inter_threads = torch's thread
+CTranslate2 threads as the pipeline sets them on CPU (pipeline/models/translate/engines/ct2.py): inter_threads = torch's thread
 count, intra_threads = 1.
 Measured: wall seconds of all `n` rows, encoder included, per engine; the engines run interleaved (HF, float32,
 int8, then again) and each keeps its best of `repeats`, so a burst of other work on a shared machine does not land

@@ -21,7 +21,7 @@ a GPU). Each side runs `repeats` times interleaved, best kept. CPU float32 by de
 there the seconds are the process's CPU seconds (time.process_time; wall seconds beside them), which other work on
 a shared box inflates far less than wall time (one thread: the CPU seconds are the time it would take alone).
 run(device="cuda", dtype="bfloat16") measures a GPU the same way, in wall seconds.
-Runs on older code too (PYTHONPATH at another checkout: only `contramine.pipeline.models.translator.load_engine` and
+Runs on older code too (PYTHONPATH at another checkout: only `contramine.pipeline.models.translate.engines.hf.load_engine` and
 `contramine.pipeline.config.BacktranslateCfg` are used), so a change is measured against the commit before it in one run.
 """
 from __future__ import annotations
@@ -96,7 +96,7 @@ def run(n: int = 64, hollow: bool = False, settings: list[dict] | None = None, r
     from bench import smoke
     from bench.fixtures.shapes import OPUS_MT, TOY_MARIAN, build_marian
     from contramine.pipeline.config import BacktranslateCfg
-    from contramine.pipeline.models.translator import load_engine
+    from contramine.pipeline.models.translate.engines.hf import load_engine
 
     shape = TOY_MARIAN if smoke.on() else {**OPUS_MT, **(HOLLOW if hollow else {})}
     n, repeats, warm = smoke.cap(n, 4), smoke.cap(repeats, 1), smoke.cap(4, 1)

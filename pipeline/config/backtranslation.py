@@ -91,7 +91,7 @@ class BacktranslateCfg(Section):
     # take a >>code<< token, M2M100 / NLLB a language code; a model that needs one and has none stops the run.
     target_lang: dict[str, str] = {}
     source_lang: dict[str, str] = {}
-    # Which library generates (pipeline/models/ct2.py): "hf" (transformers generate), "ctranslate2" (every model
+    # Which library generates (pipeline/models/translate/engines/ct2.py): "hf" (transformers generate), "ctranslate2" (every model
     # converted on first use; refused for architectures its converter lacks, e.g. FSMT/wmt19), or "auto"
     # (CTranslate2 where the model converts — Marian/opus-mt, M2M100, NLLB — and HF otherwise).
     engine: Literal["hf", "ctranslate2", "auto"] = "hf"
@@ -108,7 +108,7 @@ class BacktranslateCfg(Section):
     # CTranslate2; on a CPU 8,192 on HF (~85 such rows: what measured best there, docs/backtranslation.md) and
     # batch_size rows on CTranslate2.
     batch_tokens: int | Literal["auto"] = "auto"
-    # Who runs the HF engine's decoding: "loop" = our own loop (pipeline/models/decode_loop.py: encoder and
+    # Who runs the HF engine's decoding: "loop" = our own loop (pipeline/models/translate/decode/loop.py: encoder and
     # cross-attention once per batch, preallocated caches, next token chosen on the device, finished rows dropped,
     # the device read every few steps), for Marian and FSMT models; "generate" = transformers' generate. Models the
     # loop does not know (M2M100, NLLB, ...) and kv_cache = "static" / compile = true use generate (the log says
@@ -126,7 +126,7 @@ class BacktranslateCfg(Section):
     # torch.compile HF generate's decoding step (needs kv_cache = "static"; on a GPU with CUDA graphs, as transformers
     # does). Compiles for each new batch shape; on a CPU it measured no faster. Not yet measured on a GPU.
     compile: bool = False
-    # Bergamot models (pipeline/models/bergamot.py): Python threads sharing one loaded direction. An execution
+    # Bergamot models (pipeline/models/translate/engines/bergamot.py): Python threads sharing one loaded direction. An execution
     # setting: a row's text does not depend on it, so it is left out of the cache key.
     threads: int = Field(2, ge=1)
     # Degenerate outputs (pipeline/degenerate.py): a back-translation whose word count is above max_ratio x (or below
@@ -142,7 +142,7 @@ class BacktranslateCfg(Section):
     EXECUTION: ClassVar[frozenset[str]] = frozenset({"threads", "batch_size", "batch_tokens", "decoder"})
     # the chains' plan records each model's engine (with its compute type) and, where an engine runs on torch, the
     # device kind and dtype, and HF generate's cache and compilation where they are not the plain dynamic cache
-    # (pipeline/models/chains.py): Bergamot always runs on the CPU, whatever these say
+    # (pipeline/models/translate/chains.py): Bergamot always runs on the CPU, whatever these say
     RESOLVED: ClassVar[frozenset[str]] = frozenset({"device", "dtype", "compute_type", "engine", "kv_cache", "compile"})
 
     @model_validator(mode="after")

@@ -1,6 +1,6 @@
 """The mining sections: the run, its runner and data, and one section per mining stage but `backtranslate`
 (backtranslation.py). Stages and models import their settings from the module that defines them, so a stage's code
-version (pipeline/engine/codeversion.py) never covers the training settings.
+version (pipeline/codeversion.py) never covers the training settings.
 """
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ class EncoderCfg(Section):
     # token length, at least MIN_TOKENS tokens; tests/test_execution_settings.py); a GPU's may (the row memo is off
     # there by default: runner.memo = auto)
     EXECUTION: ClassVar[frozenset[str]] = frozenset({"batch_size", "batch_tokens"})
-    # the encoder's plan records the device kind and precision it resolves (models/encoder_resource.py: ENCODER)
+    # the encoder's plan records the device kind and precision it resolves (models/encode/resource.py: ENCODER)
     RESOLVED: ClassVar[frozenset[str]] = frozenset({"device", "precision"})
 
 
@@ -158,7 +158,7 @@ class EmbeddingsCfg(Section):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
     source: Path | None = Field(None, alias="from", description="Parquet with `sid` or `text` and `emb` (any "
                                 "embedder); it replaces encoder.model in `embeddings` and `scores` (pipeline/models/"
-                                "precomputed.py)")
+                                "encode/precomputed.py)")
 
 
 class NeighboursCfg(Section):

@@ -62,7 +62,7 @@ class _TrainSettings(Section):
     output: str = Field("", description="where best/, last/ and metrics.jsonl go (default: <run>/train/<objective>)")
     num_workers: int = Field(2, ge=0, description="DataLoader workers that run objective.collate (tokenisation)")
     unpad: bool = Field(True, description="padding-free encoder forward for BERT-family models "
-                                          "(pipeline/models/unpad.py): same outputs, no arithmetic on pad tokens")
+                                          "(pipeline/models/encode/unpad.py): same outputs, no arithmetic on pad tokens")
     tensorboard: bool = Field(True, description="TensorBoard event files beside metrics.jsonl, the same numbers "
                                                 "(make tensorboard RUN=<run>); on where the package is installed")
 

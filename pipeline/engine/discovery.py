@@ -1,4 +1,4 @@
-"""Finding the stages: every module of a package in `pipeline/stages/__init__.py: PACKAGES` declares one `@stage`
+"""Finding the stages: every module of a package in PACKAGES (below) declares one `@stage`
 (spec.py); the runner and the store read the stage list from here (neither imports the other for it: no import
 circle). The run order is derived from what each stage reads and writes: a topological order (each stage after the
 stages that write the tables it reads), ties broken by declaration order (the packages in turn, each one's modules
@@ -13,6 +13,9 @@ import pkgutil
 from contramine.pipeline.engine.spec import Stage
 from contramine.pipeline.schema import SCHEMAS
 from contramine.pipeline.storage.verify import WRITERS
+
+# The packages of stages, by name (found without importing them): the project's own, and a plugin's appended here
+PACKAGES = ["contramine.pipeline.stages"]
 
 
 def stage_modules(packages: list[str] | tuple[str, ...]) -> list[str]:
@@ -81,16 +84,12 @@ def _load(modules: tuple[str, ...]) -> dict[str, Stage]:
 
 def load_stages() -> dict[str, Stage]:
     """Every stage, in run order (derived from reads and writes; see the module docstring)."""
-    from contramine.pipeline import stages
-
-    return _load(tuple(stage_modules(stages.PACKAGES)))
+    return _load(tuple(stage_modules(PACKAGES)))
 
 
 def module_names() -> list[str]:
     """The stage modules' own names, without importing them (a built-in stage is named as its module)."""
-    from contramine.pipeline import stages
-
-    return [m.rsplit(".", 1)[-1] for m in stage_modules(stages.PACKAGES)]
+    return [m.rsplit(".", 1)[-1] for m in stage_modules(PACKAGES)]
 
 
 def writer(table: str) -> str | None:

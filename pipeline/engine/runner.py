@@ -22,7 +22,7 @@ import pyarrow
 
 from contramine.pipeline.config import Config
 from contramine.pipeline.engine import resources
-from contramine.pipeline.engine.codeversion import code_version
+from contramine.pipeline.codeversion import code_version
 from contramine.pipeline.engine.discovery import load_stages
 from contramine.pipeline.storage.lock import run_lock
 from contramine.pipeline.engine.maps import default_map

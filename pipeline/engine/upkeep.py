@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from contramine.pipeline.storage.grace import RECORD, collect
 from contramine.pipeline.storage.lock import RunBusy, run_lock
-from contramine.pipeline.storage.store import TableCorrupt, committed_files
+from contramine.pipeline.storage.manifest import TableCorrupt, committed_files
 from contramine.pipeline.storage.tables import RunTables
 from contramine.pipeline.storage.verify import Verified, damaged_line
 

@@ -43,7 +43,7 @@ Lookups never load the memo's values: each process keeps a compact index per nam
 an 8-byte (pack, row) location, 16 bytes a row, both sorted by prefix — of the packs it has seen; a new pack's rows
 are sorted alone and merged in (searchsorted + insert), and the indexes are freed when the stage ends
 (`release_indexes`). Values are read only from the packs that hold the rows a lookup needs. Bytes equal a fresh
-run's because every model stage here is batch-independent on the CPU (encoder.py, translator.py, spaCy parses each
+run's because every model stage here is batch-independent on the CPU (encode/encoder.py, engines/hf.py, spaCy parses each
 text alone); GPU kernels are not (the GPU check measured 3e-8), so `runner.memo = "auto"` (the default) leaves the
 memo off for a stage whose resources run on a GPU (and with "on" there, the audit compares vectors to 1e-4).
 

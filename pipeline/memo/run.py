@@ -32,7 +32,7 @@ def memo_state(stage, cfg, plan: dict) -> str:
 
 
 def namespace_facts(stage, spec, cfg, plan: dict) -> dict:
-    from contramine.pipeline.engine.codeversion import code_version
+    from contramine.pipeline.codeversion import code_version
 
     return {"format": FORMAT, "stage": stage.name, "memo": spec.name, "code": code_version(stage.module),
             **spec.facts(cfg, plan)}

@@ -1,5 +1,5 @@
 """Bergamot model names and folders: what `bergamot:<pair>` means and what a Bergamot folder holds. Model resolution
-(hub.py) reads this; the engine itself (bergamot.py) is imported only where a Bergamot hop runs."""
+(hub.py) reads this; the engine itself (engines/bergamot.py) is imported only where a Bergamot hop runs."""
 from __future__ import annotations
 
 from pathlib import Path

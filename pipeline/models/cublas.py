@@ -12,8 +12,8 @@ already in the process before it searches any folder, so loading a copy first is
    libcublasLt.so.12 loaded first (cuBLAS needs it). LD_LIBRARY_PATH cannot point there from Python: the loader
    reads it when the process starts.
 
-Each process that translates on CTranslate2 calls this before its first GPU translator (pipeline/models/ct2.py), and
-the plan's probe calls it too (pipeline/models/chains.py: ct2_cuda_problem).
+Each process that translates on CTranslate2 calls this before its first GPU translator (pipeline/models/translate/engines/ct2.py), and
+the plan's probe calls it too (pipeline/models/translate/chains.py: ct2_cuda_problem).
 """
 from __future__ import annotations
 

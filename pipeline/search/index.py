@@ -72,7 +72,7 @@ def tune_index(cfg, store, n: int, plan: dict) -> dict:
     from contramine.pipeline.storage.store import combine
     from contramine.pipeline.errors import StageError
 
-    from contramine.pipeline.engine.codeversion import code_version
+    from contramine.pipeline.codeversion import code_version
 
     c, kind = cfg.neighbours, plan["kind"]
     # every setting that can shape the file (execution settings and the device aside: it is built on the CPU), the

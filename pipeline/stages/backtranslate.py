@@ -5,7 +5,7 @@ Each chain serves a method (`ChainCfg.role`): DebCSE positives read the back-tra
 unless the chain sets include_variants); "both" serves both. Each output row records its chain's role.
 
 Which chains run, and on which engine and device, is decided once per run, where the flow runs, before any shard
-(the `chains` resource, declared with the models in pipeline/models/chains.py): a chain whose models cannot be
+(the `chains` resource, declared with the models in pipeline/models/translate/chains.py): a chain whose models cannot be
 loaded either stops the run with the one-line `ModelUnavailable` message, or — when the profile sets
 `backtranslate.fallback = true` — is skipped, and `generator_notes` says so plainly (the CLI prints it once, before
 any work). Every shard, on any worker, runs the chains of that plan: a model that becomes loadable halfway through a
@@ -24,7 +24,7 @@ from contramine.pipeline.config.base import result_settings
 from contramine.pipeline.degenerate import degenerate_flag
 from contramine.pipeline.memo.rows import NoMemo, row_key
 from contramine.pipeline.engine.spec import Ctx, Memo, stage
-from contramine.pipeline.models.chains import CHAINS, chain_table, check_chains, translate_rows
+from contramine.pipeline.models.translate.chains import CHAINS, chain_table, check_chains, translate_rows
 from contramine.pipeline.schema import SCHEMAS
 
 # Settings of `backtranslate` that decide which rows run or what the stage does with an output, never the output

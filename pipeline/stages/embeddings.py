@@ -1,6 +1,6 @@
 """Stage `embeddings`: sentences → L2-normalised float32 vectors from any HF encoder (METHODS §1).
 
-The encoder is a declared resource (`ENCODER`, declared next to the model in pipeline/models/encoder_resource.py):
+The encoder is a declared resource (`ENCODER`, declared next to the model in pipeline/models/encode/resource.py):
 resolved once per run — the model's fingerprint, the device kind and precision it runs at, or the content of the
 `embeddings.from` file — and loaded once per process for that plan. `pool_embeddings` and `scores` declare it too.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from contramine.pipeline.engine.spec import Ctx, stage
-from contramine.pipeline.models.encoder_resource import ENCODE_MEMO, ENCODER, check_encoder, embed_sentences
+from contramine.pipeline.models.encode.resource import ENCODE_MEMO, ENCODER, check_encoder, embed_sentences
 
 
 @stage(reads=("sentences",), writes=("embeddings",), settings=("encoder", "embeddings"), resources=(ENCODER,),

@@ -6,7 +6,7 @@ import pyarrow as pa
 
 from contramine.pipeline.engine.spec import Ctx, stage
 from contramine.pipeline.schema import SCHEMAS
-from contramine.pipeline.models.encoder_resource import ENCODE_MEMO, ENCODER, embed_sentences
+from contramine.pipeline.models.encode.resource import ENCODE_MEMO, ENCODER, embed_sentences
 
 
 @stage(reads=("pool_sentences",), writes=("pool_embeddings",), settings=("encoder", "embeddings"),

@@ -15,8 +15,8 @@ import pyarrow.compute as pc
 
 from contramine.pipeline.engine.spec import Ctx, package_versions, stage
 from contramine.pipeline.schema import SCHEMAS, table_vectors
-from contramine.pipeline.models.chains import POSITIVES, check_chains
-from contramine.pipeline.models.encoder_resource import ENCODE_MEMO, ENCODER, check_encoder, memo_encode
+from contramine.pipeline.models.translate.chains import POSITIVES, check_chains
+from contramine.pipeline.models.encode.resource import ENCODE_MEMO, ENCODER, check_encoder, memo_encode
 from contramine.pipeline.roles import rows_serving
 from contramine.pipeline.text_distances import edit_distance
 

@@ -15,7 +15,7 @@ Prefect, and discovers no stage (a missing table's error names its writer: that 
 
 Folder names become SQL view names only when they are plain identifiers (`[A-Za-z0-9_]+`), and are quoted: a run
 folder received from someone else is data, never SQL. A manifest is data too: its shape is checked
-(store.check_manifest) before anything it names is read, and a wrong one is one line naming the table, its run and
+(manifest.py: check_manifest) before anything it names is read, and a wrong one is one line naming the table, its run and
 the `make stage ... FORCE=1` that rewrites it (TableUnreadable).
 """
 from __future__ import annotations
@@ -28,7 +28,8 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from contramine.pipeline.storage.safe_paths import UnsafePath, read_regular
-from contramine.pipeline.storage.store import MANIFEST, TableCorrupt, committed_files, parse_manifest, read_manifest
+from contramine.pipeline.storage.manifest import MANIFEST, TableCorrupt, committed_files, parse_manifest, read_manifest
+from contramine.pipeline.storage.verify import WRITERS, Verified, damaged_line, table_line
 from contramine.pipeline.errors import ExpectedError
 from contramine.pipeline.hints import command
 from contramine.pipeline.schema import SCHEMAS
@@ -55,7 +56,6 @@ class TableUnreadable(ExpectedError, ValueError):
 def writer_of(table: str) -> str:
     """The stage that writes `table`, as the stages loaded in this process declare it (verify.WRITERS: the storage
     sits below the stages and never imports them); the table's own name where none is loaded."""
-    from contramine.pipeline.storage.verify import WRITERS
 
     return WRITERS.get(table) or table
 
@@ -106,7 +106,6 @@ class RunTables:
     def _listed(self, table: str) -> tuple[list[Path], list[tuple[str, str]]]:
         """(the paths the last commit lists, [(name, why)] of those missing, not plain files, or whose bytes do not
         hash to what the commit records: verify.py)."""
-        from contramine.pipeline.storage.verify import Verified
 
         entries = self._committed(table) or []
         if self._verified is None:
@@ -126,7 +125,6 @@ class RunTables:
         records; TableMissing (one line naming the stage that writes it) when the run has not got it,
         TableUnreadable (one line naming the shard and the command that rewrites it) when a listed file is gone,
         a link or damaged."""
-        from contramine.pipeline.storage.verify import damaged_line
 
         paths, bad = self._listed(table)
         if not paths:
@@ -147,9 +145,6 @@ class RunTables:
     def missing(self, table: str) -> TableMissing:
         tdir, run = self.dir / table, self.dir.name
         what = "no such folder" if not tdir.is_dir() else "no finished shards in it"
-        from contramine.pipeline.schema import SCHEMAS
-        from contramine.pipeline.storage.verify import WRITERS
-
         # the writer discovery passed down where the stages are loaded; else the contract's tables (sql loads none)
         writer = WRITERS.get(table)
         if writer is None and (WRITERS or table not in SCHEMAS):  # a folder no stage writes: no stage run brings it
@@ -174,7 +169,6 @@ class RunTables:
             except FileNotFoundError:  # a commit between listing and reading removed a listed file: the new snapshot
                 return self.dataset(table).to_table(columns=columns)
         except (pa.ArrowInvalid, OSError) as e:  # changed after its check (a page checksum, a vanished file)
-            from contramine.pipeline.storage.verify import table_line
 
             raise TableUnreadable(table_line(self.dir / table, f"cannot be read ({' '.join(str(e).split())[:160]})")
                                   ) from None

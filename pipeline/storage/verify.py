@@ -24,6 +24,9 @@ import stat
 import threading
 from pathlib import Path
 
+from contramine.pipeline.hints import command
+from contramine.pipeline.storage.atomic import atomic_write_json
+
 CACHE = ".verified.json"
 _CACHE_MAX = 16 << 20  # a cache file larger than this is not ours: ignored (and replaced at the next save)
 
@@ -40,8 +43,6 @@ def table_line(table_dir: Path, what: str, man=None) -> str:
     table, run = table_dir.name, table_dir.parent.name
     named = man.get("stage") if isinstance(man, dict) else None
     stage = WRITERS.get(table) if WRITERS else (named if isinstance(named, str) and named.isidentifier() else None)
-    from contramine.pipeline.hints import command
-
     fix = (f"rewrite it with `{command('stage', stage=stage, run=run, force=True)}`" if stage else
            f"no stage writes `{table}`: remove {table_dir} or write it again" if WRITERS else
            f"remove {table_dir} or write it again with the stage that writes `{table}`")
@@ -126,8 +127,6 @@ class Verified:
     def save(self) -> None:
         """Write the remembered checks (only files still there), atomically; a folder that cannot be written (read
         only, a full disk) keeps none: the next reader hashes again."""
-        from contramine.pipeline.storage.atomic import atomic_write_json
-
         with self._lock:
             if not self._dirty:
                 return

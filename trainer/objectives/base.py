@@ -26,7 +26,7 @@ import torch
 from pydantic import ValidationError
 
 from contramine.pipeline.config import ConfigError, Section
-from contramine.pipeline.models.encoder import Encoder
+from contramine.pipeline.models.encode.encoder import Encoder
 from contramine.trainer.objectives.common import sub_batch
 
 

@@ -29,7 +29,7 @@ def joined(encoder, groups: list[dict | None]) -> dict:
     its own tokens only) and, with dropout on, draws its own dropout mask, as in a forward of its group alone.
 
     Where the encoder runs padding-free (train.unpad), the packed layout of the joint batch is made here, on the host
-    in the DataLoader workers (pipeline/models/unpad.py unpad_layout), so the extra pad columns cost no arithmetic
+    in the DataLoader workers (pipeline/models/encode/unpad.py unpad_layout), so the extra pad columns cost no arithmetic
     in the linear layers and the forward reads nothing back from the device."""
     tok = encoder.tokenizer
     present = [g for g in groups if g is not None]
@@ -48,7 +48,7 @@ def joined(encoder, groups: list[dict | None]) -> dict:
             parts.append(v)
         out[key] = torch.cat(parts)
     if encoder.unpad:
-        from contramine.pipeline.models.unpad import unpad_layout
+        from contramine.pipeline.models.encode.unpad import unpad_layout
 
         out.update(unpad_layout(encoder.model, out["attention_mask"]) or {})
     return {**prefixed("enc", out), "groups": tuple(0 if g is None else len(g["input_ids"]) for g in groups)}

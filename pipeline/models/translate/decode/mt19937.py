@@ -3,7 +3,7 @@
     torch.rand(n, generator=torch.Generator().manual_seed(seed))
 
 draws, bit for bit, for each seed of an int64 tensor, computed with integer tensor ops where the seeds are (a GPU
-too), so that sampling draws its per-row noise without the host (pipeline/models/translator.py, GumbelSampler).
+too), so that sampling draws its per-row noise without the host (pipeline/models/translate/engines/hf.py, GumbelSampler).
 
     u = mt19937_uniform(seeds, n)    # (len(seeds), n) float32 in [0, 1)
 

@@ -1,6 +1,6 @@
 """The encoder as a declared resource (pipeline/engine/resources.py) of the stages that embed (`embeddings`,
 `pool_embeddings`, `scores`): its plan and loading, the check before any work, the row memo its vectors go through,
-and a table of sentences embedded. The model and its pooling: encoder.py.
+and a table of sentences embedded. The model and its pooling: encode/encoder.py.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from contramine.pipeline.memo.rows import row_key
 from contramine.pipeline.engine.resources import Resource, cuda_device
 from contramine.pipeline.engine.spec import Memo, package_versions
-from contramine.pipeline.models.encoder import Encoder, held_dtype, resolve_precision
+from contramine.pipeline.models.encode.encoder import Encoder, held_dtype, resolve_precision
 from contramine.pipeline.models.hub import model_fingerprint, pick_device, resolve_model
 from contramine.pipeline.schema import vectors_table
 
@@ -46,7 +46,7 @@ def load_encoder(cfg, store=None, n: int = 0, plan: dict | None = None) -> "Enco
     """`encoder.model` on the plan's device kind and precision (never decided again here), or the vectors of
     `embeddings.from` where that is set."""
     if cfg.embeddings.source is not None:
-        from contramine.pipeline.models.precomputed import PrecomputedEncoder
+        from contramine.pipeline.models.encode.precomputed import PrecomputedEncoder
 
         return PrecomputedEncoder(Path(cfg.embeddings.source))
     e, plan = cfg.encoder, plan or encoder_plan(cfg)

@@ -1,4 +1,4 @@
-"""Beam search for the decode loop (decode_loop.py): transformers' vectorised beam search (GenerationMixin.
+"""Beam search for the decode loop (decode/loop.py): transformers' vectorised beam search (GenerationMixin.
 _beam_search in transformers 5.23), step for step, over our preallocated caches, with settled inputs dropped.
 
     seqs = beam_search(loop, input_ids, attention_mask, gen, processors)   # what generate(num_beams=...) returns
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from contramine.pipeline.models.decode_steps import DoneFlags, subset_processors, token_ids
+from contramine.pipeline.models.translate.decode.steps import DoneFlags, subset_processors, token_ids
 
 
 def beam_search(loop, input_ids: torch.Tensor, attention_mask: torch.Tensor, gen, processors) -> torch.Tensor:

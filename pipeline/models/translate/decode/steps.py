@@ -1,4 +1,4 @@
-"""One decoding step of a Marian or FSMT model over caches preallocated for the batch (decode_loop.py drives it).
+"""One decoding step of a Marian or FSMT model over caches preallocated for the batch (decode/loop.py drives it).
 
     steps = Seq2SeqSteps(model)                       # model: MarianMTModel or FSMTForConditionalGeneration
     state = steps.start(input_ids, attention_mask, n_tokens)   # encoder once; cross-attention K/V once
@@ -220,7 +220,7 @@ class LayerWeights(NamedTuple):
 
 
 # transformers' processors whose work on a row depends on that row alone (no per-row state of their own): kept as
-# they are when rows are dropped. Ours (translator.py) carry per-row lists and have a `subset(rows)`.
+# they are when rows are dropped. Ours (engines/hf.py) carry per-row lists and have a `subset(rows)`.
 ROW_WISE = (NoBadWordsLogitsProcessor, ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor,
             MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)
 

@@ -4,11 +4,11 @@ CPU, with the device read back once every `check_every` steps instead of ~3 time
     loop = DecodeLoop(model)                  # supports(model) says whether it knows the architecture
     seqs = loop.generate(input_ids, attention_mask, generation_config, logits_processors)
 
-`generate` takes what translator.py hands `model.generate` and returns the same sequences (start token first, pad
+`generate` takes what engines/hf.py hands `model.generate` and returns the same sequences (start token first, pad
 after eos; trailing pad columns may differ, which decoding skips). It builds transformers' own logits processors
 for that generation config (so the scores are processed exactly as generate processes them: banned words, forced
-bos / eos, then ours), then decodes greedily (translator.py samples as greedy over Gumbel-perturbed scores) or by
-beam search (beam_loop.py, transformers' vectorised beam search step by step). Per batch (decode_steps.py) the
+bos / eos, then ours), then decodes greedily (engines/hf.py samples as greedy over Gumbel-perturbed scores) or by
+beam search (decode/beam.py, transformers' vectorised beam search step by step). Per batch (decode/steps.py) the
 encoder and cross-attention K/V are computed once and the self-attention K/V are preallocated.
 
 Host reads: the next token is chosen on the device; the "which rows are done" flags are copied back (non-blocking
@@ -25,7 +25,7 @@ import torch
 from transformers import (LogitsProcessorList,
                           NoBadWordsLogitsProcessor)
 
-from contramine.pipeline.models.decode_steps import (KNOWN_TYPES, CheckedProcessors, DoneFlags, Seq2SeqSteps,
+from contramine.pipeline.models.translate.decode.steps import (KNOWN_TYPES, CheckedProcessors, DoneFlags, Seq2SeqSteps,
                                                      subset_processors, supports, token_ids)
 
 __all__ = ["DecodeLoop", "KNOWN_TYPES", "supports"]
@@ -41,7 +41,7 @@ def prepared(model, gen, input_ids: torch.Tensor, ours: LogitsProcessorList):
     processors = model._get_logits_processor(generation_config=gen, input_ids_seq_length=1,
                                              encoder_input_ids=input_ids, logits_processor=ours,
                                              device=input_ids.device, model_kwargs=model_kwargs)
-    # transformers re-adds the model's one-token bad words that translator.py's BannedTokens already sets to -inf
+    # transformers re-adds the model's one-token bad words that engines/hf.py's BannedTokens already sets to -inf
     # (a bias tensor over rows x vocabulary, three passes a step): skipped, the scores are the same
     banned = {t for p in ours if type(p).__name__ == "BannedTokens" for t in p.token_ids}
     return gen, CheckedProcessors(p for p in processors if not (
@@ -66,12 +66,12 @@ class DecodeLoop:
                  logits_processor: LogitsProcessorList) -> torch.Tensor:
         gen, processors = prepared(self.model, gen, input_ids, logits_processor)
         if gen.num_beams > 1:
-            from contramine.pipeline.models.beam_loop import beam_search
+            from contramine.pipeline.models.translate.decode.beam import beam_search
 
             return beam_search(self, input_ids, attention_mask, gen, processors)
         if gen.num_return_sequences != 1 or gen.do_sample:
             raise ValueError("the decode loop's greedy path returns one sequence a row and does not sample itself "
-                             "(translator.py samples with a logits processor)")
+                             "(engines/hf.py samples with a logits processor)")
         return self._greedy(input_ids, attention_mask, gen, processors)
 
     def _greedy(self, input_ids, attention_mask, gen, processors) -> torch.Tensor:

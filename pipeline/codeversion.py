@@ -16,7 +16,7 @@ import threading
 from importlib.util import resolve_name
 from pathlib import Path
 
-PIPELINE = Path(__file__).resolve().parent.parent
+PIPELINE = Path(__file__).resolve().parent
 PACKAGE = "contramine.pipeline"  # PIPELINE's import name
 FORMAT = "contramine-2"
 
@@ -66,6 +66,8 @@ def imported_modules(source: str, module: str) -> set[str]:
 
 # not followed (module doc): the engine, and the run folder's storage and row memo that were its files
 ENGINE = ("contramine.pipeline.engine", "contramine.pipeline.storage", "contramine.pipeline.memo")
+# not followed either: modules a resource's plan chooses and records the code version of (the translation engines)
+PLANNED = ("contramine.pipeline.models.translate.engines",)
 
 
 def module_closure(roots: tuple[str, ...], root: Path = PIPELINE) -> list[str]:
@@ -75,7 +77,7 @@ def module_closure(roots: tuple[str, ...], root: Path = PIPELINE) -> list[str]:
     while todo:
         m = todo.pop()
         path = module_file(m, root)
-        if m in seen or path is None or (m in ENGINE or m.startswith(tuple(e + "." for e in ENGINE))) and m not in roots:
+        if m in seen or path is None or (m in ENGINE + PLANNED or m.startswith(tuple(e + "." for e in ENGINE + PLANNED))) and m not in roots:
             continue
         seen.add(m)
         name = m + ".__init__" if path.name == "__init__.py" else m

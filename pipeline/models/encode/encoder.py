@@ -7,7 +7,7 @@ Poolers (SimCSE's names):
   avg_first_last     – masked mean of (first layer + last layer) / 2
   mask               – hidden state at the [MASK] token of a prompt template (PromptBERT / OssCSE)
 
-The encoder as the embedding stages' resource (its plan, its row memo): encoder_resource.py.
+The encoder as the embedding stages' resource (its plan, its row memo): encode/resource.py.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from contramine.pipeline.models.attention_kernels import without_cudnn_attention
-from contramine.pipeline.models.encode_batches import (Tokens, packed_batches, same_length_batches, token_arrays,
+from contramine.pipeline.models.encode.batches import (Tokens, packed_batches, same_length_batches, token_arrays,
                                             tokenize_threads, tokenized_chunks)
 from contramine.pipeline.models.hub import pick_device, resolve_model
 from contramine.pipeline.models.standin import StandInEncoder, is_standin
@@ -145,7 +145,7 @@ class Encoder(torch.nn.Module):
         layout = {k: batch.pop(k) for k in ("unpad_index", "unpad_positions") if k in batch} or None
         hidden = self.pooler == "avg_first_last"
         if self.unpad:
-            from contramine.pipeline.models.unpad import unpad_layout, unpadded_forward
+            from contramine.pipeline.models.encode.unpad import unpad_layout, unpadded_forward
 
             if layout is None:  # host reads of the mask; a batch without pads has nothing to skip
                 layout = unpad_layout(model, batch["attention_mask"])
@@ -179,7 +179,7 @@ class Encoder(torch.nn.Module):
                template: str | None = None, batch_tokens: int | None = None) -> np.ndarray:
         """Embed texts as float32 rows (L2-normalised by default), in input order.
 
-        Worker threads tokenise the texts chunk by chunk ahead of the model (encode_batches.py); host arrays are
+        Worker threads tokenise the texts chunk by chunk ahead of the model (encode/batches.py); host arrays are
         numpy, copied to a GPU from pinned memory without a sync, and the vectors come back once per FLUSH_ROWS
         rows, not per batch. How rows are batched depends on the device (`batching`):
         - a CPU: only texts of the SAME token length share a batch (at most `batch_size` rows; below MIN_ROWS rows

@@ -1,6 +1,6 @@
 """Translation with any Hugging Face seq2seq model (METHODS §3 and §6), for the `backtranslate` stage.
 
-    tr = load_engine(name, path, cfg, device="cpu", dtype="float32")   # chains.py loads it as the run's plan says
+    tr = load_engine(name, path, cfg, device="cpu", dtype="float32")   # translate/chains.py loads it as the run's plan says
     tr.translate(texts, seeds)
 
 Outputs never depend on how rows are batched: batches are sorted by length and restored to input order, each row
@@ -13,7 +13,7 @@ Batches: filled to `batch_tokens` (the budget counts each input's decoder rows t
 that input's cap), or `batch_size` rows where it is 0; "auto" is thousands of rows on a GPU (262,144 tokens) and
 8,192 tokens on a CPU (what measured best there: docs/backtranslation.md).
 The decoding loop keeps its work on the device: the length limits are decided from the host's list (no device read
-per step), sampling's noise is computed where the scores are (mt19937.py), and a banned token (opus-mt's <pad>) is
+per step), sampling's noise is computed where the scores are (decode/mt19937.py), and a banned token (opus-mt's <pad>) is
 one column set in place, not a bias tensor added to every score (tests/test_translate_device.py: no processor of
 ours reads a value back). What transformers still reads per step: "is every row done" (its DeferredStopCheck, which
 avoids the wait, is used on mps only in transformers 5.23) and, in Marian's forward, two SDPA mask-skip checks that a
@@ -37,12 +37,12 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessor, 
 
 from contramine.pipeline.config.backtranslation import BacktranslateCfg, chain_name
 from contramine.pipeline.models.attention_kernels import without_cudnn_attention
-from contramine.pipeline.models.fast_tokens import input_ids
-from contramine.pipeline.models.fast_tokens import texts as decoded_texts
-from contramine.pipeline.models.mt19937 import mt19937_uniform
+from contramine.pipeline.models.translate.decode.tokens import input_ids
+from contramine.pipeline.models.translate.decode.tokens import texts as decoded_texts
+from contramine.pipeline.models.translate.decode.mt19937 import mt19937_uniform
 from contramine.pipeline.seeding import row_seed
 
-from contramine.pipeline.models.translation import batch_token_budget, language_settings, resolve_kv_cache, row_limit
+from contramine.pipeline.models.translate.settings import batch_token_budget, language_settings, resolve_kv_cache, row_limit
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class GumbelSampler(LogitsProcessor):
     of batch composition and device.
 
     On a CPU each row draws from its own generator. Elsewhere (a GPU) the same uniforms are computed on the device
-    for every row at once (pipeline/models/mt19937.py: bit for bit; the GPU's log may round the noise's last bit
+    for every row at once (pipeline/models/translate/decode/mt19937.py: bit for bit; the GPU's log may round the noise's last bit
     otherwise), so the noise never crosses from the host: only the rows' step seeds do, hashed on the host
     (row_seed, tens of microseconds a row) and copied without waiting. The device path is the slower one on a CPU
     (~7x here), the host path the slower one at a GPU's batch sizes (a generator per row and step, 1-5 ms each
@@ -151,9 +151,9 @@ class Translator:
             self.compile_config._compile_all_devices = not cuda  # transformers compiles on a GPU only, unless told
 
     def _decode_loop(self):
-        """Our decode loop (decode_loop.py) where the settings ask for it and it knows the model, else None
+        """Our decode loop (decode/loop.py) where the settings ask for it and it knows the model, else None
         (transformers' generate), said in the log when the loop was asked for."""
-        from contramine.pipeline.models.decode_loop import DecodeLoop, KNOWN_TYPES, supports
+        from contramine.pipeline.models.translate.decode.loop import DecodeLoop, KNOWN_TYPES, supports
 
         if self.cfg.decoder != "loop":
             return None
@@ -269,7 +269,7 @@ class Translator:
 
 def load_engine(name: str, path: str, cfg: BacktranslateCfg, device: str, dtype: str) -> Translator:
     """The HF generate engine for model `name` (resolved to `path`) on `device` in `dtype`, as the run's plan says
-    (pipeline/models/chains.py decides; nothing is decided here)."""
+    (pipeline/models/translate/chains.py decides; nothing is decided here)."""
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForSeq2SeqLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
     return Translator(name, tokenizer, model, cfg, device)

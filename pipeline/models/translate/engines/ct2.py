@@ -1,6 +1,6 @@
 """Back-translation on CTranslate2 (`backtranslate.engine = "ctranslate2" | "auto"`), beside HF generate.
 
-    tr = load_engine(name, path, cfg, device, compute_type)   # chains.py decides engine and compute type
+    tr = load_engine(name, path, cfg, device, compute_type)   # translate/chains.py decides engine and compute type
 
     tr.translate(texts, seeds)             # same interface and outputs layout as translator.Translator
 
@@ -45,7 +45,7 @@ from pathlib import Path
 from contramine.pipeline.config.backtranslation import BacktranslateCfg, chain_name
 from contramine.pipeline.models.cublas import load_cublas
 from contramine.pipeline.models.hub import hub_cache_dir, model_fingerprint
-from contramine.pipeline.models.translation import batch_token_budget, language_settings, model_type, row_limit
+from contramine.pipeline.models.translate.settings import batch_token_budget, language_settings, model_type, row_limit
 
 def converted_dir(name: str, path: str | Path, compute_type: str) -> Path:
     """Where the converted model lives: keyed by model id, its files (hub commit or content), compute type and the
@@ -170,7 +170,7 @@ class CT2Translator:
 
 def load_engine(name: str, path: str | Path, cfg: BacktranslateCfg, device: str, compute_type: str) -> CT2Translator:
     """The CTranslate2 engine for model `name` (resolved to `path`) on `device` at `compute_type`, as the run's plan
-    says (pipeline/models/chains.py decides; nothing is decided here)."""
+    says (pipeline/models/translate/chains.py decides; nothing is decided here)."""
     import ctranslate2
     from transformers import AutoTokenizer
 

@@ -1,4 +1,4 @@
-"""A Marian tokenizer's input ids through SentencePiece's batch call (translator.py calls it for every batch of rows).
+"""A Marian tokenizer's input ids through SentencePiece's batch call (engines/hf.py calls it for every batch of rows).
 
     ids = input_ids(tokenizer, texts, max_length)   # == tokenizer(texts, truncation=True, max_length=...)["input_ids"]
 
