@@ -92,27 +92,62 @@ def run_stage_flow(stage: str, cfg: Config, **params) -> dict:
     return STAGE_FLOWS[stage].with_options(task_runner=task_runner(cfg))(**params)
 
 
-@flow(name="mine", log_prints=True)
+STAGE_THREADS = 32  # more than there are stages: every stage whose inputs are committed can start
+
+
+@task(name="stage", cache_policy=NO_CACHE, task_run_name="{stage}")
+def stage_task(stage: str, cfg: Config, params: dict, plan: dict, upstream: list[dict]) -> dict:
+    """One stage flow (a subflow of `mine`), started once the stages it reads from have committed: `upstream` are
+    their results, whose plans it inherits (so every stage of the run sees one decision, e.g. which chains run)."""
+    for done in upstream:
+        plan = {**plan, **done["plan"]}
+    manifest = run_stage_flow(stage, cfg, **params, plan=plan)
+    return {"rows": manifest["rows"], "plan": {**plan, **manifest["resources"]}}
+
+
+@flow(name="mine", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=STAGE_THREADS))
 def mine_flow(profile: str = "default", run: str | None = None, corpus: str | None = None,
               overrides: list[str] | None = None, force: list[str] | None = None, plan: dict | None = None) -> dict:
-    """Every stage in order; `force` names stages to recompute even when their shards are intact. `plan`: the
-    run's resources as resolved so far (the CLI's preflight); each stage adds what it resolves, so every stage of
-    the run sees one decision (e.g. which translation chains run)."""
+    """Every stage, as a graph: a stage starts as soon as the stages that write what it reads have committed, and
+    stages with no path between them run at the same time (Prefect task futures with `wait_for`, on the flow's
+    thread pool; each stage flow runs its shards on the runner the config asks for). `force` names stages to
+    recompute even when their shards are intact. `plan`: the run's resources as resolved so far (the CLI's
+    preflight). A failed stage is one error naming it; the stages that do not depend on it finish and keep their
+    work."""
     cfg = configure(profile, run, corpus, overrides)
     overrides, plan, rows = list(overrides or []), dict(plan or {}), {}
+    stages = load_stages()
     with ExitStack() as stack:
         stack.enter_context(run_lock(cfg.run.dir, command("mine")))  # one writer per run folder, the whole run long
         if cfg.runner.kind == "dask-local":  # one local cluster for all stages, not one per stage
             cluster = stack.enter_context(local_cluster(cfg.runner.workers))
             overrides += ["runner.kind=dask", f"runner.address={cluster.scheduler_address}"]
             cfg = configure(profile, run, corpus, overrides)
-        for s in load_stages():
-            manifest = run_stage_flow(s, cfg, profile=profile, run=run, corpus=corpus, overrides=overrides,
-                                      force=s in (force or []), plan=plan)
-            rows[s] = manifest["rows"]
-            plan.update(manifest["resources"])
+        params = dict(profile=profile, run=run, corpus=corpus, overrides=overrides)
+        futures: dict = {}
+        for s in stages:  # run order: every writer of what `s` reads comes before it
+            upstream = [futures[w] for w in _writers(stages, s)]
+            futures[s] = stage_task.with_options(task_run_name=s).submit(
+                s, cfg, {**params, "force": s in (force or [])}, plan, upstream, wait_for=upstream)
+        failed, not_done = [], set()
+        for s, future in futures.items():
+            future.wait()
+            if future.state.is_completed():
+                rows[s] = future.result()["rows"]
+                continue
+            if not not_done & set(_writers(stages, s)):  # the root cause, not a stage that waited on it
+                failed.append(s)
+            not_done.add(s)
+        if failed:
+            first = futures[failed[0]]
+            first.result()  # raises the stage's own error (one line at the CLI)
     from contramine.pipeline.report import headline  # matplotlib: imported when a whole mine ends, not by every stage flow
 
     create_markdown_artifact(key=artifact_key(cfg.run.name, "mine"), markdown=headline(cfg.run.dir),
                              description=f"what run `{cfg.run.name}` mined")
     return rows
+
+
+def _writers(stages: dict, name: str) -> list[str]:
+    """The stages that write what stage `name` reads."""
+    return [w for w, other in stages.items() if set(other.writes) & set(stages[name].inputs) and w != name]

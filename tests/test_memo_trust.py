@@ -312,7 +312,7 @@ def test_the_index_is_16_bytes_a_row_merged_in_order_and_freed_when_the_stage_en
     assert index.nbytes == 16 * 3000 == memo_index.index_bytes()
     assert np.all(np.diff(index.prefix.astype(np.float64)) >= 0) and np.all(index.prefix[:-1] <= index.prefix[1:])
     assert _rows(_memo(tmp_path), texts[::-1], []).equals(_vectors(texts[::-1]))  # every row found where it is
-    memo_index.release_indexes(keep_stage="embeddings")
+    memo_index.release_indexes(keep={"embeddings"})
     assert memo_index.index_bytes() == 16 * 3000  # a job of the same stage keeps it
     memo_index.release_indexes()
     assert memo_index.index_bytes() == 0 and not memo_index._INDEXES

@@ -24,6 +24,7 @@ from __future__ import annotations
 import gc
 import json
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -106,6 +107,7 @@ _lock = threading.Lock()
 _loaded: dict[tuple[str, str, str], tuple[str, Any]] = {}  # (resource, plan, load settings) -> (holder stage, object)
 _loading: dict[tuple[str, str, str], threading.Lock] = {}
 _frozen = False  # gc.freeze() has run in this process (_collect)
+_running: dict[str, int] = {}  # stage -> its jobs running in this process now (stages of a graph overlap)
 
 
 def acquire(stage: str, resource: Resource, cfg: "Config", store: "Store", n: int, plan: dict) -> Any:
@@ -130,15 +132,37 @@ def acquire(stage: str, resource: Resource, cfg: "Config", store: "Store", n: in
 
 
 def enter(stage: str) -> None:
-    """A shard of `stage` starts in this process (the runner calls this): what other stages loaded here goes (their
-    shards are over: the runner starts a stage after the one before it has finished)."""
+    """A job of `stage` starts in this process: what stages with no job running here loaded goes (a stage that runs
+    beside this one, in a graph-scheduled mine, keeps its models)."""
     with _lock:
-        stale = [k for k, (holder, _) in _loaded.items() if holder != stage]
+        stale = [k for k, (holder, _) in _loaded.items() if holder != stage and not _running.get(holder)]
         for k in stale:
             del _loaded[k]
             _loading.pop(k, None)
     if stale:
         _collect()
+
+
+@contextmanager
+def running(stage: str):
+    """A job of `stage` runs in this process while inside (the runner's run_job): `enter`, and counted, so that no
+    other stage's job takes this stage's models away."""
+    enter(stage)
+    with _lock:
+        _running[stage] = _running.get(stage, 0) + 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _running[stage] -= 1
+            if not _running[stage]:
+                del _running[stage]
+
+
+def running_stages() -> set[str]:
+    """The stages with a job running in this process now."""
+    with _lock:
+        return set(_running)
 
 
 def release(stage: str | None = None) -> int:

@@ -26,6 +26,7 @@ from contramine.pipeline.codeversion import code_version
 from contramine.pipeline.engine.discovery import load_stages
 from contramine.pipeline.storage.lock import run_lock
 from contramine.pipeline.engine.maps import default_map
+from contramine.pipeline.engine.leases import device_lease, leased_device
 from contramine.pipeline.memo.index import release_indexes
 from contramine.pipeline.memo.run import memo_manifest
 from contramine.pipeline.engine.spec import Ctx, Stage
@@ -80,20 +81,27 @@ def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: b
     if not force and all(cached):
         return [{"stage": name, "shard": c.index, "table": c.table, "cached": True, "rows": c.rows, "seconds": 0.0,
                  "entry": c.entry()} for c in cached]
-    resources.enter(name)
-    release_indexes(keep_stage=name)  # another stage's memo lookup indexes: not needed in this process any more
-    t0 = time.perf_counter()
-    ctx = Ctx(cfg, store, i, n, progress, stage, plan, force=force)
-    tables = stage(ctx)
-    seconds = time.perf_counter() - t0
+    began = time.time()
+    with resources.running(name), device_lease(leased_device(plan, cfg.runner.leased_devices),
+                                               cfg.runner.device_leases) as (waited, held_since):
+        release_indexes(keep=resources.running_stages())  # other stages' memo lookup indexes: not needed here now
+        t0 = time.perf_counter()
+        ctx = Ctx(cfg, store, i, n, progress, stage, plan, force=force)
+        tables = stage(ctx)
+        seconds = time.perf_counter() - t0
+        held = [round(held_since, 3), round(time.time(), 3)] if held_since is not None else None
     memo = {m: (c.counts.computed, c.counts.reused, c.counts.audited)  # on the job's first row only
             for m, c in ctx.memos.items()}
+    # when the job ran, where, and when it held the device: the manifest's timeline (`make report` draws it)
+    timeline = {"job": i, "began": round(began, 3), "ended": round(time.time(), 3), "worker": resources.process_name(),
+                "lease_wait_s": round(waited, 3), "device_held": held}
     out = []
     for t in stage.writes:
         for j, part in zip(shards, tables[t] if stage.one_job else [tables[t]]):
             info = store.write_shard(t, j, n, part, key, seconds / len(shards))
             out.append({"stage": name, "shard": j, "table": t, "cached": False, "rows": info.rows, "seconds": seconds,
-                        "entry": info.entry(), "memo": {} if out else memo})
+                        "entry": info.entry(), "memo": {} if out else memo, "timeline": {} if out else timeline})
+    timeline["ended"] = round(time.time(), 3)  # the shards are written too
     return out
 
 
@@ -172,7 +180,7 @@ def finish_stage(name: str, cfg: Config, results: list[dict], wall: float, plan:
     rows, seconds, the stage's own facts and resolved resources, and the file list) replaces the last one. Returns
     the manifest."""
     resources.release(name)
-    release_indexes()  # the stage's memo lookup indexes in this process (16 bytes a row): freed
+    release_indexes(keep=resources.running_stages())  # the stage's memo lookup indexes here (16 bytes a row): freed
     stage, store, n = load_stages()[name], Store(cfg.run.dir, cfg.runner.keep_replaced_s), cfg.run.shards
     plan = _plan(name, cfg, plan)
     store.staged.update(staged_files(stage, n, results))  # the stage's own manifest functions see the new shards
@@ -187,6 +195,8 @@ def finish_stage(name: str, cfg: Config, results: list[dict], wall: float, plan:
         "shards_cached": len({r["shard"] for r in results if r["cached"]}),
         "extra": stage.facts(cfg) if stage.facts else "",
         "resources": json.loads(resources.plan_key(plan)),
+        "timeline": {"began": round(time.time() - wall, 3), "ended": round(time.time(), 3),
+                     "jobs": sorted((r["timeline"] for r in results if r.get("timeline")), key=lambda j: j["job"])},
     }
     if stage.memos:
         manifest["memo"] = memo_manifest(stage, cfg, plan, results)

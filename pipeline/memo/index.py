@@ -71,11 +71,11 @@ def namespace_index(folder: Path, stage: str) -> NamespaceIndex:
         return _INDEXES.setdefault(folder, NamespaceIndex(stage))
 
 
-def release_indexes(keep_stage: str | None = None) -> None:
-    """Free this process' lookup indexes, but those of `keep_stage`: called when a stage ends (the runner's
-    finish_stage) and when a job of another stage starts in a worker (run_job)."""
+def release_indexes(keep: set[str] | frozenset[str] = frozenset()) -> None:
+    """Free this process' lookup indexes, but those of the stages in `keep` (those with a job running here): called
+    when a stage ends (the runner's finish_stage) and when a job of another stage starts in a worker (run_job)."""
     with _INDEXES_LOCK:
-        for path in [p for p, ix in _INDEXES.items() if ix.stage != keep_stage]:
+        for path in [p for p, ix in _INDEXES.items() if ix.stage not in keep]:
             del _INDEXES[path]
 
 

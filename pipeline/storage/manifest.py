@@ -41,7 +41,7 @@ def parse_manifest(table_dir: Path, raw: bytes) -> dict:
 MANIFEST_FIELDS = {"stage": str, "table": str, "config": dict, "rows": dict, "memo": dict, "inputs": dict,
                    "resources": dict, "config_hash": str, "code": str, "extra": str, "seed": int,
                    "seconds": (int, float), "wall_seconds_last_run": (int, float), "shards_computed": int,
-                   "shards_cached": int}
+                   "shards_cached": int, "timeline": dict}
 MAX_SHARDS = 99_999  # what a part name's five digits can number
 _ENTRY_FIELDS = {"file": str, "hash": str, "rows": int, "seconds": (int, float)}
 
