@@ -53,7 +53,9 @@ def test_independent_stages_overlap_and_the_tables_equal_a_run_one_stage_at_a_ti
             return inner(ctx)
 
         monkeypatch.setitem(stages, name, dataclasses.replace(stages[name], compute=slow))
-    mine_flow(profile="default", run="graph", corpus=str(corpus), overrides=STANDIN + [f"run.root={tmp_path}"])
+    # four job slots: the slowed stages' six jobs cannot all wait on two slots held by one of them
+    sets = STANDIN + [f"run.root={tmp_path}", "runner.workers=4"]
+    mine_flow(profile="default", run="graph", corpus=str(corpus), overrides=sets)
     spans = _spans(tmp_path / "graph")
     (a0, a1), (b0, b1) = spans["negate"], spans["neighbours"]
     assert max(a0, b0) < min(a1, b1), spans  # the two intervals overlap
@@ -63,7 +65,7 @@ def test_independent_stages_overlap_and_the_tables_equal_a_run_one_stage_at_a_ti
 
     monkeypatch.setattr(mine_module, "STAGE_THREADS", 1)
     one = mine_module.mine_flow.with_options(task_runner=mine_module.ThreadPoolTaskRunner(max_workers=1))
-    one(profile="default", run="line", corpus=str(corpus), overrides=STANDIN + [f"run.root={tmp_path}"])
+    one(profile="default", run="line", corpus=str(corpus), overrides=sets)
     assert table_hashes(tmp_path / "graph") == table_hashes(tmp_path / "line")
 
 

@@ -10,6 +10,7 @@ from typing import ClassVar, Literal
 
 from pydantic import AliasChoices, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from contramine.pipeline.cores import available_cores
 from contramine.pipeline.config.base import ARTIFACTS, CHECKOUT, SHARED_DATA, Section
 from contramine.pipeline.config.names import inside, name_problem
 
@@ -44,7 +45,17 @@ class RunCfg(Section):
 
 class RunnerCfg(Section):
     kind: Literal["threads", "dask-local", "dask"] = "threads"
-    workers: int = Field(1, ge=1, le=256)
+    workers: int = Field("auto", ge=1, le=256, validate_default=True,  # type: ignore[arg-type]
+                         description="jobs at once: \"auto\" = the cores this process may use (its affinity and "
+                                     "cgroup quota: pipeline/cores.py); each worker's torch and FAISS get "
+                                     "cores / workers threads")
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _auto_workers(cls, v):
+        if v == "auto":
+            return available_cores()
+        return v
     address: str | None = None  # tcp://host:8786 for kind = "dask"
     leased_devices: list[Literal["cuda", "cpu"]] = Field(["cuda"], description="device kinds whose jobs run under a "
                                                          "device lease (pipeline/engine/leases.py): a job whose plan "

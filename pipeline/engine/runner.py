@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
+from contextlib import nullcontext
 from typing import Callable
 
 import pyarrow
@@ -26,6 +28,7 @@ from contramine.pipeline.codeversion import code_version
 from contramine.pipeline.engine.discovery import load_stages
 from contramine.pipeline.storage.lock import run_lock
 from contramine.pipeline.engine.maps import default_map
+from contramine.pipeline.cores import share_cores
 from contramine.pipeline.engine.leases import device_lease, leased_device
 from contramine.pipeline.memo.index import release_indexes
 from contramine.pipeline.memo.run import memo_manifest
@@ -82,8 +85,10 @@ def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: b
         return [{"stage": name, "shard": c.index, "table": c.table, "cached": True, "rows": c.rows, "seconds": 0.0,
                  "entry": c.entry()} for c in cached]
     began = time.time()
-    with resources.running(name), device_lease(leased_device(plan, cfg.runner.leased_devices),
-                                               cfg.runner.device_leases) as (waited, held_since):
+    # the device's lease first, then a worker slot: a job waiting for the card holds no worker a CPU stage could use
+    with device_lease(leased_device(plan, cfg.runner.leased_devices), cfg.runner.device_leases) as (waited, held_since), \
+            job_slot(cfg), resources.running(name):
+        share_cores(cfg.runner.workers)  # torch's and FAISS' threads: the cores shared by the jobs running at once
         release_indexes(keep=resources.running_stages())  # other stages' memo lookup indexes: not needed here now
         t0 = time.perf_counter()
         ctx = Ctx(cfg, store, i, n, progress, stage, plan, force=force)
@@ -105,6 +110,20 @@ def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: b
     return out
 
 
+_SLOTS: dict[int, threading.BoundedSemaphore] = {}
+_SLOTS_LOCK = threading.Lock()
+
+
+def job_slot(cfg: Config):
+    """One of the process' `runner.workers` job slots on threads: the stages of a graph-scheduled mine each run
+    their jobs on a pool of their own, and together they run at most `runner.workers` jobs at once. A Dask
+    cluster's workers bound it there (nullcontext)."""
+    if cfg.runner.kind != "threads":
+        return nullcontext()
+    with _SLOTS_LOCK:
+        return _SLOTS.setdefault(cfg.runner.workers, threading.BoundedSemaphore(cfg.runner.workers))
+
+
 def run_shard(name: str, cfg: Config, i: int, force: bool = False, progress: bool = False,
               plan: dict | None = None) -> dict:
     """Compute (or reuse) shard i of a stage's outputs under the run's `plan`: {stage, shard, cached, rows: {table:
@@ -123,7 +142,7 @@ def run_global(name: str, cfg: Config, force: bool = False, progress: bool = Fal
 def jobs_of(name: str, cfg: Config, force: bool, plan: dict) -> list[dict]:
     """The stage's jobs as keyword arguments of `run_job`, the config as JSON (what a task or worker is sent)."""
     stage, cfg_json = load_stages()[name], cfg.model_dump_json()
-    progress = cfg.runner.workers == 1 and cfg.runner.kind == "threads"
+    progress = cfg.runner.kind == "threads"  # a bar per job, labelled with its shard: several at once on threads
     return [dict(name=name, cfg_json=cfg_json, i=i, force=force, progress=progress, plan=plan)
             for i in range(1 if stage.one_job else cfg.run.shards)]
 

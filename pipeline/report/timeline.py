@@ -1,0 +1,62 @@
+"""A run's timeline: when each stage's jobs ran, on which worker, and when the device was held, read from the
+manifests (the runner records every job: pipeline/engine/runner.py), and drawn as a Gantt chart (`make report`,
+bench/rehearsal.py). The same picture draws a simulated timeline (pipeline/engine/schedule.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from contramine.pipeline.engine.schedule import Span, Timeline
+from contramine.pipeline.storage.tables import RunTables
+
+
+def run_timeline(run_dir: Path) -> Timeline:
+    """The last run of every stage of the run folder as one timeline (seconds from the first job's start). A stage
+    whose jobs were all reused has no span; a manifest from before timelines has none either."""
+    tables, jobs = RunTables(run_dir), []
+    seen: set[str] = set()
+    for table in tables.names():
+        man = tables.manifest(table) or {}
+        stage, timeline = man.get("stage"), man.get("timeline")
+        if not isinstance(timeline, dict) or stage in seen:
+            continue
+        seen.add(stage)
+        for j in timeline.get("jobs") or []:
+            jobs.append((stage, j))
+    if not jobs:
+        return Timeline()
+    t0 = min(j["began"] for _, j in jobs)
+    workers: dict[str, int] = {}
+    spans = []
+    for stage, j in jobs:
+        worker = workers.setdefault(str(j.get("worker")), len(workers))
+        spans.append(Span(stage, int(j["job"]), worker, j["began"] - t0, j["ended"] - t0, bool(j.get("device_held"))))
+    return Timeline(sorted(spans, key=lambda s: (s.began, s.stage, s.job)))
+
+
+def draw_timeline(timeline: Timeline, out: Path, title: str) -> Path:
+    """A Gantt chart: a row per stage, a bar per job (hatched where it held the device), the device's busy share
+    from its first job to its last in the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = list(dict.fromkeys(s.stage for s in timeline.spans))
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(stages) + 1.5))
+    colours = plt.get_cmap("tab20")
+    for s in timeline.spans:
+        y = stages.index(s.stage)
+        ax.barh(y, s.ended - s.began, left=s.began, height=0.8, color=colours(s.worker % 20),
+                edgecolor="black" if s.device else "none", hatch="//" if s.device else None, linewidth=0.5)
+    ax.set_yticks(range(len(stages)), labels=stages)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds from the first job (bar colour: worker; hatched: the job held the device)")
+    busy = timeline.busy_share()
+    ax.set_title(f"{title}: wall {timeline.wall:,.1f} s, device busy {timeline.device_busy:,.1f} s"
+                 + (f" ({busy:.0%} of its window)" if busy else ""), fontsize=10, usetex=False,
+                 parse_math=False)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
