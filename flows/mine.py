@@ -17,6 +17,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from contramine.pipeline.config import Config, configure  # noqa: F401  (configure: what flow callers build a config with)
 from contramine.pipeline.storage.lock import run_lock
+from contramine.pipeline.engine.discovery import stages_for
 from contramine.pipeline.engine.maps import local_cluster
 from contramine.pipeline.engine.runner import load_stages, run_job_json, run_stage
 from contramine.pipeline.hints import command
@@ -92,13 +93,25 @@ def run_stage_flow(stage: str, cfg: Config, **params) -> dict:
     return STAGE_FLOWS[stage].with_options(task_runner=task_runner(cfg))(**params)
 
 
+def stages_to_mine(cfg: Config) -> list[str]:
+    """Every stage; with mine.for (`mine --for <objective>`), those that write what the objective trains on and
+    exports, with the stages those read from."""
+    if cfg.mine.for_objective is None:
+        return list(load_stages())
+    from contramine.trainer.objectives import get_objective
+
+    return stages_for(get_objective(cfg.mine.for_objective).mined_tables())
+
+
 @flow(name="mine", log_prints=True)
 def mine_flow(profile: str = "default", run: str | None = None, corpus: str | None = None,
-              overrides: list[str] | None = None, force: list[str] | None = None, plan: dict | None = None) -> dict:
-    """Every stage in order; `force` names stages to recompute even when their shards are intact. `plan`: the
-    run's resources as resolved so far (the CLI's preflight); each stage adds what it resolves, so every stage of
-    the run sees one decision (e.g. which translation chains run)."""
+              overrides: list[str] | None = None, force: list[str] | None = None, plan: dict | None = None,
+              only: list[str] | None = None) -> dict:
+    """The stages in order (`only` those, else `stages_to_mine`); `force` names stages to recompute even when
+    their shards are intact. `plan`: the run's resources as resolved so far (the CLI's preflight); each stage adds
+    what it resolves, so every stage of the run sees one decision (e.g. which translation chains run)."""
     cfg = configure(profile, run, corpus, overrides)
+    only = stages_to_mine(cfg) if only is None else only
     overrides, plan, rows = list(overrides or []), dict(plan or {}), {}
     with ExitStack() as stack:
         stack.enter_context(run_lock(cfg.run.dir, command("mine")))  # one writer per run folder, the whole run long
@@ -106,7 +119,7 @@ def mine_flow(profile: str = "default", run: str | None = None, corpus: str | No
             cluster = stack.enter_context(local_cluster(cfg.runner.workers))
             overrides += ["runner.kind=dask", f"runner.address={cluster.scheduler_address}"]
             cfg = configure(profile, run, corpus, overrides)
-        for s in load_stages():
+        for s in [s for s in load_stages() if s in only]:
             manifest = run_stage_flow(s, cfg, profile=profile, run=run, corpus=corpus, overrides=overrides,
                                       force=s in (force or []), plan=plan)
             rows[s] = manifest["rows"]
