@@ -33,6 +33,7 @@ OBJECTIVE ?=
 OBJECTIVES ?=
 SEEDS   ?=
 FROM    ?=
+FOR     ?=
 FORMAT  ?= triplet
 PRUNE   ?=
 MEMO    ?=
@@ -61,7 +62,7 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*; touch $@
 
 mine: $(STAMP)
-	$(BIN)/python -m contramine.flows.cli mine $(ARGS) $(if $(FROM),--reuse-from $(FROM))
+	$(BIN)/python -m contramine.flows.cli mine $(ARGS) $(if $(FROM),--reuse-from $(FROM)) $(if $(FOR),--for $(FOR))
 
 stage: $(STAMP)
 	@test -n "$(STAGE)" || { echo "usage: make stage STAGE=<name> [RUN=..] [SET=..] [FORCE=1]"; exit 2; }

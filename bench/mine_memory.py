@@ -75,7 +75,8 @@ def measure(n: int, out: Path, keep_models: bool = False) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False,
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--keep-models", action="store_true", help="never release a stage's models (the comparison)")

@@ -97,7 +97,7 @@ def write_doc(results: list[dict], failures: dict, facts: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="contramine bench", formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False, prog="contramine bench", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Speed and memory against peer tools measured in the same run, one line per result (a checkout's\n"
                     "benches).",
         epilog="examples:\n  contramine bench --smoke\n  contramine bench --only mer")

@@ -265,7 +265,7 @@ def markdown_table(results: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="contramine scale", formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False, prog="contramine scale", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="N synthetic sentences through every stage with stand-in models:\n"
                     "seconds and peak memory per stage and size.",
         epilog="example:\n  contramine scale --n 80000 --keep")

@@ -114,11 +114,12 @@ def reuse_source(value: str, cfg: Config) -> Path:
 
 
 def cmd_mine(args, cfg: Config) -> None:
-    from contramine.pipeline.engine.runner import load_stages
+    from contramine.pipeline.engine.discovery import check_stages
 
-    from .mine import mine_flow
+    from .mine import mine_flow, stages_to_mine
 
-    stages = list(load_stages())
+    stages = stages_to_mine(cfg)
+    check_stages("--force", args.force or [], stages)  # before any work: a misspelt stage would recompute nothing
     if args.reuse_from:
         from contramine.pipeline.storage.tables import reuse_tables
 
@@ -132,7 +133,7 @@ def cmd_mine(args, cfg: Config) -> None:
         print(f"note: {note}", file=sys.stderr)
     t0 = time.perf_counter()
     rows = mine_flow(profile=args.profile, run=args.run, corpus=args.corpus, overrides=args.set,
-                     force=stages if args.force == [] else (args.force or []), plan=plan)
+                     force=stages if args.force == [] else (args.force or []), plan=plan, only=stages)
     print(f"\nmined run {cfg.run.name!r} in {time.perf_counter() - t0:.0f}s → {cfg.run.dir}")
     for stage, counts in rows.items():
         print(f"  {stage:<14} " + ", ".join(f"{t}={n}" for t, n in counts.items()))
@@ -288,12 +289,13 @@ def run_delegated(name: str, rest: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(prog="contramine", description=DESCRIPTION, epilog=EXAMPLES,
+    # allow_abbrev=False on every parser: argparse took `--for debcse` as `--force debcse`, an abbreviation
+    p = argparse.ArgumentParser(prog="contramine", description=DESCRIPTION, epilog=EXAMPLES, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for name, (what, example) in COMMANDS.items():
         s = sub.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".", epilog="example:\n  "
-                           + example, formatter_class=argparse.RawDescriptionHelpFormatter)
+                           + example, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
         if name == "stage":
             s.add_argument("name", help=f"one of: {', '.join(module_names())}")
         s.add_argument("--profile", default="default", help="a profile's name (default, simcse-paper, debcse-paper, "
@@ -307,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "mine":
             s.add_argument("--force", nargs="*", default=None, metavar="STAGE",
                            help="recompute these stages (all when none named) even where shards are intact")
+            s.add_argument("--for", dest="for_objective", default=None, metavar="OBJECTIVE", help="only the stages "
+                           "whose tables this objective trains on and exports (the setting mine.for); default: all")
             s.add_argument("--reuse-from", default=None, metavar="RUN",
                            help="first bring in that run's finished tables (hard links) that this run has not got: "
                                 "each shard is still reused only where its key matches (e.g. the same corpus mined "
@@ -337,12 +341,13 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--query", "-q", default=None, help="one SQL statement (default: an interactive shell)")
             s.add_argument("--max-rows", type=int, default=40, help="rows printed at most")
     for name, (module, what) in DELEGATED.items():
-        sub.add_parser(name, help=f"{what}; options: contramine {name} --help", add_help=False)
+        sub.add_parser(name, help=f"{what}; options: contramine {name} --help", add_help=False, allow_abbrev=False)
     if argv and argv[0] in DELEGATED:
         return run_delegated(argv[0], argv[1:])
     args = p.parse_args(argv)
     # make passes SET="a=1 b=2" as one word: split before each `key=`, not inside a value ('x=[["a", "b"]]')
     args.set = [kv for item in args.set for kv in split_overrides(item)]
+    args.set += [f"mine.for={args.for_objective}"] if getattr(args, "for_objective", None) else []  # its setting
     try:
         cfg = configure(args.profile, args.run, args.corpus, args.set)
         {"mine": cmd_mine, "stage": cmd_stage, "sql": cmd_sql, "report": cmd_report,

@@ -87,7 +87,7 @@ def missing_models() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="contramine doctor", formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False, prog="contramine doctor", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Say what this environment runs on (torch, FAISS, CUDA), what it lacks, and the one command that\n"
                     "installs it.",
         epilog="example:\n  contramine doctor --accel cpu")

@@ -13,8 +13,8 @@ EXAMPLES = """examples:
   contramine COMMAND --help                                what COMMAND does, its options, an example"""
 # command -> (what it does, an example): its line in `contramine --help` and the head and foot of its own --help
 COMMANDS = {
-    "mine": ("run every mining stage in order, reusing intact shards", "contramine mine --corpus sentences.txt "
-             "--run demo --set noise.n_variants=4"),
+    "mine": ("run every mining stage in order, reusing intact shards (--for OBJECTIVE: only the stages whose tables "
+             "that objective trains on)", "contramine mine --corpus sentences.txt --run demo --set noise.n_variants=4"),
     "stage": ("run one stage (the tables it reads must exist)", "contramine stage neighbours --run demo --force"),
     "sql": ("DuckDB over a run's tables: one query, or a shell", 'contramine sql --run demo -q "SELECT count(*) '
             'FROM pairs"'),

@@ -17,6 +17,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from contramine.pipeline.config import Config, configure  # noqa: F401  (configure: what flow callers build a config with)
 from contramine.pipeline.storage.lock import run_lock
+from contramine.pipeline.engine.discovery import stages_for
 from contramine.pipeline.engine.maps import local_cluster
 from contramine.pipeline.engine.runner import load_stages, run_job_json, run_stage
 from contramine.pipeline.hints import command
@@ -95,6 +96,16 @@ def run_stage_flow(stage: str, cfg: Config, **params) -> dict:
 STAGE_THREADS = 32  # more than there are stages: every stage whose inputs are committed can start
 
 
+def stages_to_mine(cfg: Config) -> list[str]:
+    """Every stage; with mine.for (`mine --for <objective>`), those that write what the objective trains on and
+    exports, with the stages those read from."""
+    if cfg.mine.for_objective is None:
+        return list(load_stages())
+    from contramine.trainer.objectives import get_objective  # the trainer's objectives: only for `--for`
+
+    return stages_for(get_objective(cfg.mine.for_objective).mined_tables())
+
+
 @task(name="stage", cache_policy=NO_CACHE, task_run_name="{stage}")
 def stage_task(stage: str, cfg: Config, params: dict, plan: dict, upstream: list[dict]) -> dict:
     """One stage flow (a subflow of `mine`), started once the stages it reads from have committed: `upstream` are
@@ -107,14 +118,16 @@ def stage_task(stage: str, cfg: Config, params: dict, plan: dict, upstream: list
 
 @flow(name="mine", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=STAGE_THREADS))
 def mine_flow(profile: str = "default", run: str | None = None, corpus: str | None = None,
-              overrides: list[str] | None = None, force: list[str] | None = None, plan: dict | None = None) -> dict:
-    """Every stage, as a graph: a stage starts as soon as the stages that write what it reads have committed, and
-    stages with no path between them run at the same time (Prefect task futures with `wait_for`, on the flow's
-    thread pool; each stage flow runs its shards on the runner the config asks for). `force` names stages to
-    recompute even when their shards are intact. `plan`: the run's resources as resolved so far (the CLI's
-    preflight). A failed stage is one error naming it; the stages that do not depend on it finish and keep their
-    work."""
+              overrides: list[str] | None = None, force: list[str] | None = None, plan: dict | None = None,
+              only: list[str] | None = None) -> dict:
+    """The stages (`only` those, else `stages_to_mine`) as a graph: a stage starts as soon as the stages that write
+    what it reads have committed, and stages with no path between them run at the same time (Prefect task futures
+    with `wait_for`, on the flow's thread pool; each stage flow runs its shards on the runner the config asks for).
+    `force` names stages to recompute even when their shards are intact. `plan`: the run's resources as resolved
+    so far (the CLI's preflight). A failed stage is one error naming it; the stages that do not depend on it finish
+    and keep their work."""
     cfg = configure(profile, run, corpus, overrides)
+    only = stages_to_mine(cfg) if only is None else only
     overrides, plan, rows = list(overrides or []), dict(plan or {}), {}
     stages = load_stages()
     with ExitStack() as stack:
@@ -125,8 +138,8 @@ def mine_flow(profile: str = "default", run: str | None = None, corpus: str | No
             cfg = configure(profile, run, corpus, overrides)
         params = dict(profile=profile, run=run, corpus=corpus, overrides=overrides)
         futures: dict = {}
-        for s in stages:  # run order: every writer of what `s` reads comes before it
-            upstream = [futures[w] for w in _writers(stages, s)]
+        for s in [s for s in stages if s in only]:  # run order: every writer of what `s` reads comes before it
+            upstream = [futures[w] for w in _writers(stages, s) if w in futures]
             futures[s] = stage_task.with_options(task_run_name=s).submit(
                 s, cfg, {**params, "force": s in (force or [])}, plan, upstream, wait_for=upstream)
         failed, not_done = [], set()

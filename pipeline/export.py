@@ -188,6 +188,11 @@ SETTINGS_OF = {"sentences": ("sentences", "encoder"),
                "triplets": ("backtranslate", "negate", "paraphrases")}
 
 
+def format_tables(fmt: str) -> tuple[str, ...]:
+    """The run's tables an export in format `fmt` reads: its own and the one it joins."""
+    return (FORMATS[fmt][0], *((JOINS[fmt],) if fmt in JOINS else ()))
+
+
 def dataset_card(run_dir: Path, fmt: str, out: pa.Table, source_rows: int, files: list[str], digest: str) -> str:
     table, _, columns = FORMATS[fmt]
     run = RunTables(run_dir)

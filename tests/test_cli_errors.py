@@ -122,3 +122,42 @@ def test_one_command_line_lists_every_command_and_delegates_with_one_line_errors
         assert f"    {cmd} " in listing, cmd
     assert main(["compare", "--set", "nope=1"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == "error: config error: nope: unknown key (profile 'default')"
+
+
+# ---------------------------------------------------------------- options: whole words, stages and objectives that exist
+
+def test_an_unknown_stage_or_objective_is_one_line_naming_it_and_the_known_ones(capsys, tmp_path):
+    corpus = str(tmp_path / "c.txt")
+    line = _cli_error(capsys, tmp_path / "runs", ["mine", "--corpus", corpus, "--force", "negat"])
+    assert "--force 'negat': no such stage; stages: " in line and "negate" in line  # not accepted and ignored
+    line = _cli_error(capsys, tmp_path / "runs", ["mine", "--corpus", corpus, "--for", "debcsx"])
+    assert "mine.for 'debcsx': no such objective; objectives: simcse, debcse, osscse, whitenedcse, dclr" in line
+    line = _cli_error(capsys, tmp_path / "runs", ["mine", "--corpus", corpus, "--for", "debcse", "--force", "negate"])
+    assert "--force 'negate': this mine does not run that stage" in line and "pairs" in line
+
+
+@pytest.mark.parametrize("argv", [["mine", "--forc", "negate"], ["mine", "--fo", "debcse"], ["stage", "noise", "--forc"],
+                                  ["train", "--objec", "debcse"], ["sql", "--quer", "SELECT 1"]],
+                         ids=lambda argv: " ".join(argv))
+def test_an_abbreviated_option_is_refused_not_guessed(capsys, argv):
+    """argparse's abbreviations took `mine --for debcse` as `--force debcse`: on no parser of the command line."""
+    from contramine.flows.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_every_parser_of_the_commands_takes_whole_option_names_only():
+    """Every argparse parser of the commands a user runs (the CLI, its delegated commands, the benches, the report)
+    says allow_abbrev=False, the CLI's subcommands included (a subparser does not inherit it)."""
+    import ast
+
+    missing = []
+    for folder in ("flows", "trainer", "bench", "pipeline/report"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("ArgumentParser", "add_parser"):
+                    if not any(k.arg == "allow_abbrev" and k.value.value is False for k in node.keywords):
+                        missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not missing, missing

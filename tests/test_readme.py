@@ -77,6 +77,7 @@ def check_make(args: list[str]) -> None:
     profile = assignments.get("PROFILE", "default")
     assert (CONFIG_DIR / f"{profile}.toml").is_file(), f"README: no profile {profile!r}"
     sets = split_overrides(assignments["SET"]) if "SET" in assignments else []
+    sets += [f"mine.for={assignments['FOR']}"] if "FOR" in assignments else []  # FOR=: an objective the config knows
     try:
         load_config(profile, sets)
     except ConfigError as e:

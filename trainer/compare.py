@@ -370,7 +370,7 @@ def _stsb_gold(cfg: Config) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="contramine compare", formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False, prog="contramine compare", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train every objective from one start on a run's tables under one step budget and seeds:\n"
                     "a table with paired bootstrap intervals, and plots.",
         epilog="example:\n  contramine compare --run default --objectives simcse debcse --seeds 2 "

@@ -56,7 +56,8 @@ def serve(run_dir: Path, port: int) -> int:
 
 
 def main(argv_: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m contramine.trainer.curves", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False,
+                                 prog="python -m contramine.trainer.curves", description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", required=True, help="run name: artifacts/<run>")
     ap.add_argument("--profile", default="default")
     ap.add_argument("--port", type=int, default=6006)

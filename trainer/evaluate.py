@@ -309,7 +309,7 @@ def load_results(name: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="contramine eval", formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False, prog="contramine eval", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Score a sentence encoder on STS12-16, STS-B and SICK-R with SentEval's protocol; results under\n"
                     "artifacts/eval/<name>/.",
         epilog="examples:\n  contramine eval --model artifacts/default/train/debcse/best\n"

@@ -317,7 +317,7 @@ def final_eval(cfg: Config, model_name: str, pooler: str, prompt: str, eval_len:
 # ------------------------------------------------------------------------------------------------------ CLI
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="contramine train", formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False, prog="contramine train", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a sentence encoder on a run's mined tables with one objective (SimCSE, DebCSE, OssCSE,\n"
                     "WhitenedCSE, DCLR): best/ and last/ checkpoints, each with a model card.",
         epilog="example:\n  contramine train --run default --objective debcse --set train.max_steps=100")

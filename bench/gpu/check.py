@@ -295,7 +295,7 @@ def use_carried_wheels(folder: Path = WHEELS, site: Path = SITE) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--twin", action="store_true", help="the CPU twin's toy sizes on the CPU, whatever the machine")
     ap.add_argument("--size", nargs="*", default=[], metavar="KEY=VALUE", help="override a size (see SIZES)")

@@ -105,7 +105,7 @@ def decode(model, loop, ids, targets, parts, device):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--rows", type=int, default=8000)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--skip-batch64", action="store_true")

@@ -363,7 +363,8 @@ def run() -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False,
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", default=None, help="checkout of today's code (default: a git export of --base-commit)")
     ap.add_argument("--base-commit", default=BASE_COMMIT, help=f"commit exported as the base (default {BASE_COMMIT})")
     ap.add_argument("--jobs", nargs="*", default=list(JOBS), choices=JOBS)

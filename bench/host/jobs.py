@@ -154,7 +154,7 @@ def jobs() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     run = jobs()
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkout", required=True, help="the code measured: PYTHONPATH must name it")
     ap.add_argument("--data", required=True, help="the folder bench/host/bench.py prepared")
     ap.add_argument("--sizes", required=True, help="JSON: the sizes")

@@ -73,6 +73,6 @@ def run(n: int = 512) -> list[dict]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--n", type=int, default=512)
     print(json.dumps(run(parser.parse_args().n), indent=1))

@@ -101,7 +101,8 @@ def run(n: int = 600) -> list[dict]:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False,
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=600)
     for row in run(ap.parse_args().n):
         print(json.dumps(row))

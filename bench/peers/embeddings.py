@@ -66,7 +66,7 @@ def run(n: int = 2000, batch_size: int = 128) -> list[dict]:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--batch-size", type=int, default=128)
     a = ap.parse_args()

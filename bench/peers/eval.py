@@ -129,7 +129,7 @@ def run(max_pairs: int = 300, batch_size: int = 128) -> list[dict]:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--max-pairs", type=int, default=300, help="first N lines of every STS file; 0 = all")
     ap.add_argument("--batch-size", type=int, default=128)
     a = ap.parse_args()

@@ -139,7 +139,8 @@ def audit_cost(n: int = 2000, sets: tuple[str, ...] = (), repeat: int = 2, share
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False,
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--audit", action="store_true", help="what the memo's audit costs (see above)")
     ap.add_argument("--set", nargs="*", default=[], help="config overrides for the --audit runs")

@@ -102,7 +102,7 @@ def run(n: int = 12_000, repeat: int = 1) -> list[dict]:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--n", type=int, default=12_000)
     ap.add_argument("--repeat", type=int, default=1, choices=(1, 2))
     a = ap.parse_args()

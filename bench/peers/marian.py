@@ -123,7 +123,7 @@ def run(n: int = 256, batch_size: int = 32, src_len: int = 32, tgt_len: int = 32
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=256)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--src-len", type=int, default=32)

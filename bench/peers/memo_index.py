@@ -82,7 +82,7 @@ def run(rows: int = 1_000_000, pack: int = 10_000) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--pack", type=int, default=10_000)
     a = p.parse_args(argv)

@@ -72,6 +72,6 @@ def run(n: int = 20_000) -> list[dict]:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--n", type=int, default=20_000)
     print(json.dumps(run(ap.parse_args().n), indent=1))

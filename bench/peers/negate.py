@@ -72,7 +72,7 @@ def run(n: int = 3000, batch_size: int = 256, procs: tuple[int, ...] = (1, 2)) -
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--n", type=int, default=3000)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--n-process", type=int, nargs="+", default=[1, 2])

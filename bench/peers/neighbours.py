@@ -130,7 +130,7 @@ def run(sizes: tuple[int, ...] = (12_000, 50_000), host: int = 50_000) -> list[d
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--sizes", type=int, nargs="+", default=[12_000, 50_000])
     ap.add_argument("--host", type=int, default=50_000)
     args = ap.parse_args()

@@ -157,7 +157,7 @@ def mine_without_prefect(run: str, corpus_path: str, settings: list[str]) -> Non
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--max", type=int, default=None, help="largest size (default: $SCALE_MAX or 12000)")
     ap.add_argument("--child", nargs="+", default=None, metavar="RUN CORPUS [KEY=VALUE ...]", help=argparse.SUPPRESS)
     a = ap.parse_args()

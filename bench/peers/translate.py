@@ -162,7 +162,7 @@ def run(n: int = 64, hollow: bool = False, settings: list[dict] | None = None, r
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--hollow", action="store_true")
     ap.add_argument("--settings", type=json.loads, default=None)

@@ -9,7 +9,7 @@ The package, by what it configures (each module imports only those below it):
   base.py            Section, ConfigError, the project's folders
   mining.py          run, runner, data and every mining stage's section but backtranslate
   backtranslation.py backtranslate: chains, generation, engines
-  training.py        train and compare; the objective names (once)
+  training.py        train, compare and mine (what a mine is for); the objective names (once)
   root.py            Config: all sections together, section_hash
   loading.py         profiles, overrides, the shard count
 Callers outside pipeline/ import from here; pipeline's stages and models import from the module that defines what
@@ -23,5 +23,5 @@ from contramine.pipeline.config.loading import configure, load_config, read_prof
 from contramine.pipeline.config.mining import (DataCfg, EmbeddingsCfg, EncoderCfg, IpwCfg, NegateCfg, NeighboursCfg,  # noqa: F401
                                     NoiseCfg, ParaphrasesCfg, Pooler, RunCfg, RunnerCfg, ScoresCfg, SentencesCfg)
 from contramine.pipeline.config.root import Config  # noqa: F401
-from contramine.pipeline.config.training import (FLAT_OBJECTIVE_KEYS, OBJECTIVE_NAMES, CompareCfg, Objective,  # noqa: F401
-                                      TrainCfg)
+from contramine.pipeline.config.training import (FLAT_OBJECTIVE_KEYS, OBJECTIVE_NAMES, CompareCfg, MineCfg,  # noqa: F401
+                                      Objective, TrainCfg)

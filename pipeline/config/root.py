@@ -10,12 +10,13 @@ from contramine.pipeline.config.backtranslation import BacktranslateCfg
 from contramine.pipeline.config.base import Section, result_settings
 from contramine.pipeline.config.mining import (DataCfg, EmbeddingsCfg, EncoderCfg, IpwCfg, NegateCfg, NeighboursCfg, NoiseCfg,
                                     ParaphrasesCfg, RunCfg, RunnerCfg, ScoresCfg, SentencesCfg)
-from contramine.pipeline.config.training import CompareCfg, TrainCfg
+from contramine.pipeline.config.training import CompareCfg, MineCfg, TrainCfg
 
 
 class Config(Section):
     run: RunCfg = RunCfg()
     runner: RunnerCfg = Field(default_factory=RunnerCfg)  # a fresh one: runner.memo_key comes from the environment now
+    mine: MineCfg = MineCfg()
     data: DataCfg = DataCfg()
     sentences: SentencesCfg = SentencesCfg()
     encoder: EncoderCfg = EncoderCfg()

@@ -1,11 +1,12 @@
-"""The training sections: `train` (trainer/train.py) and `compare` (trainer/compare.py). The objective names are
-written here once; each objective's own settings are declared by its file in trainer/objectives/."""
+"""The training sections: `train` (trainer/train.py), `compare` (trainer/compare.py) and `mine` (what a mine is
+for: an objective's tables). The objective names are written here once; each objective's own settings are declared
+by its file in trainer/objectives/."""
 from __future__ import annotations
 
 import sys
 from typing import Literal
 
-from pydantic import Field, create_model, field_validator, model_validator
+from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
 from contramine.pipeline.config.base import Section
 from contramine.pipeline.config.mining import RUNS_ROOT, Pooler
@@ -96,6 +97,21 @@ _OWN = ("Each objective's own settings, [train.<objective>] (e.g. [train.osscse]
 TrainCfg = create_model("TrainCfg", __base__=_TrainSettings, __module__=__name__,
                         **{name: (dict, Field({}, description=_OWN if i == 0 else None))
                            for i, name in enumerate(OBJECTIVE_NAMES)})
+
+
+class MineCfg(Section):
+    """`mine` (flows/mine.py): which stages a mine runs."""
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+    for_objective: Objective | None = Field(None, alias="for", description="mine only the tables this objective "
+                                            "trains on and exports, and those they are computed from (`mine --for "
+                                            "debcse`: no negations, paraphrases or triplets); unset = every stage")
+
+    @field_validator("for_objective", mode="before")
+    @classmethod
+    def _known(cls, v):
+        if v is not None and v not in OBJECTIVE_NAMES:  # the name given and the known ones, in one line
+            raise ValueError(f"mine.for {v!r}: no such objective; objectives: {', '.join(OBJECTIVE_NAMES)}")
+        return v
 
 
 class CompareVariant(Section):

@@ -9,7 +9,9 @@ import functools
 import importlib
 import importlib.util
 import pkgutil
+from typing import Iterable
 
+from contramine.pipeline.config import ConfigError
 from contramine.pipeline.engine.spec import Stage
 from contramine.pipeline.schema import SCHEMAS
 from contramine.pipeline.storage.verify import WRITERS
@@ -95,3 +97,30 @@ def module_names() -> list[str]:
 def writer(table: str) -> str | None:
     """The stage that writes `table`."""
     return next((s.name for s in load_stages().values() if table in s.writes), None)
+
+
+def stages_for(tables: Iterable[str]) -> list[str]:
+    """The stages that write `tables` and every stage whose tables those read, in run order: all that a mine must
+    run to have `tables` (`mine --for <objective>`: the tables that objective trains on and exports)."""
+    stages = load_stages()
+    writers = {t: s.name for s in stages.values() for t in s.writes}
+    wanted, needed = list(tables), set()
+    while wanted:
+        table = wanted.pop()
+        if table not in writers:
+            raise ValueError(f"no stage writes table `{table}`; tables: {', '.join(writers)}")
+        if writers[table] not in needed:
+            needed.add(writers[table])
+            wanted += stages[writers[table]].inputs
+    return [name for name in stages if name in needed]
+
+
+def check_stages(option: str, named: Iterable[str], running: list[str] | None = None) -> None:
+    """Refuse, in one line, a stage `option` names that does not exist, or that this mine does not run (`running`,
+    when it runs only some): a misspelt `--force negat` would otherwise recompute nothing, silently."""
+    for name in named:
+        if name not in load_stages():
+            raise ConfigError(f"{option} {name!r}: no such stage; stages: {', '.join(load_stages())}")
+        if running is not None and name not in running:
+            raise ConfigError(f"{option} {name!r}: this mine does not run that stage (mine.for); it runs: "
+                              f"{', '.join(running)}")

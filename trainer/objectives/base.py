@@ -26,6 +26,7 @@ import torch
 from pydantic import ValidationError
 
 from contramine.pipeline.config import ConfigError, Section
+from contramine.pipeline.export import format_tables
 from contramine.pipeline.models.encode.encoder import Encoder
 from contramine.trainer.objectives.common import sub_batch
 
@@ -55,6 +56,13 @@ class Objective(torch.nn.Module, abc.ABC):
     # `make export` format that loss reads (pipeline/export.py FORMATS). contramine.trainer.st_losses.LOSSES is built from these.
     loss: str | None = None
     export_format: str | None = None
+
+    @classmethod
+    def mined_tables(cls) -> tuple[str, ...]:
+        """The mined tables its training (`tables`) and its export format read: what `mine --for <name>` (the
+        setting mine.for) mines, with the tables they are computed from (pipeline/engine/discovery.py stages_for)."""
+        exported = format_tables(cls.export_format) if cls.export_format else ()
+        return tuple(dict.fromkeys((*cls.tables, *exported)))
 
     @classmethod
     def train_pooler(cls, cfg) -> str | None:
