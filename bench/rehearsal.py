@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from bench.gpu.limits import PATH_1M
+from bench.gpu.projection import stage_graph
 from bench.scale import STANDIN_SETTINGS, synthetic_corpus
 from contramine.pipeline.config import ROOT
 from contramine.pipeline.engine.schedule import JobCost, StageCost, Timeline, simulate
@@ -43,7 +44,10 @@ def card_rates(path: Path) -> dict[str, float]:
     the static cache), DebCSE steps/s."""
     rows = {r["name"]: r for r in json.loads(Path(path).read_text())["rows"]}
     translate = max((rows[n]["value"] for n in TRANSLATE_ROWS if (rows.get(n) or {}).get("value")), default=None)
+    search = rows.get("band_search_d768_bf16_seconds") or rows["band_search_d768_seconds"]
+    search_1m = search["value"] * 1_000_000 * 1_000_000 / (search["queries"] * search["base"])
     return {"encode": rows[ENCODE_ROW]["value"], "translate": translate, "train": rows[TRAIN_ROW]["value"],
+            "search_1m": search_1m,
             "card": str(json.loads(Path(path).read_text())["machine"].get("gpu") or Path(path).stem)}
 
 
@@ -66,14 +70,6 @@ def mine(run: str, corpus: Path, root: Path, sets: list[str]) -> float:
     return time.perf_counter() - t0
 
 
-def stage_graph() -> dict[str, tuple[str, ...]]:
-    from contramine.flows.mine import _writers
-    from contramine.pipeline.engine.discovery import load_stages
-
-    stages = load_stages()
-    return {s: tuple(_writers(stages, s)) for s in stages}
-
-
 def job_costs(timeline: Timeline, host: Timeline | None = None) -> dict[str, StageCost]:
     """Per stage, its jobs' costs from a measured timeline; with `host` (the same mine without device time), each
     job's device seconds are what it took beyond its host seconds there."""
@@ -90,23 +86,18 @@ def job_costs(timeline: Timeline, host: Timeline | None = None) -> dict[str, Sta
     return out
 
 
-def project_1m(host: Timeline, n: int, shards_1m: int, rates: dict, workers: int) -> tuple[Timeline, dict]:
-    """The 1M path: host seconds per stage scaled by 1M / n and spread over shards_1m jobs; device seconds from the
-    card's rates at PATH_1M's work, spread over the device stages' jobs; training after the mine."""
-    graph, scale, stages = stage_graph(), 1_000_000 / n, {}
-    device_total = {"embeddings": PATH_1M["embedded"] / rates["encode"],
-                    "scores": PATH_1M["scored"] / rates["encode"],
-                    "backtranslate": PATH_1M["target_tokens"] / rates["translate"]}
-    for stage, after in graph.items():
-        host_total = sum(s.ended - s.began for s in host.spans if s.stage == stage) * scale
-        one_job = len({s.job for s in host.spans if s.stage == stage}) == 1
-        jobs = 1 if one_job else shards_1m
-        device = device_total.get(stage, 0.0)
-        stages[stage] = StageCost(after=after, jobs=[JobCost(host_total / jobs, device / jobs)] * jobs)
-    stages["train"] = StageCost(after=tuple(graph), jobs=[JobCost(0.0, PATH_1M["train_steps"] / rates["train"])])
-    timeline = simulate(stages, workers=workers, leases=1)
-    return timeline, {"wall_s": timeline.wall, "device_busy_s": timeline.device_busy,
-                      "wall_over_busy": timeline.wall / timeline.device_busy, "device_total_s": device_total}
+def project_1m(host: Timeline, n: int, rates: dict, workers: int) -> tuple[Timeline, dict]:
+    """The 1M path (bench/gpu/projection.py) with each stage's host seconds from this rehearsal's host run, scaled
+    by 1M / n; the device's from the card's rates at PATH_1M's work (the search: the card's measured 1M x 1M)."""
+    from bench.gpu.projection import project
+
+    measured = {}
+    for s in host.spans:
+        measured[s.stage] = measured.get(s.stage, 0.0) + (s.ended - s.began) * 1_000_000 / n
+    device_s = {"embeddings": PATH_1M["embedded"] / rates["encode"], "scores": PATH_1M["scored"] / rates["encode"],
+                "backtranslate": PATH_1M["target_tokens"] / rates["translate"], "neighbours": rates["search_1m"]}
+    measured.pop("neighbours", None)  # the search is the card's (its host work here is a CPU search)
+    return project(device_s, PATH_1M["train_steps"] / rates["train"], workers, measured)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -128,14 +119,14 @@ def main(argv: list[str] | None = None) -> None:
                      + ["run.max_shard_rows=0", f"run.shards={2 * args.workers}"])
     host, real = run_timeline(root / f"host-{args.n}"), run_timeline(root / f"card-{args.n}")
     simulated = simulate(job_costs(real, host), workers=args.workers, leases=1)
-    projected, facts = project_1m(host, args.n, shards_1m=64, rates=rates, workers=args.project_workers)
+    projected, facts = project_1m(host, args.n, rates=rates, workers=args.project_workers)
     result = {"date": time.strftime("%Y-%m-%d"), "n": args.n, "workers": args.workers, "card": rates["card"],
               "rates": rates, "host_mine_s": round(host_wall, 1), "rehearsal_mine_s": round(real_wall, 1),
               "rehearsal_wall_s": round(real.wall, 1), "rehearsal_busy_share": round(real.busy_share(), 3),
               "simulated_wall_s": round(simulated.wall, 1),
               "simulated_vs_real": round(simulated.wall / real.wall, 3) if real.wall else None,
               "projection_1m": {k: (round(v, 1) if isinstance(v, float) else v) for k, v in facts.items()
-                                if k != "device_total_s"} | {"workers": args.project_workers,
+                                if k != "stages"} | {"workers": args.project_workers,
                                                              "hours": round(projected.wall / 3600, 3)}}
     for name, timeline in (("rehearsal", real), ("simulated", simulated), ("projection-1m", projected)):
         draw_timeline(timeline, OUT / f"{name}.png", f"{name} ({args.n:,} sentences)" if name != "projection-1m"

@@ -53,8 +53,8 @@ def test_independent_stages_overlap_and_the_tables_equal_a_run_one_stage_at_a_ti
             return inner(ctx)
 
         monkeypatch.setitem(stages, name, dataclasses.replace(stages[name], compute=slow))
-    # four job slots: the slowed stages' six jobs cannot all wait on two slots held by one of them
-    sets = STANDIN + [f"run.root={tmp_path}", "runner.workers=4"]
+    # eight job slots: the slowed stages' six jobs and the pool stages never wait for one
+    sets = STANDIN + [f"run.root={tmp_path}", "runner.workers=8"]
     mine_flow(profile="default", run="graph", corpus=str(corpus), overrides=sets)
     spans = _spans(tmp_path / "graph")
     (a0, a1), (b0, b1) = spans["negate"], spans["neighbours"]

@@ -235,12 +235,12 @@ def machine(device: str) -> dict:
             facts[name] = version(name.replace("_", "-"))
         except PackageNotFoundError:
             pass
-    try:  # the projection's CPU stages run on `runner.workers` cores (the default profile's), not on every core
+    try:  # the projection's stages run on `runner.workers` workers (the default: auto, the machine's cores)
         from contramine.pipeline.config.mining import RunnerCfg
 
         facts["workers"] = RunnerCfg().workers
     except ImportError:  # no pydantic: the same default, written here
-        facts["workers"] = 1
+        facts["workers"] = os.cpu_count() or 1
     if device.startswith("cuda"):
         p = torch.cuda.get_device_properties(device)
         facts |= {"gpu": p.name, "gpu_memory_gib": round(p.total_memory / 2**30, 1),
