@@ -40,26 +40,31 @@ def _spans(run_dir) -> dict[str, tuple[float, float]]:
 
 def test_independent_stages_overlap_and_the_tables_equal_a_run_one_stage_at_a_time(small_corpus, tmp_path,
                                                                                  monkeypatch):
-    """negate and neighbours read only sentences / embeddings: their stage flows run at the same time. Each stage is
-    slowed (a sleep around its computation) so that the overlap is the scheduler's, not luck; the tables equal those
-    of the same mine with the stages forced one after another (a one-thread stage pool)."""
+    """negate and neighbours read only sentences / embeddings: their stage flows run at the same time. Each job of
+    one waits (up to two minutes) until a job of the other has started, so a scheduler that ran them one after the
+    other fails here; the tables equal those of the same mine with one stage at a time (a one-thread stage pool)."""
     corpus = _corpus(small_corpus, tmp_path)
     stages = load_stages()
-    for name in ("negate", "neighbours", "noise"):
+    started = {"negate": threading.Event(), "neighbours": threading.Event()}
+    for name, other in (("negate", "neighbours"), ("neighbours", "negate")):
         inner = stages[name].compute
 
-        def slow(ctx, inner=inner):
-            time.sleep(1.5)
+        def meet(ctx, inner=inner, name=name, other=other):
+            started[name].set()
+            assert started[other].wait(120), f"{other} never ran beside {name}"
             return inner(ctx)
 
-        monkeypatch.setitem(stages, name, dataclasses.replace(stages[name], compute=slow))
-    # eight job slots: the slowed stages' six jobs and the pool stages never wait for one
+        monkeypatch.setitem(stages, name, dataclasses.replace(stages[name], compute=meet))
+    # eight job slots: the two stages' four jobs never wait for a slot
     sets = STANDIN + [f"run.root={tmp_path}", "runner.workers=8"]
     mine_flow(profile="default", run="graph", corpus=str(corpus), overrides=sets)
     spans = _spans(tmp_path / "graph")
     (a0, a1), (b0, b1) = spans["negate"], spans["neighbours"]
-    assert max(a0, b0) < min(a1, b1), spans  # the two intervals overlap
+    assert max(a0, b0) < min(a1, b1), spans  # the two intervals overlap in the recorded timeline
     assert spans["sentences"][1] <= min(a0, spans["embeddings"][0]) + 0.5  # nothing starts before what it reads
+    monkeypatch.setitem(stages, "negate", dataclasses.replace(stages["negate"], compute=_inner(stages["negate"])))
+    monkeypatch.setitem(stages, "neighbours", dataclasses.replace(stages["neighbours"],
+                                                                  compute=_inner(stages["neighbours"])))
 
     import contramine.flows.mine as mine_module
 
@@ -67,6 +72,10 @@ def test_independent_stages_overlap_and_the_tables_equal_a_run_one_stage_at_a_ti
     one = mine_module.mine_flow.with_options(task_runner=mine_module.ThreadPoolTaskRunner(max_workers=1))
     one(profile="default", run="line", corpus=str(corpus), overrides=sets)
     assert table_hashes(tmp_path / "graph") == table_hashes(tmp_path / "line")
+
+
+def _inner(stage):
+    return stage.compute.__defaults__[0]  # the compute `meet` wraps
 
 
 def test_a_failed_stage_is_named_and_its_independent_siblings_finish(small_corpus, tmp_path, monkeypatch):

@@ -247,33 +247,30 @@ def _killed_mine(corpus: Path, root: Path, tmp: Path, *sets: str, pause_at: str 
 
 
 def test_kill_9_anywhere_then_resume(reference, corpus, tmp_path):
+    """Four kill -9 of a graph-scheduled mine (stages that do not read each other run at once, two jobs at a time,
+    so what else had finished at each kill is not fixed), then a run to the end: no shard intact at a kill is
+    rewritten, no temp file is left, and every table equals a clean run's."""
     root, run_dir, memo = tmp_path / "runs", tmp_path / "runs" / "faulty", _memo_of(reference)
     _killed_mine(corpus, root, tmp_path, memo, pause_at="compute:embeddings:1")
     assert _manifest(run_dir, "sentences") is not None and not (run_dir / "embeddings" / "_manifest.json").exists()
-    [emb0] = (run_dir / "embeddings").glob("part-00000-of-00002.*.json")  # named by its computation's key
     assert not list((run_dir / "embeddings").glob("part-00001-of-00002.*"))
     snap1 = _intact_shards(run_dir)
-    assert emb0 in snap1
 
-    # the run order (derived from what each stage reads): ... embeddings, negate, neighbours, ... ipw
-    _killed_mine(corpus, root, tmp_path, memo, kill_when="negations/part-00000-of-00002.*.json")
+    _killed_mine(corpus, root, tmp_path, memo, kill_when="negations/part-0000*-of-00002.*.json")
     _assert_untouched(snap1, "the run after the kill during embeddings")
-    assert _counts(run_dir)["embeddings"] == (1, 1) and _counts(run_dir)["sentences"] == (0, 2)
+    assert _manifest(run_dir, "embeddings") is not None  # negate reads sentences only: it may have overtaken it
     snap2 = _intact_shards(run_dir)
-    negate_done = sum(1 for s in snap2 if s.parent.name == "negations")
-    assert negate_done >= 1
+    assert sum(1 for s in snap2 if s.parent.name == "negations") >= 1
 
     _killed_mine(corpus, root, tmp_path, memo, pause_at="tmp:neighbours:1")
     _assert_untouched(snap2, "the run after a kill at a random point of negate")
-    assert _counts(run_dir)["negate"] == (2 - negate_done, negate_done)
     assert len(list((run_dir / "neighbours").glob(".part-00001-of-00002.*.parquet.*.tmp"))) == 1
     assert not list((run_dir / "neighbours").glob("part-00001-of-00002.*.parquet"))
     snap3 = _intact_shards(run_dir)
 
     _killed_mine(corpus, root, tmp_path, memo, pause_at="sidecar:candidates:0")
     _assert_untouched(snap3, "the run after the kill during a neighbours shard write")
-    assert _counts(run_dir)["neighbours"] == (1, 1)
-    assert not list((run_dir / "neighbours").glob("*.tmp"))
+    assert not list((run_dir / "neighbours").glob("*.tmp"))  # the killed writer's temp file collected
     [cand0] = (run_dir / "candidates").glob("part-00000-of-00002.*.parquet")
     assert not cand0.with_suffix(".json").exists()
     snap4 = _intact_shards(run_dir)
@@ -281,8 +278,7 @@ def test_kill_9_anywhere_then_resume(reference, corpus, tmp_path):
     _mine(corpus, root, "faulty", memo)
     for snap in (snap1, snap2, snap3, snap4):
         _assert_untouched(snap, "the completing run")
-    counts = _counts(run_dir)
-    assert counts["scores"] == (0, 2) and counts["ipw"] == (2, 0)
+    assert _counts(run_dir)["scores"] == (0, 2)  # finished before ipw started, in the killed run: reused
     _assert_all_intact(run_dir)
     _assert_same_tables(_tables(run_dir), reference[1], "after four kill -9 and a resume")
 
