@@ -66,8 +66,8 @@ import pyarrow as pa
 
 from contramine.pipeline.memo.audit import audit_rows, same_rows
 from contramine.pipeline.memo.index import NamespaceIndex, index_new_packs, key_prefixes, namespace_index
-from contramine.pipeline.memo.packs import NAMESPACE, PACK, file_signature, owner_of, own_files, read_pack, \
-    recorded_schema, schema_text
+from contramine.pipeline.memo.packs import NAMESPACE, PACK, Untrusted, file_signature, owner_of, own_files, \
+    read_pack, recorded_schema, schema_text
 from contramine.pipeline.memo.store import quarantine, say_once, write_pack
 from contramine.pipeline.storage.safe_paths import UnsafePath, check_below
 
@@ -138,10 +138,11 @@ class RowMemo:
         return self._schema
 
     def _refuse(self, index: NamespaceIndex, path: Path, why: str, st: os.stat_result | None = None):
-        """A pack that is not served: named once with who the filesystem says wrote it (owner uid, mtime: the pack's
-        own writer record is its writer's claim), quarantined, forgotten by the index."""
+        """A pack that is not served: named once with who the filesystem says wrote it (owner uid and name, mode,
+        mtime: the pack's own writer record is its writer's claim), quarantined (not one only untrusted: another
+        user's, or writable by others, without the team key), forgotten by the index."""
         sig = file_signature(st) if st is not None else None
-        moved = quarantine(self.root, path)
+        moved = None if isinstance(why, Untrusted) else quarantine(self.root, path)
         where = f"moved to {moved}" if moved else "left in place (not served by this process)"
         say_once(("bad", path, sig), f"memo: {path} {why} ({owner_of(st)}): {where}; its rows are computed again")
         with index.lock:
@@ -169,7 +170,7 @@ class RowMemo:
                                                   f"their schema (not written by this memo): not read")
             return none
         with index.lock:
-            bad = index_new_packs(index, self.dir, expected)
+            bad = index_new_packs(index, self.dir, expected, self.key)
             prefix, loc, packs = index.prefix, index.loc, list(index.packs)
         self._packs = packs  # the pack numbers this lookup returns name these (rows() may refuse one of them)
         for path, problem, _record, st in bad:
