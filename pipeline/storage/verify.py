@@ -30,6 +30,7 @@ from pathlib import Path
 from contramine.pipeline.errors import json_loads
 from contramine.pipeline.hints import command
 from contramine.pipeline.storage.atomic import atomic_write_json
+from contramine.pipeline.storage.shard_names import MANIFEST
 
 CACHE = ".verified.json"
 _CACHE_MAX = 16 << 20  # a cache file larger than this is not ours: ignored (and replaced at the next save)
@@ -54,8 +55,10 @@ def table_line(table_dir: Path, what: str, man=None) -> str:
 
 
 def damaged_line(table_dir: Path, file: str, why: str) -> str:
-    """The one line for a listed shard that is not what its manifest recorded."""
-    return table_line(table_dir, f"shard {Path(table_dir) / file} {why} (nothing of it is served)")
+    """The one line for a listed shard that is not what its manifest recorded (the manifest's own `stage` names the
+    fix where this process loaded no stages: `sql`, `verify`)."""
+    return table_line(table_dir, f"shard {Path(table_dir) / file} {why} (nothing of it is served)",
+                      small_json(Path(table_dir) / MANIFEST))
 
 
 def content_hash(f) -> str:
@@ -120,8 +123,8 @@ class Verified:
             if not expected:
                 return None
             if size is not None and st.st_size != size:
-                return (f"is {st.st_size:,} bytes where its manifest records {size:,} (grown, truncated or "
-                        f"replaced; not hashed)")
+                return (f"is damaged: {st.st_size:,} bytes where its manifest records {size:,} (grown, truncated "
+                        f"or replaced; not hashed)")
             key = f"{table}/{Path(path).name}"
             now = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, expected]
             with self._lock:
