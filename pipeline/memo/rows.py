@@ -22,15 +22,19 @@ Layout: <memo root>/<stage>/<memo name>-<namespace hash>/ with `_namespace.json`
 schema of its values) and packs `<blake2b of the pack's keys>.parquet`: a `key` column (16 bytes) and the value
 columns, one pack per shard computation, written atomically (temp file, fsync, rename) with Parquet page checksums.
 Each pack's key-value metadata (`contramine.memo`, written with it in the same file) records its writer (user,
-host, pid, time, the stage's code version: its writer's claim, never repeated as fact) and the blake2b of its
-values, with a team key (`runner.memo_key`) also their HMAC-SHA256 (`mac`). Two writers of the same rows write the same
+host, pid, time, the stage's code version: its writer's claim, never repeated as fact), the namespace it was written
+for and the blake2b of its values, with a team key (`runner.memo_key`) also the HMAC-SHA256 (`mac`) of its namespace,
+file name, key column and values. Packs are written read-only (0444), their key column plain and uncompressed. Two writers of the same rows write the same
 name and replace each other with equal values; a writer killed mid-write leaves only a temp file no reader opens.
 
-What is served, and what is not. A row is served only when its whole 16-byte key matches, from a pack that reads
-(page checksums), whose values have the namespace's schema (the stage's, or the one `_namespace.json` records:
-another vector width is another schema) and hash to what its record says (with a team key, also to its `mac`: a
-pack without one is refused). A pack that fails any of these (or is a FIFO, socket or device named like one: opened
-non-blocking, checked with fstat) is named once in the log with its file's owner uid and mtime, moved aside to
+What is served, and what is not. Without a team key, only this user's own packs that no one else may write are read
+at all (another uid's, or a group- or world-writable one, is named once and left in place). A row is served only
+when its whole 16-byte key matches, from a pack whose footer fits its bytes (checked before a column is decoded),
+that is named after its keys, reads (page checksums), whose values have the namespace's schema (the stage's, or the
+one `_namespace.json` records: another vector width is another schema), whose record names this namespace and
+whose values hash to what its record says (with a team key, also to its `mac`: a pack without one is refused). A
+pack that fails any of these (or is a FIFO, socket or device named like one: opened non-blocking, checked with
+fstat) is named once in the log with its file's owner (uid, name), mode and mtime, moved aside to
 `<memo root>/.quarantine/<stage>/<namespace>/` (never deleted), and its rows are computed again. On top, the
 audit (`runner.memo_verify`): a share of the reused rows, and at least one row of every pack a lookup reads, is
 computed again and compared; a pack with a differing row is quarantined the
