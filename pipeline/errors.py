@@ -16,6 +16,7 @@ expected error class derives from `ExpectedError`, defined here, so this module 
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -52,6 +53,16 @@ def _writable(folder: Path) -> bool:
         return os.access(folder, os.W_OK) and not os.statvfs(folder).f_flag & os.ST_RDONLY
     except OSError:
         return False
+
+
+def json_loads(raw: bytes | str):
+    """json.loads, where nesting too deep for the parser (100,000 `[`) is a ValueError like any other malformed JSON
+    (json.JSONDecodeError), never a RecursionError: every reader of a file it did not write itself (a manifest, a
+    sidecar, a memo record, a cache) catches ValueError and says one line."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply to parse", "", 0) from None
 
 
 def is_expected(exc: BaseException | None) -> bool:

@@ -23,6 +23,7 @@ from contramine.pipeline.memo import store as memo_store
 from contramine.pipeline.memo.rows import RowMemo, row_key
 from contramine.pipeline.memo.cache import prune
 from contramine.pipeline.memo.packs import FORMAT, RECORD, pack_record, values_hash
+from contramine.pipeline.memo.store import write_pack_file
 
 VEC = pa.schema([("vec", pa.binary(16))])  # a 4-d float32 vector, as the encode memo stores one
 
@@ -54,8 +55,9 @@ def _forge(pack: Path, table: pa.Table, honest_hash: bool = True, user: str = "m
     old = pack_record(pq.read_schema(pack))
     values = table.drop_columns(["key"])
     record = {"format": FORMAT, "rows": table.num_rows, "values": values_hash(values) if honest_hash else old["values"],
+              "namespace": old["namespace"],
               "writer": {"user": user, "host": "elsewhere", "pid": 7, "time": "then", "code": "?"}}
-    pq.write_table(table.replace_schema_metadata({RECORD: json.dumps(record)}), pack, write_page_checksum=True)
+    write_pack_file(table.replace_schema_metadata({RECORD: json.dumps(record)}), pack)
 
 
 def _named(caplog, *words) -> list[str]:
@@ -156,10 +158,10 @@ def test_a_pack_of_the_old_format_is_not_served(tmp_path, caplog):
 
     stage = load_stages()["embeddings"]
     facts = namespace_facts(stage, stage.memos[0], configure("default", "x", None, []), {"encoder": {}})
-    assert facts["format"] == FORMAT == 2
+    assert facts["format"] == FORMAT == 3
     _rows(_memo(tmp_path), TEXTS, [])
     pack = next(_memo(tmp_path).dir.glob("*.parquet"))
-    pq.write_table(pq.read_table(pack).replace_schema_metadata(None), pack)  # what format 1 wrote
+    write_pack_file(pq.read_table(pack).replace_schema_metadata(None), pack)  # what format 1 wrote
     calls: list = []
     with caplog.at_level(logging.WARNING, logger="contramine.memo"):
         assert _rows(_memo(tmp_path), TEXTS, calls).equals(_vectors(TEXTS)) and calls == [TEXTS]
@@ -187,9 +189,9 @@ def _unwritable(folder: Path, monkeypatch):
                 raise PermissionError(13, "Permission denied", str(path))
 
         @contextlib.contextmanager
-        def atomic_file(path, root=None):
+        def atomic_file(path, root=None, mode=None):
             refuse(path)
-            with real_file(path, root) as tmp:
+            with real_file(path, root, mode) as tmp:
                 yield tmp
 
         def make_dirs(root, path):
@@ -242,7 +244,7 @@ def test_a_link_under_the_memo_root_is_neither_read_nor_written_through(tmp_path
     else:  # the quarantine folder: a refused pack stays where it is, nothing is moved into the link
         _rows(_memo(root), TEXTS, [])
         pack = next(memo.dir.glob("*.parquet"))
-        pq.write_table(pq.read_table(pack).replace_schema_metadata(None), pack)  # no record: refused
+        write_pack_file(pq.read_table(pack).replace_schema_metadata(None), pack)  # no record: refused
         (root / ".quarantine").symlink_to(victim)
     calls: list = []
     with caplog.at_level(logging.WARNING, logger="contramine.memo"):
@@ -283,13 +285,13 @@ def test_cache_verify_checks_every_pack_and_quarantines_what_fails(tmp_path, cap
     older = RowMemo(root, "embeddings", "encode", {"code": "v0"})  # a namespace of the format before
     _rows(older, TEXTS[:3], [])
     old_pack = next(older.dir.glob("*.parquet"))
-    pq.write_table(pq.read_table(old_pack).replace_schema_metadata(None), old_pack)
+    write_pack_file(pq.read_table(old_pack).replace_schema_metadata(None), old_pack)
     assert cli_main(["cache", "--verify", "--set", f"run.root={runs}"]) == 0
     assert "3 packs verified, none failed" in capsys.readouterr().out
     packs = sorted(_memo(root).dir.glob("*.parquet"))
     table = pq.read_table(packs[0])
     _forge(packs[0], table.set_column(1, "vec", _vectors(["x"] * table.num_rows).column("vec")), honest_hash=False)
-    pq.write_table(pq.read_table(packs[1]).replace_schema_metadata(None), packs[1])
+    write_pack_file(pq.read_table(packs[1]).replace_schema_metadata(None), packs[1])
     assert cli_main(["cache", "--verify", "--dry-run", "--set", f"run.root={runs}"]) == 2
     out, err = capsys.readouterr()
     assert all(p.exists() for p in packs) and f"bad {packs[0]}:" in out and OWNER in out and "mallory" not in out

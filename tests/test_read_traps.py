@@ -22,6 +22,7 @@ import pytest
 from contramine.pipeline.storage.lock import RunBusy, run_lock
 from contramine.pipeline.memo.rows import RowMemo, row_key
 from contramine.pipeline.memo.packs import FORMAT, RECORD, pack_record, values_hash
+from contramine.pipeline.memo.store import write_pack_file
 from child_env import CHILD_PYTHONPATH
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,7 +205,7 @@ def _forge_recomputed(pack: Path, user: str = "mallory") -> None:
     record = {**pack_record(table.schema), "values": values_hash(values),
               "writer": {"user": user, "host": "elsewhere", "pid": 7, "time": "then", "code": "?"}}
     forged = table.replace_schema_metadata(None).set_column(1, "vec", values.column("vec"))
-    pq.write_table(forged.replace_schema_metadata({RECORD: json.dumps(record)}), pack, write_page_checksum=True)
+    write_pack_file(forged.replace_schema_metadata({RECORD: json.dumps(record)}), pack)
 
 
 def test_with_a_team_key_a_pack_forged_with_a_recomputed_hash_is_refused(tmp_path, caplog):

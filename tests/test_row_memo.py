@@ -158,7 +158,7 @@ def _cfg(*sets):
 
 
 def _namespaces(cfg, root=None) -> dict[str, str]:
-    from contramine.pipeline.engine import codeversion
+    from contramine.pipeline import codeversion
 
     plan = {"encoder": {"model": "m", "device": "cpu"}, "spacy": {"model": "s"},
             "chains": {"device": "cpu", "dtype": None, "code": {}, "versions": "", "models": {}, "engines": {}}}
@@ -186,7 +186,7 @@ def test_a_code_change_in_one_stage_moves_that_stages_rows_and_no_others(tmp_pat
         f.write("\n# an edit\n")
     after = _namespaces(cfg, copy)
     assert [k for k in before if before[k] != after[k]] == ["negate/negate"]
-    with open(copy / "models" / "encode" / "encode/encoder.py", "a") as f:  # shared by the three stages that embed
+    with open(copy / "models" / "encode" / "encoder.py", "a") as f:  # shared by the three stages that embed
         f.write("\n# an edit\n")
     assert {k for k in before if before[k] != _namespaces(cfg, copy)[k]} == {
         "negate/negate", "embeddings/encode", "pool_embeddings/encode", "scores/encode"}

@@ -130,14 +130,15 @@ def _forge(stage_dir: Path, change) -> Path:
     """Rewrite the largest pack of a stage's namespace with `change`d values and a valid record of another writer."""
     import json
 
-    from contramine.pipeline.memo.packs import FORMAT, RECORD, values_hash
+    from contramine.pipeline.memo.packs import FORMAT, RECORD, namespace_of, values_hash
+    from contramine.pipeline.memo.store import write_pack_file
 
     pack = max(stage_dir.glob("*/*.parquet"), key=lambda p: p.stat().st_size)
     table = change(pq.read_table(pack).replace_schema_metadata(None))
     values = table.drop_columns(["key"])
-    record = {"format": FORMAT, "rows": table.num_rows, "values": values_hash(values),
+    record = {"format": FORMAT, "rows": table.num_rows, "values": values_hash(values), "namespace": namespace_of(pack),
               "writer": {"user": "mallory", "host": "elsewhere", "pid": 1, "time": "now", "code": "?"}}
-    pq.write_table(table.replace_schema_metadata({RECORD: json.dumps(record)}), pack, write_page_checksum=True)
+    write_pack_file(table.replace_schema_metadata({RECORD: json.dumps(record)}), pack)
     return pack
 
 

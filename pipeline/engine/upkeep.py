@@ -29,7 +29,7 @@ def verify_run(run_dir: Path | str) -> tuple[int, int, list[str]]:
             continue
         for e in entries:
             path, checked = run_dir / table / e["file"], checked + 1
-            why = verified.check(table, path, e.get("hash"))
+            why = verified.check(table, path, e.get("hash"), e.get("bytes"))
             if why is None and not e.get("hash"):
                 try:
                     pq.read_table(path, page_checksum_verification=True)

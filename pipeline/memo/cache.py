@@ -3,7 +3,6 @@ and their sizes, the ones no run's manifest names, and every pack checked as a l
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -14,11 +13,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from contramine.pipeline.memo.packs import FORMAT, NAMESPACE, OWN, PACK, QUARANTINE, TEMP, namespace_facts, open_pack, \
-    owner_of, own_files, read_pack, recorded_schema, schema_text, values_schema
+from contramine.pipeline.memo.packs import FORMAT, NAMESPACE, OWN, PACK, QUARANTINE, TEMP, Untrusted, namespace_facts, \
+    open_pack, owner_of, own_files, read_pack, recorded_schema, schema_text, values_schema
 from contramine.pipeline.memo.store import log, quarantine, say_once
 from contramine.pipeline.storage.safe_paths import UnsafePath, check_below, not_regular, open_folder, read_regular
-from contramine.pipeline.errors import ExpectedError
+from contramine.pipeline.errors import ExpectedError, json_loads
+from contramine.pipeline.storage.manifest import MANIFEST_MAX
 
 
 @dataclass
@@ -76,11 +76,11 @@ def referenced_namespaces(runs_root: Path) -> set[str]:
     refs = set()
     for man in Path(runs_root).glob("*/*/_manifest.json"):
         try:  # non-blocking, fstat-checked: a FIFO at a run's manifest is named, never waited on
-            manifest = json.loads(read_regular(man, follow=True))
-        except UnsafePath as e:
+            manifest = json_loads(read_regular(man, follow=True, max_size=MANIFEST_MAX))
+        except UnsafePath as e:  # a FIFO, a link, a sparse 1 GiB file: named, never read
             say_once(("manifest", man), f"memo: {e}; not read for the namespaces it names")
             continue
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        except (OSError, ValueError):  # invalid JSON, nested too deep, undecodable
             continue
         if not isinstance(manifest, dict) or not isinstance(manifest.get("memo"), dict):
             continue
@@ -182,6 +182,7 @@ def verify(root: Path, dry_run: bool = False, key: bytes | None = None) -> tuple
             table, st, problem = read_pack(p, expected, key)
             if problem is None:
                 continue
-            moved = None if dry_run else quarantine(root, p)
+            # a pack only unvouched for (another user's, without the key) is named, left where it is
+            moved = None if dry_run or isinstance(problem, Untrusted) else quarantine(root, p)
             bad.append((p, f"{problem} ({owner_of(st)})" + (f": moved to {moved}" if moved else "")))
     return checked, bad

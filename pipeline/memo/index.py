@@ -12,7 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from contramine.pipeline.memo.packs import PACK, file_signature, open_pack, pack_problem, pack_record
+from contramine.pipeline.memo.packs import PACK, file_signature, footer_problem, name_problem, open_pack, \
+    pack_problem, pack_record, trust_problem
 from contramine.pipeline.memo.store import say_once
 
 
@@ -91,10 +92,12 @@ def key_prefixes(keys: pa.Array | list[bytes]) -> np.ndarray:
     return np.frombuffer(buf, np.uint8).reshape(-1, 16)[:, :8].copy().view("<u8").ravel()
 
 
-def index_new_packs(index: NamespaceIndex, folder: Path, expected: str | None) -> list[tuple]:
+def index_new_packs(index: NamespaceIndex, folder: Path, expected: str | None, key: bytes | None = None
+                    ) -> list[tuple]:
     """Index the packs of the namespace `folder` written since this process last looked (their footers and key
-    columns only); returns (path, why, record, fstat) of each that is refused (the caller names and quarantines
-    them)."""
+    columns only: who may have written it and the footer are checked before the key column is decoded, the pack's
+    name against its keys after); returns (path, why, record, fstat) of each that is refused (the caller names and
+    quarantines them). `key`: the team's runner.memo_key (without it, only this user's own packs are indexed)."""
     try:
         names = sorted(e.name for e in os.scandir(folder) if PACK.fullmatch(e.name) and e.name not in
                        index.number)
@@ -112,10 +115,16 @@ def index_new_packs(index: NamespaceIndex, folder: Path, expected: str | None) -
             st = os.fstat(f.fileno())
             if index.refused.get(name) == file_signature(st):
                 continue
+            problem, record = trust_problem(st, key), None
             try:
-                pf = pq.ParquetFile(f, page_checksum_verification=True)
-                problem, record = pack_problem(pf.schema_arrow, expected), pack_record(pf.schema_arrow)
-                keys = pf.read(columns=["key"]).column("key") if problem is None else None
+                if problem is None:
+                    pf = pq.ParquetFile(f, page_checksum_verification=True)
+                    problem = footer_problem(pf.metadata, st.st_size)
+                if problem is None:
+                    problem, record = pack_problem(pf.schema_arrow, expected), pack_record(pf.schema_arrow)
+                keys = pf.read(columns=["key"]).column("key").combine_chunks() if problem is None else None
+                problem = problem or name_problem(path, keys.buffers()[1].to_pybytes()[16 * keys.offset:
+                                                                                     16 * (keys.offset + len(keys))])
             except (OSError, pa.ArrowException) as e:
                 problem, record = f"does not read ({type(e).__name__}: {e})", None
         if problem is not None:
@@ -124,7 +133,7 @@ def index_new_packs(index: NamespaceIndex, folder: Path, expected: str | None) -
         number = len(index.packs)
         index.packs.append(path)
         index.number[name] = number
-        prefixes.append(key_prefixes(keys.combine_chunks()))
+        prefixes.append(key_prefixes(keys))
         locs.append((np.uint64(number) << np.uint64(32)) | np.arange(len(keys), dtype=np.uint64))
     if prefixes:
         index.merge(np.concatenate(prefixes), np.concatenate(locs))

@@ -1,5 +1,7 @@
 """The row memo's packs on disk (rows.py describes the memo): the names it writes, what a pack records (its writer,
-the hash of its values) and the checks a pack must pass before a row of it is served.
+the hash of its values, the team key's MAC of everything a row is served under) and the checks a pack must pass
+before a row of it is served: who may have written it (fstat), its footer (before a column is decoded), its name
+against its keys, its record, its values.
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 import os
 import re
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -17,9 +20,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from contramine.pipeline.errors import json_loads
 from contramine.pipeline.storage.safe_paths import UnsafePath, kind_of, open_regular, read_regular
 
-FORMAT = 2  # 2: packs carry their writer and values hash; in every namespace's facts, so format 1 is never read
+# 2: packs carry their writer and values hash; 3: the MAC covers namespace, pack name and keys, the record names its
+# namespace, keys are written plain and uncompressed. In every namespace's facts, so an older format is never read.
+FORMAT = 3
 NAMESPACE = "_namespace.json"
 QUARANTINE = ".quarantine"
 RECORD = b"contramine.memo"  # the pack's key-value metadata: {format, writer, values, rows[, mac]}
@@ -31,17 +37,36 @@ OWN = re.compile(rf"{PACK.pattern}|{TEMP.pattern}|{re.escape(NAMESPACE)}")  # al
 
 
 # ---- what a pack records ---------------------------------------------------------------------------------------------
-def values_hash(values: pa.Table, key: bytes | None = None) -> str:
+def values_hash(values: pa.Table, key: bytes | None = None, binding: bytes = b"") -> str:
     """blake2b-128 of a table's values, from their logical content (not their Arrow layout: a slice, a chunking or a
     validity buffer does not change it), column by column with names and types. With the team's `key`
-    (runner.memo_key), HMAC-SHA256 of the same bytes: only a holder of the key can make a pack's `mac` match."""
-    return values_hashes(values, key)[1 if key else 0]
+    (runner.memo_key), HMAC-SHA256 of `binding` (`mac_binding`: namespace, pack name, keys) and the same bytes: only
+    a holder of the key can make a pack's `mac` match, and only for the rows, keys and place it was written for."""
+    return values_hashes(values, key, binding)[1 if key else 0]
 
 
-def values_hashes(values: pa.Table, key: bytes | None = None) -> tuple[str, str | None]:
-    """(the plain hash, the keyed one or None), from one pass over the values."""
+def mac_binding(namespace: str, name: str, keys: bytes) -> bytes:
+    """What a value is served under, besides itself: the namespace (`<stage>/<folder>`), the pack's file name and
+    its key column (16 bytes a row, in order), each length-prefixed. In the MAC, a row whose key was swapped with
+    another's, or a pack copied into another namespace or under another name, no longer matches."""
+    parts = [f"contramine.memo/{FORMAT}".encode(), namespace.encode(), name.encode(), keys]
+    return b"".join(len(p).to_bytes(8, "little") + p for p in parts)
+
+
+def namespace_of(pack: Path) -> str:
+    """`<stage>/<namespace folder>` of a pack's path: where it is served from."""
+    return f"{Path(pack).parent.parent.name}/{Path(pack).parent.name}"
+
+
+def pack_name(keys: bytes) -> str:
+    """A pack's file name: the hash of its key column, so two writers of the same rows write the same file."""
+    return hashlib.blake2b(keys, digest_size=16).hexdigest() + ".parquet"
+
+
+def values_hashes(values: pa.Table, key: bytes | None = None, binding: bytes = b"") -> tuple[str, str | None]:
+    """(the plain hash, the keyed one or None), from one pass over the values; `binding` goes into the keyed one."""
     plain = hashlib.blake2b(digest_size=16)
-    keyed = hmac.new(key, digestmod=hashlib.sha256) if key else None
+    keyed = hmac.new(key, binding, digestmod=hashlib.sha256) if key else None
     h = _Both(plain, keyed) if keyed else plain
     for name, col in zip(values.column_names, values.columns):
         h.update(f"{name}:{_type_text(col.type)}:{len(col)}\0".encode())
@@ -99,9 +124,9 @@ def writer_record(facts: dict) -> dict:
 def pack_record(schema: pa.Schema) -> dict | None:
     """The record a pack's metadata holds, or None (not written by this format)."""
     raw = (schema.metadata or {}).get(RECORD)
-    try:
-        record = json.loads(raw) if raw else None
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    try:  # json_loads: 100,000 nested `[` is no record (ValueError), never a RecursionError that ends the run
+        record = json_loads(raw) if raw else None
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError, nested too deep
         return None
     return record if isinstance(record, dict) and record.get("format") == FORMAT else None
 
@@ -118,7 +143,50 @@ def owner_of(st: os.stat_result | None) -> str:
     except (ImportError, KeyError):
         name = ""
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(st.st_mtime))
-    return f"file owned by uid {st.st_uid}{name}, modified {when}"
+    return f"file owned by uid {st.st_uid}{name}, mode {stat.S_IMODE(st.st_mode):04o}, modified {when}"
+
+
+class Untrusted(str):
+    """Why a pack is not served though nothing shows it wrong: it is not ours to write and no team key vouches for
+    it. Named, left in place (it may be a colleague's honest pack), never quarantined."""
+
+
+def trust_problem(st: os.stat_result, key: bytes | None) -> Untrusted | None:
+    """Without the team's key, only a pack of this user's that no one else may write is served: another uid's, or
+    a group- or world-writable one, could hold anything, with a plain hash recomputed to match (fstat of the file
+    as opened). With the key, the MAC vouches for it whoever owns it."""
+    if key:
+        return None
+    if st.st_uid != os.getuid():
+        return Untrusted(f"is another user's (uid {st.st_uid}), and no runner.memo_key vouches for it")
+    if st.st_mode & 0o022:
+        return Untrusted(f"may be written by others (mode {stat.S_IMODE(st.st_mode):04o}), and no runner.memo_key "
+                         f"vouches for it")
+    return None
+
+
+def footer_problem(meta: pq.FileMetaData, size: int) -> str | None:
+    """Why a pack's footer (read before any column is decoded) promises more than its bytes hold, or None: every key
+    is 16 bytes, written plain and uncompressed (write_pack), so the key column's chunks hold at least 16 bytes a
+    row and the rows fit the file. A dictionary-encoded or compressed key column (228 KiB claiming 30M rows would
+    decode to 480 MB and more) is refused here."""
+    if meta.num_rows < 0 or meta.num_rows * 16 > size:
+        return f"claims {meta.num_rows:,} rows in {size:,} bytes (a key alone is 16 bytes)"
+    if meta.num_columns < 1:
+        return "no columns"
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        col = group.column(0)
+        if col.path_in_schema != "key":
+            return "no key column first"
+        if col.has_dictionary_page or any("DICTIONARY" in e for e in col.encodings):
+            return "a dictionary-encoded key column (this memo writes keys plain)"
+        if col.compression != "UNCOMPRESSED":
+            return f"a {col.compression}-compressed key column (this memo writes keys uncompressed)"
+        if col.total_compressed_size < 16 * group.num_rows:
+            return (f"a key column of {col.total_compressed_size:,} bytes for {group.num_rows:,} rows of 16-byte "
+                    f"keys")
+    return None
 
 
 def schema_text(schema: pa.Schema) -> str:
@@ -154,25 +222,44 @@ def pack_problem(table_schema: pa.Schema, expected: str | None) -> str | None:
     return None
 
 
-def values_problem(table: pa.Table, key: bytes | None = None) -> str | None:
-    """Why a whole pack's values are not what its record says (rows, values hash; with the team's `key`, also the
-    keyed hash `mac`: a pack written without the key, or rewritten with its hashes recomputed, fails), or None."""
+def name_problem(path: Path, keys: bytes) -> str | None:
+    """Why a pack's file name is not the hash of its key column (keys swapped or reordered in place, a pack copied
+    under another's name), or None."""
+    if Path(path).name != pack_name(keys):
+        return f"is not named after its keys (they hash to {pack_name(keys)}: keys changed, or renamed)"
+    return None
+
+
+def key_bytes(table: pa.Table) -> bytes:
+    keys = table.column("key").combine_chunks()
+    return keys.buffers()[1].to_pybytes()[keys.offset * 16:(keys.offset + len(keys)) * 16]
+
+
+def values_problem(table: pa.Table, key: bytes | None = None, path: Path | None = None) -> str | None:
+    """Why a whole pack (read from `path`) is not what its record says (rows, the namespace it was written for,
+    values hash; with the team's `key`, also the keyed hash `mac` of the namespace, pack name, keys and values: a
+    pack written without the key, rewritten with its hashes recomputed, with keys swapped or copied from elsewhere,
+    fails), or None."""
     record = pack_record(table.schema)
     values = table.drop_columns(["key"])
     if record.get("rows") != table.num_rows:
         return f"{table.num_rows} rows where its record says {record.get('rows')}"
-    plain, mac = values_hashes(values, key)
+    if path is not None and record.get("namespace") != namespace_of(path):
+        return f"a record written for namespace {str(record.get('namespace'))[:80]!r}, not {namespace_of(path)!r}"
+    binding = mac_binding(namespace_of(path), Path(path).name, key_bytes(table)) if path is not None else b""
+    plain, mac = values_hashes(values, key, binding)
     if record.get("values") != plain:
         return "values that do not hash to its record's hash (changed after they were written)"
     if key and not isinstance(record.get("mac"), str):
         return "no keyed values hash (written without the team's runner.memo_key)"
     if key and not hmac.compare_digest(record["mac"], mac):
-        return "values whose keyed hash is not the team key's (forged, or written with another runner.memo_key)"
+        return ("a keyed hash that is not the team key's for these keys, values, name and namespace (forged, keys "
+                "swapped, copied from elsewhere, or written with another runner.memo_key)")
     return None
 
 
 def file_signature(st: os.stat_result) -> tuple:
-    return st.st_ino, st.st_size, st.st_mtime_ns
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def own_files(folder: Path, pattern: re.Pattern) -> list[Path]:
@@ -188,16 +275,16 @@ def recorded_schema(folder: Path) -> str | None:
     """The value schema a namespace folder's `_namespace.json` records, or None (no such plain file, or unreadable:
     a link, a FIFO or a device there is never opened for long, safe_paths.open_regular)."""
     try:
-        recorded = json.loads(read_regular(folder / NAMESPACE, limit=1 << 20)).get("values")
+        recorded = json_loads(read_regular(folder / NAMESPACE, limit=1 << 20)).get("values")
         return recorded if isinstance(recorded, str) else None
-    except (OSError, ValueError, AttributeError, UnsafePath):
+    except (OSError, ValueError, AttributeError, UnsafePath):  # ValueError: also JSON nested too deep
         return None
 
 
 def namespace_facts(folder: Path) -> dict:
     """The facts `_namespace.json` records ({} when it is no plain file or does not parse)."""
     try:
-        facts = json.loads(read_regular(folder / NAMESPACE, limit=1 << 20)).get("facts")
+        facts = json_loads(read_regular(folder / NAMESPACE, limit=1 << 20)).get("facts")
         return facts if isinstance(facts, dict) else {}
     except (OSError, ValueError, AttributeError, UnsafePath):
         return {}
@@ -222,18 +309,25 @@ def open_pack(path: Path) -> tuple[int | None, str | None]:
 
 def read_pack(path: Path, expected: str | None, key: bytes | None = None
               ) -> tuple[pa.Table | None, os.stat_result | None, str | None]:
-    """(the whole pack, its file's fstat, why it is not served or None); (None, None, None) when gone."""
+    """(the whole pack, its file's fstat, why it is not served or None); (None, None, None) when gone. Who may have
+    written it (fstat) and its footer are checked before a column is decoded."""
     fd, why = open_pack(path)
     if fd is None:
         return None, None, why
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
+        if (untrusted := trust_problem(st, key)) is not None:
+            return None, st, untrusted
         try:
             # on this thread only (a pack is small): no CPU pool, and no IO pool pre-buffering reads of a Python
             # file object: an Arrow thread still reading one when a short command exits aborts the process
             # ("terminate called without an active exception", apache/arrow#34314)
-            table = pq.read_table(f, page_checksum_verification=True, use_threads=False, pre_buffer=False)
+            pf = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=False)
+            if (problem := footer_problem(pf.metadata, st.st_size)) is not None:
+                return None, st, problem
+            table = pf.read(use_threads=False)
         except (OSError, pa.ArrowException) as e:
             return None, st, f"does not read ({type(e).__name__}: {e})"
-    problem = pack_problem(table.schema, expected) or values_problem(table, key)
+    problem = (pack_problem(table.schema, expected) or name_problem(path, key_bytes(table)) or
+               values_problem(table, key, path))
     return table, st, problem

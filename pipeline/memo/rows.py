@@ -22,15 +22,19 @@ Layout: <memo root>/<stage>/<memo name>-<namespace hash>/ with `_namespace.json`
 schema of its values) and packs `<blake2b of the pack's keys>.parquet`: a `key` column (16 bytes) and the value
 columns, one pack per shard computation, written atomically (temp file, fsync, rename) with Parquet page checksums.
 Each pack's key-value metadata (`contramine.memo`, written with it in the same file) records its writer (user,
-host, pid, time, the stage's code version: its writer's claim, never repeated as fact) and the blake2b of its
-values, with a team key (`runner.memo_key`) also their HMAC-SHA256 (`mac`). Two writers of the same rows write the same
+host, pid, time, the stage's code version: its writer's claim, never repeated as fact), the namespace it was written
+for and the blake2b of its values, with a team key (`runner.memo_key`) also the HMAC-SHA256 (`mac`) of its namespace,
+file name, key column and values. Packs are written read-only (0444), their key column plain and uncompressed. Two writers of the same rows write the same
 name and replace each other with equal values; a writer killed mid-write leaves only a temp file no reader opens.
 
-What is served, and what is not. A row is served only when its whole 16-byte key matches, from a pack that reads
-(page checksums), whose values have the namespace's schema (the stage's, or the one `_namespace.json` records:
-another vector width is another schema) and hash to what its record says (with a team key, also to its `mac`: a
-pack without one is refused). A pack that fails any of these (or is a FIFO, socket or device named like one: opened
-non-blocking, checked with fstat) is named once in the log with its file's owner uid and mtime, moved aside to
+What is served, and what is not. Without a team key, only this user's own packs that no one else may write are read
+at all (another uid's, or a group- or world-writable one, is named once and left in place). A row is served only
+when its whole 16-byte key matches, from a pack whose footer fits its bytes (checked before a column is decoded),
+that is named after its keys, reads (page checksums), whose values have the namespace's schema (the stage's, or the
+one `_namespace.json` records: another vector width is another schema), whose record names this namespace and
+whose values hash to what its record says (with a team key, also to its `mac`: a pack without one is refused). A
+pack that fails any of these (or is a FIFO, socket or device named like one: opened non-blocking, checked with
+fstat) is named once in the log with its file's owner (uid, name), mode and mtime, moved aside to
 `<memo root>/.quarantine/<stage>/<namespace>/` (never deleted), and its rows are computed again. On top, the
 audit (`runner.memo_verify`): a share of the reused rows, and at least one row of every pack a lookup reads, is
 computed again and compared; a pack with a differing row is quarantined the
@@ -66,8 +70,8 @@ import pyarrow as pa
 
 from contramine.pipeline.memo.audit import audit_rows, same_rows
 from contramine.pipeline.memo.index import NamespaceIndex, index_new_packs, key_prefixes, namespace_index
-from contramine.pipeline.memo.packs import NAMESPACE, PACK, file_signature, owner_of, own_files, read_pack, \
-    recorded_schema, schema_text
+from contramine.pipeline.memo.packs import NAMESPACE, PACK, Untrusted, file_signature, owner_of, own_files, \
+    read_pack, recorded_schema, schema_text
 from contramine.pipeline.memo.store import quarantine, say_once, write_pack
 from contramine.pipeline.storage.safe_paths import UnsafePath, check_below
 
@@ -138,10 +142,11 @@ class RowMemo:
         return self._schema
 
     def _refuse(self, index: NamespaceIndex, path: Path, why: str, st: os.stat_result | None = None):
-        """A pack that is not served: named once with who the filesystem says wrote it (owner uid, mtime: the pack's
-        own writer record is its writer's claim), quarantined, forgotten by the index."""
+        """A pack that is not served: named once with who the filesystem says wrote it (owner uid and name, mode,
+        mtime: the pack's own writer record is its writer's claim), quarantined (not one only untrusted: another
+        user's, or writable by others, without the team key), forgotten by the index."""
         sig = file_signature(st) if st is not None else None
-        moved = quarantine(self.root, path)
+        moved = None if isinstance(why, Untrusted) else quarantine(self.root, path)
         where = f"moved to {moved}" if moved else "left in place (not served by this process)"
         say_once(("bad", path, sig), f"memo: {path} {why} ({owner_of(st)}): {where}; its rows are computed again")
         with index.lock:
@@ -169,7 +174,7 @@ class RowMemo:
                                                   f"their schema (not written by this memo): not read")
             return none
         with index.lock:
-            bad = index_new_packs(index, self.dir, expected)
+            bad = index_new_packs(index, self.dir, expected, self.key)
             prefix, loc, packs = index.prefix, index.loc, list(index.packs)
         self._packs = packs  # the pack numbers this lookup returns name these (rows() may refuse one of them)
         for path, problem, _record, st in bad:

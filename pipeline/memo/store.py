@@ -5,7 +5,6 @@ all of that says once per process.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import threading
@@ -16,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contramine.pipeline.storage.atomic import atomic_file, atomic_write_json
-from contramine.pipeline.memo.packs import FORMAT, KEY, NAMESPACE, QUARANTINE, RECORD, schema_text, values_hashes, \
-    writer_record
+from contramine.pipeline.memo.packs import FORMAT, KEY, NAMESPACE, QUARANTINE, RECORD, mac_binding, namespace_of, \
+    pack_name, schema_text, values_hashes, writer_record
 from contramine.pipeline.storage.safe_paths import UnsafePath, make_dirs, open_folder
 
 log = logging.getLogger("contramine.memo")
@@ -84,6 +83,17 @@ def quarantine(root: Path, pack: Path) -> Path | None:
     return dest
 
 
+def write_pack_file(table: pa.Table, where) -> None:
+    """A pack's Parquet bytes (its `key` column first, then the values) at `where`, with page checksums. Vectors
+    (fixed-size binary) do not compress: written plain, they write and read at disk speed. Keys are always plain
+    and uncompressed: a reader checks from the footer alone that they hold 16 bytes a row (packs.footer_problem)."""
+    values = [c for c in table.column_names if c != "key"]
+    raw = all(pa.types.is_fixed_size_binary(table.schema.field(c).type) for c in values)
+    codecs = {"key": "none", **{c: "none" if raw else "zstd" for c in values}}
+    pq.write_table(table, where, compression=codecs, write_page_checksum=True, row_group_size=64_000,
+                   use_dictionary=False if raw else values)
+
+
 def write_pack(root: Path, folder: Path, stage: str, memo: str, facts: dict, keys: list[bytes],
                values: pa.Table, key: bytes | None = None) -> Path | None:
     """Write one pack of rows into the namespace `folder` of the memo at `root` (atomically, with its writer record
@@ -91,26 +101,25 @@ def write_pack(root: Path, folder: Path, stage: str, memo: str, facts: dict, key
     same rows write the same file. None when nothing was written (no rows, a read-only memo: said once)."""
     if not keys or root in _READ_ONLY:
         return None
-    name = hashlib.blake2b(b"".join(keys), digest_size=16).hexdigest() + ".parquet"
-    key_col = pa.FixedSizeBinaryArray.from_buffers(KEY, len(keys), [None, pa.py_buffer(b"".join(keys))])
+    joined = b"".join(keys)
+    name = pack_name(joined)
+    key_col = pa.FixedSizeBinaryArray.from_buffers(KEY, len(keys), [None, pa.py_buffer(joined)])
     values = values.replace_schema_metadata(None)
-    plain, mac = values_hashes(values, key)  # mac: HMAC-SHA256 under the team's runner.memo_key, when set
+    # mac: HMAC-SHA256 under the team's runner.memo_key, when set, of the namespace, name, keys and values
+    plain, mac = values_hashes(values, key, mac_binding(namespace_of(folder / name), name, joined))
     record = {"format": FORMAT, "writer": writer_record(facts), "values": plain, "rows": len(keys),
-              **({"mac": mac} if mac else {})}
+              "namespace": namespace_of(folder / name), **({"mac": mac} if mac else {})}
     table = values.add_column(0, pa.field("key", KEY, nullable=False), key_col) \
         .replace_schema_metadata({RECORD: json.dumps(record, sort_keys=True)})
-    # vectors (fixed-size binary) do not compress: written plain, they write and read at disk speed
-    raw = all(pa.types.is_fixed_size_binary(f.type) for f in values.schema)
     try:
         make_dirs(root, folder)
         if not (folder / NAMESPACE).is_file():
             atomic_write_json(folder / NAMESPACE, {"stage": stage, "memo": memo, "facts": facts,
-                                                   "values": schema_text(values.schema)}, root=root)
+                                                   "values": schema_text(values.schema)}, root=root, mode=0o444)
         # written in the namespace folder as opened from the memo root (no link on the way is followed); a link
         # in the pack's place is replaced by the rename, never followed
-        with atomic_file(folder / name, root=root) as tmp:
-            pq.write_table(table, tmp, compression="none" if raw else "zstd", write_page_checksum=True,
-                           row_group_size=64_000, use_dictionary=not raw)
+        with atomic_file(folder / name, root=root, mode=0o444) as tmp:  # read-only: nobody edits a pack in place
+            write_pack_file(table, tmp)
     except UnsafePath as e:
         say_once(("link", folder), f"memo: {e}; nothing is written there")
         return None

@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-import json
 import os
 import re
 import socket
@@ -30,7 +29,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from contramine.pipeline.errors import ExpectedError
+from contramine.pipeline.errors import ExpectedError, json_loads
 from contramine.pipeline.models.bergamot_files import BergamotUnavailable, bergamot_folder, is_bergamot_folder, is_bergamot_name
 from contramine.pipeline.models.standin import is_standin
 
@@ -146,7 +145,7 @@ def _tokenizer_class(folder: Path, have: set[str]):
     `tokenizer_class`, else config.json's, else `TOKENIZER_MAPPING_NAMES[model_type]`; None when it cannot be told."""
     def read(name: str) -> dict:
         try:
-            data = json.loads((folder / name).read_text(encoding="utf-8")) if name in have else {}
+            data = json_loads((folder / name).read_text(encoding="utf-8")) if name in have else {}
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
@@ -211,7 +210,7 @@ def missing_files(folder: Path) -> list[str]:
         missing.append("weights (model.safetensors or pytorch_model.bin)")
     elif weights[0].endswith(".index.json"):
         try:
-            shards = set(json.loads((folder / weights[0]).read_text())["weight_map"].values())
+            shards = set(json_loads((folder / weights[0]).read_text())["weight_map"].values())
         except (OSError, ValueError, KeyError):
             shards = {"<unreadable index>"}
         missing += sorted(s for s in shards if s not in names)

@@ -15,7 +15,8 @@ import numpy as np
 
 from contramine.pipeline.config.base import section_constants
 from contramine.pipeline.engine.resources import Resource
-from contramine.pipeline.storage.safe_paths import UnsafePath, check_below, open_folder, readable
+from contramine.pipeline.storage.safe_paths import UnsafePath, check_below, open_folder, read_regular, readable
+from contramine.pipeline.errors import json_loads
 from contramine.pipeline.engine.spec import package_versions
 from contramine.pipeline.schema import read_vectors
 from contramine.pipeline.search import faiss_index as fx
@@ -150,7 +151,7 @@ def recorded_plan(store, done: Path, key: str, kind: str, n: int, base: str) -> 
     want = {"file": f"{kind}-{key}.faiss", "vectors": f"vectors-{key}.npy", "sids": f"sids-{key}.npy"}
     try:
         with readable(store.root, done) as p:
-            out = json.loads(Path(p).read_text())
+            out = json_loads(read_regular(p, follow=True, max_size=1 << 20))  # a plan is ~1 KB: fstat first
         if not isinstance(out, dict) or "sids" not in out or not isinstance(out.get("hashes"), dict):
             raise ValueError("is not an index plan this version writes (no file hashes)")
         for f in PLAN_FILES:

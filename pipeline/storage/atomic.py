@@ -74,9 +74,11 @@ def _settle(folder: Folder, name: str, mode: int) -> None:
 
 
 @contextmanager
-def atomic_file(path: Path | str, root: Path | str | None = None):
+def atomic_file(path: Path | str, root: Path | str | None = None, mode: int | None = None):
     """Yield a temporary path beside `path`; on normal exit it is fsynced and renamed over `path` (with the modes a
-    plain write would have), on error removed. No folder from `root` down may be a link (see the module doc)."""
+    plain write would have, or `mode`: 0o444 for what is committed, so an edit in place takes a chmod first and
+    moves the file's ctime; 0o600 for what only its user may write), on error removed. No folder from `root` down
+    may be a link (see the module doc)."""
     path = Path(path)
     with open_folder(root if root is not None else path.parent, path.parent) as d:
         tmp = f".{path.name}.{secrets.token_hex(4)}.tmp"
@@ -84,7 +86,7 @@ def atomic_file(path: Path | str, root: Path | str | None = None):
                          dir_fd=d.fd))
         try:
             yield d.at(tmp)
-            _settle(d, tmp, 0o666 & ~_umask())
+            _settle(d, tmp, 0o666 & ~_umask() if mode is None else mode)
             d.replace(tmp, path.name)
         except BaseException:
             try:
@@ -94,15 +96,17 @@ def atomic_file(path: Path | str, root: Path | str | None = None):
             raise
 
 
-def atomic_write_bytes(path: Path | str, data: bytes, root: Path | str | None = None) -> Path:
-    with atomic_file(path, root) as tmp:
+def atomic_write_bytes(path: Path | str, data: bytes, root: Path | str | None = None, mode: int | None = None
+                       ) -> Path:
+    with atomic_file(path, root, mode) as tmp:
         tmp.write_bytes(data)
     return Path(path)
 
 
-def atomic_write_json(path: Path | str, obj, indent: int = 1, root: Path | str | None = None) -> Path:
+def atomic_write_json(path: Path | str, obj, indent: int = 1, root: Path | str | None = None,
+                      mode: int | None = None) -> Path:
     return atomic_write_bytes(path, (json.dumps(obj, indent=indent, sort_keys=True, default=str) + "\n").encode(),
-                              root)
+                              root, mode)
 
 
 def _old(dst: Path) -> Path:

@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from contramine.pipeline.storage.safe_paths import UnsafePath, kind_of, open_folder, read_regular
-from contramine.pipeline.errors import ExpectedError
+from contramine.pipeline.errors import ExpectedError, json_loads
 
 LOCK = ".lock"
 _held: dict[tuple[Path, str], list] = {}  # (folder, lock file name) -> [open file, depth] of this process
@@ -53,7 +53,7 @@ class RunBusy(ExpectedError, RuntimeError):
 def holder(run_dir: Path | str) -> dict:
     """What the lock file says of its holder ({} when nothing readable; a FIFO or other non-file there is nothing)."""
     try:
-        return json.loads(read_regular(Path(run_dir) / LOCK, limit=1 << 16) or b"{}")
+        return json_loads(read_regular(Path(run_dir) / LOCK, limit=1 << 16) or b"{}")
     except (OSError, ValueError, UnsafePath):
         return {}
 
@@ -196,7 +196,7 @@ def _fresh(d, name: str, what: str, replace: bool) -> int:
 
 def _read_holder(fd: int) -> dict:
     try:
-        out = json.loads(os.pread(fd, 1 << 16, 0).decode() or "{}")
+        out = json_loads(os.pread(fd, 1 << 16, 0).decode() or "{}")
         return out if isinstance(out, dict) else {}
     except (OSError, ValueError):
         return {}

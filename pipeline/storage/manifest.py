@@ -8,18 +8,27 @@ import json
 import os
 from pathlib import Path
 
-from contramine.pipeline.errors import ExpectedError
-from contramine.pipeline.storage.safe_paths import UnsafePath, kind_of, read_regular
+from contramine.pipeline.errors import ExpectedError, json_loads
+from contramine.pipeline.storage.safe_paths import TooLarge, UnsafePath, kind_of, read_regular
 from contramine.pipeline.storage.shard_names import MANIFEST, OLD_PART, PART, shard_file
 from contramine.pipeline.storage.verify import table_line
+
+# Sizes past which a file the project writes small is not read at all (fstat, before a byte is read): a manifest of
+# MAX_SHARDS entries is ~20 MB; a sidecar is ~150 bytes.
+MANIFEST_MAX = 64 << 20
+SIDECAR_MAX = 1 << 16
+
 
 def read_manifest(table_dir: Path) -> dict | None:
     """The table's committed manifest, checked (`check_manifest`), or None when the table has none."""
     p = Path(table_dir) / MANIFEST
     try:  # non-blocking, fstat-checked (safe_paths.open_regular): a FIFO or device there is one line, never a hang
-        raw = read_regular(p, follow=True)
+        raw = read_regular(p, follow=True, max_size=MANIFEST_MAX)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except TooLarge as e:
+        raise manifest_error(table_dir, f"is {e.size:,} bytes, more than any manifest ({MANIFEST_MAX:,}): "
+                                        f"not read") from None
     except UnsafePath:
         raise manifest_error(table_dir, f"is {kind_of(p.lstat().st_mode)}, not a regular file") from None
     return parse_manifest(table_dir, raw)
@@ -28,8 +37,8 @@ def read_manifest(table_dir: Path) -> dict | None:
 def parse_manifest(table_dir: Path, raw: bytes) -> dict:
     """A manifest's bytes as read once (a copy takes its file list from the same bytes it copies), checked."""
     try:
-        man = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        man = json_loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):  # nested too deep included (json_loads)
         raise manifest_error(table_dir, "not a manifest (invalid JSON)") from None
     check_manifest(table_dir, man)
     return man
@@ -43,7 +52,7 @@ MANIFEST_FIELDS = {"stage": str, "table": str, "config": dict, "rows": dict, "me
                    "seconds": (int, float), "wall_seconds_last_run": (int, float), "shards_computed": int,
                    "shards_cached": int, "timeline": dict}
 MAX_SHARDS = 99_999  # what a part name's five digits can number
-_ENTRY_FIELDS = {"file": str, "hash": str, "rows": int, "seconds": (int, float)}
+_ENTRY_FIELDS = {"file": str, "hash": str, "rows": int, "seconds": (int, float), "bytes": int}  # bytes: since 62
 
 
 class TableCorrupt(ExpectedError, ValueError):
@@ -143,9 +152,9 @@ def committed_files(table_dir: Path, manifest: dict | None = None) -> list[dict]
     for i in range(n):
         name = shard_file(i, n)
         side = (Path(table_dir) / name).with_suffix(".json")
-        try:
-            meta = json.loads(side.read_text()) if side.is_file() and not side.is_symlink() else {}
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        try:  # no link followed, no FIFO waited on, nothing past SIDECAR_MAX read
+            meta = json_loads(read_regular(side, max_size=SIDECAR_MAX))
+        except (OSError, ValueError, UnsafePath):
             meta = {}
         meta = meta if isinstance(meta, dict) else {}
         out.append({"file": name, "hash": meta.get("hash") if isinstance(meta.get("hash"), str) else None,
@@ -154,5 +163,5 @@ def committed_files(table_dir: Path, manifest: dict | None = None) -> list[dict]
     return out
 
 
-__all__ = ["MANIFEST", "MANIFEST_FIELDS", "MAX_SHARDS", "TableCorrupt", "check_manifest", "committed_files",
+__all__ = ["MANIFEST", "MANIFEST_FIELDS", "MANIFEST_MAX", "SIDECAR_MAX", "MAX_SHARDS", "TableCorrupt", "check_manifest", "committed_files",
            "manifest_error", "parse_manifest", "read_manifest"]

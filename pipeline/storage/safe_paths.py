@@ -229,10 +229,23 @@ def open_regular(path: Path | str, follow: bool = False) -> int:
     return _regular(fd, path)
 
 
-def read_regular(path: Path | str, follow: bool = False, limit: int | None = None) -> bytes:
+class TooLarge(UnsafePath):
+    """A file the project writes small (a manifest, a sidecar, a cache) that is larger than any it writes: refused
+    from its fstat size before a byte is read (a sparse 1 GiB file costs nothing on disk and everything in memory)."""
+
+    def __init__(self, path: Path | str, size: int, max_size: int):
+        super().__init__(f"{path} is {size:,} bytes, larger than the {max_size:,} any such file of contramine's is: "
+                         f"not read (remove it, or write it again)")
+        self.size, self.max_size = size, max_size
+
+
+def read_regular(path: Path | str, follow: bool = False, limit: int | None = None,
+                 max_size: int | None = None) -> bytes:
     """The bytes of `path`, opened by `open_regular` (a FIFO, socket, device or link is UnsafePath in one line);
-    with `limit`, at most that many bytes."""
+    with `limit`, at most that many bytes; with `max_size`, TooLarge (one line) when fstat says it is larger."""
     with os.fdopen(open_regular(path, follow), "rb") as f:
+        if max_size is not None and (size := os.fstat(f.fileno()).st_size) > max_size:
+            raise TooLarge(path, size, max_size)
         return f.read() if limit is None else f.read(limit)
 
 

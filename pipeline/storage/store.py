@@ -19,7 +19,7 @@ This is the writer's side; readers of a finished run use tables.py (RunTables).
 from __future__ import annotations
 
 import hashlib
-import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +27,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contramine.pipeline.storage.atomic import atomic_file, atomic_write_json
-from contramine.pipeline.storage.manifest import MANIFEST, TableCorrupt, committed_files, read_manifest
+from contramine.pipeline.errors import json_loads
+from contramine.pipeline.storage.manifest import MANIFEST, SIDECAR_MAX, TableCorrupt, committed_files, read_manifest
+from contramine.pipeline.storage.safe_paths import UnsafePath, open_regular, read_regular
 from contramine.pipeline.storage.shard_names import PART, shard_file
-from contramine.pipeline.storage.verify import Verified, damaged_line, first_damaged
+from contramine.pipeline.storage.verify import Verified, content_hash, damaged_line, first_damaged
 from contramine.pipeline.schema import SCHEMAS
 
 
@@ -57,10 +59,12 @@ class ShardInfo:
     cached: bool
     file: str = ""
     seconds: float = 0.0
+    bytes: int | None = None  # the file's size: a reader compares it (fstat) before it hashes the file
 
     def entry(self) -> dict:
         """The shard as a manifest lists it."""
-        return {"file": self.file, "hash": self.hash, "rows": self.rows, "seconds": round(self.seconds, 3)}
+        return {"file": self.file, "hash": self.hash, "rows": self.rows, "seconds": round(self.seconds, 3),
+                **({"bytes": self.bytes} if self.bytes is not None else {})}
 
 
 class Store:
@@ -108,9 +112,8 @@ class Store:
         """The committed shard exists and its bytes still hash to the recorded hash."""
         try:
             e = self._entry(table, i, n)
-            path = self.dir(table) / e["file"]
-            return path.is_file() and not path.is_symlink() and e.get("hash") == file_hash(path)
-        except (FileNotFoundError, OSError, TableCorrupt):
+            return _hash_of(self.dir(table) / e["file"], e.get("bytes")) == (e.get("hash"), True)
+        except (FileNotFoundError, OSError, TableCorrupt, UnsafePath):
             return False
 
     def cached_rows(self, table: str, i: int, n: int) -> int:
@@ -129,7 +132,8 @@ class Store:
         path = self.shard_path(table, i, n)
         if self._verified is None:
             self._verified = Verified(self.root)
-        why = self._verified.check(table, path, self._entry(table, i, n).get("hash"))
+        entry = self._entry(table, i, n)
+        why = self._verified.check(table, path, entry.get("hash"), entry.get("bytes"))
         if why is None:
             try:
                 self._verified.save()  # (what passed: the Parquet read below checks the pages as a second line)
@@ -164,32 +168,37 @@ class Store:
         """Shard i under `key`: a file of its own name, never one a manifest lists with other bytes."""
         check_schema(table, data)
         path = self.shard_path(table, i, n, key)
-        with atomic_file(path, root=self.root) as tmp:  # no folder below the run is a link (safe_paths.py)
+        # no folder below the run is a link (safe_paths.py); committed bytes are read-only (0444): an edit in place
+        # takes a chmod first, which moves the file's ctime, which the verified-read cache keys on (verify.py)
+        with atomic_file(path, root=self.root, mode=0o444) as tmp:
             # Fixed writer options: the same table always gives the same bytes.
             pq.write_table(data, tmp, compression="zstd", row_group_size=64_000, write_statistics=True,
                            write_page_checksum=True)
-        info = ShardInfo(table, i, n, key, file_hash(path), data.num_rows, cached=False, file=path.name,
-                         seconds=seconds)
+        digest, _ = _hash_of(path, None)
+        info = ShardInfo(table, i, n, key, digest, data.num_rows, cached=False, file=path.name,
+                         seconds=seconds, bytes=os.stat(path, follow_symlinks=False).st_size)
         atomic_write_json(path.with_suffix(".json"),
-                          {"key": key, "hash": info.hash, "rows": info.rows, "seconds": round(seconds, 3)},
-                          root=self.root)
+                          {"key": key, "hash": info.hash, "rows": info.rows, "seconds": round(seconds, 3),
+                           "bytes": info.bytes}, root=self.root, mode=0o444)
         return info
 
     def cached_shard(self, table: str, i: int, n: int, key: str) -> ShardInfo | None:
         """The shard written under `key`, if it is there whole: its sidecar names the key and its bytes are intact.
         Finished shards of a rerun that was killed before its commit are found here too."""
         path = self.shard_path(table, i, n, key)
-        side = path.with_suffix(".json")
-        if not (path.is_file() and side.is_file()) or path.is_symlink():
+        try:  # bounded (fstat) before it is parsed; no link followed, no FIFO waited on
+            meta = json_loads(read_regular(path.with_suffix(".json"), max_size=SIDECAR_MAX))
+            if not isinstance(meta, dict) or meta.get("key") != key or not isinstance(meta.get("rows"), int):
+                return None
+            size = meta.get("bytes") if isinstance(meta.get("bytes"), int) else None
+            digest, size_ok = _hash_of(path, size)
+        except (OSError, ValueError, UnsafePath):
             return None
-        try:
-            meta = json.loads(side.read_text())
-        except (json.JSONDecodeError, OSError):
-            return None
-        if meta.get("key") != key or file_hash(path) != meta.get("hash"):
+        if not size_ok or digest != meta.get("hash"):
             return None
         return ShardInfo(table, i, n, key, meta["hash"], int(meta["rows"]), cached=True, file=path.name,
-                         seconds=float(meta.get("seconds", 0.0)))
+                         seconds=float(meta.get("seconds", 0.0)) if isinstance(meta.get("seconds"), (int, float))
+                         else 0.0, bytes=os.stat(path, follow_symlinks=False).st_size)
 
     def write_table(self, table: str, parts: list[pa.Table], key: str, manifest: dict | None = None) -> None:
         """A whole table written and committed outside a stage (a table you bring, a test's input): shard i of
@@ -212,14 +221,24 @@ class Store:
         if (line := first_damaged(self._verified, self.dir(table), files)) is not None:  # remembered for readers
             raise TableCorrupt(line)
         try:  # what the manifest being replaced lists and this one does not: kept for a grace period (grace.py)
-            replaced = [e["file"] for e in committed_files(self.dir(table)) or [] if e not in files]
+            listed = {e["file"] for e in files}
+            replaced = [e["file"] for e in committed_files(self.dir(table)) or [] if e["file"] not in listed]
         except TableCorrupt:
             replaced = []
         atomic_write_json(self.dir(table) / MANIFEST, {**manifest, "table": table, "shards": n, "files": files},
-                          root=self.root)
+                          root=self.root, mode=0o444)
         self.staged.pop(table, None)
         collect(self.root, self.dir(table), files, replaced, self.keep_replaced_s)
         self._verified.save()
+
+
+def _hash_of(path: Path, size: int | None) -> tuple[str | None, bool]:
+    """(the content hash of the plain file at `path`, True), or (None, False) when its size (fstat of the file as
+    opened) is not the `size` recorded: a shard grown to 8 GiB is refused at once, never hashed."""
+    with os.fdopen(open_regular(path), "rb") as f:
+        if size is not None and os.fstat(f.fileno()).st_size != size:
+            return None, False
+        return content_hash(f), True
 
 
 def schema_of(table: str) -> pa.Schema | None:

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from contramine.pipeline.storage.safe_paths import UnsafePath, read_regular
-from contramine.pipeline.storage.manifest import MANIFEST, TableCorrupt, committed_files, parse_manifest, read_manifest
+from contramine.pipeline.storage.manifest import MANIFEST, MANIFEST_MAX, TableCorrupt, committed_files, parse_manifest, read_manifest
 from contramine.pipeline.storage.verify import WRITERS, Verified, damaged_line, table_line
 from contramine.pipeline.errors import ExpectedError
 from contramine.pipeline.hints import command
@@ -114,7 +114,7 @@ class RunTables:
         for e in entries:
             path = self.dir / table / e["file"]
             paths.append(path)
-            why = self._verified.check(table, path, e.get("hash"))
+            why = self._verified.check(table, path, e.get("hash"), e.get("bytes"))
             if why is not None:
                 bad.append((path.name, why))
         self._verified.save()
@@ -291,7 +291,7 @@ def _copy_table(source: RunTables, table: str, tmp: Path) -> None:
         for p in list(tmp.iterdir()):  # what an attempt before this one linked
             _remove_entry(p)
         try:
-            raw = read_regular(src_dir / MANIFEST, follow=True)  # a FIFO there: one line, never a hang
+            raw = read_regular(src_dir / MANIFEST, follow=True, max_size=MANIFEST_MAX)  # a FIFO: one line, no hang
         except UnsafePath as e:
             raise TableUnreadable(f"--reuse-from: table `{table}` of {source.dir}/: {e}") from None
         except FileNotFoundError:

@@ -3,29 +3,34 @@ them (`make sql`, the report, exports, the trainer, a stage reading its inputs, 
 
 The manifest records each shard's blake2b-128 of its whole file (store.file_hash, taken by the writer right after
 the rename). Hashing every shard at every `sql` would cost seconds on a large run, so a check that passed is
-remembered in the run's `.verified.json`: {"<table>/<file>": [inode, size, mtime_ns, hash]}. A remembered check
-counts only while the file's inode, size and mtime_ns are what they were and the manifest records the same hash: a
-rewrite (a new inode: every write is a rename), a truncation (size), a byte flipped in place (mtime) or a new commit
-(hash) hashes the file again. The cache is written atomically; a run folder that cannot be written (read-only) is
-checked all the same, only not remembered. Parquet page checksums (written by store.write_shard, verified by the
-pyarrow readers) are a second line for a reader that skips this one.
+remembered in the run's `.verified.json`: {"<table>/<file>": [device, inode, size, mtime_ns, ctime_ns, hash]}. A
+remembered check counts only while the file's device, inode, size, mtime_ns and ctime_ns are what they were and the
+manifest records the same hash: a rewrite (a new inode: every write is a rename), a truncation (size), a byte
+flipped in place (mtime; and ctime, which no user can set back: an in-place rewrite with its mtime restored) or a
+new commit (hash) hashes the file again. The manifest also records each shard's size, compared (fstat) before the
+file is hashed: a shard grown to 8 GiB is one line at once. The cache is written atomically, 0600 (only its user
+writes it), and read only when it is its user's own and no one else may write it; a run folder that cannot be
+written (read-only) is checked all the same, only not remembered. Parquet page checksums (written by
+store.write_shard, verified by the pyarrow readers) are a second line for a pyarrow reader; DuckDB does not check
+them.
 
     verified = Verified(run_dir)
-    why = verified.check("triplets", path, expected_hash)   # None: intact; else why not ("missing", "damaged ...")
+    why = verified.check("triplets", path, expected_hash, size)   # None: intact; else why ("missing", "damaged ...")
     verified.save()
 """
 from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import stat
 import threading
 from pathlib import Path
 
+from contramine.pipeline.errors import json_loads
 from contramine.pipeline.hints import command
 from contramine.pipeline.storage.atomic import atomic_write_json
+from contramine.pipeline.storage.shard_names import MANIFEST
 
 CACHE = ".verified.json"
 _CACHE_MAX = 16 << 20  # a cache file larger than this is not ours: ignored (and replaced at the next save)
@@ -50,8 +55,10 @@ def table_line(table_dir: Path, what: str, man=None) -> str:
 
 
 def damaged_line(table_dir: Path, file: str, why: str) -> str:
-    """The one line for a listed shard that is not what its manifest recorded."""
-    return table_line(table_dir, f"shard {Path(table_dir) / file} {why} (nothing of it is served)")
+    """The one line for a listed shard that is not what its manifest recorded (the manifest's own `stage` names the
+    fix where this process loaded no stages: `sql`, `verify`)."""
+    return table_line(table_dir, f"shard {Path(table_dir) / file} {why} (nothing of it is served)",
+                      small_json(Path(table_dir) / MANIFEST))
 
 
 def content_hash(f) -> str:
@@ -59,9 +66,11 @@ def content_hash(f) -> str:
     return hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
 
 
-def small_json(path: Path) -> dict:
+def small_json(path: Path, private: bool = False) -> dict:
     """A small JSON object the project keeps beside its tables (a cache, a record), or {} for anything else: no
-    link is followed, a FIFO does not block, a file past 16 MiB or of another shape is not read."""
+    link is followed, a FIFO does not block, a file past 16 MiB (fstat, before it is read), nested too deep or of
+    another shape is not read. `private`: only a file of this user's that no one else may write (a cache that
+    vouches for files)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -70,7 +79,9 @@ def small_json(path: Path) -> dict:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > _CACHE_MAX:
             return {}
-        data = json.loads(os.read(fd, st.st_size + 1))
+        if private and (st.st_uid != os.getuid() or st.st_mode & 0o022):
+            return {}
+        data = json_loads(os.read(fd, st.st_size + 1))
     except (OSError, ValueError):
         return {}
     finally:
@@ -89,14 +100,16 @@ class Verified:
         self._seen: dict[str, list] = self._load() if remembered else {}
 
     def _load(self) -> dict[str, list]:
-        data = small_json(self.run_dir / CACHE)
-        return {k: v for k, v in data.items() if isinstance(v, list) and len(v) == 4}
+        data = small_json(self.run_dir / CACHE, private=True)
+        # an entry of the layout before ctime and device ([inode, size, mtime_ns, hash]) is not one: hashed again
+        return {k: v for k, v in data.items() if isinstance(v, list) and len(v) == 6}
 
-    def check(self, table: str, path: Path, expected: str | None) -> str | None:
-        """None when `path` (a shard of `table`) is a plain file whose bytes hash to `expected`; else why not, as a
-        few words for the one line. A shard whose manifest records no hash (the oldest layout) is not checked. The
-        file is opened without following a link and without blocking on a FIFO, and what is remembered is the
-        stat of the very file hashed."""
+    def check(self, table: str, path: Path, expected: str | None, size: int | None = None) -> str | None:
+        """None when `path` (a shard of `table`) is a plain file of `size` bytes (when the manifest records it)
+        whose bytes hash to `expected`; else why not, as a few words for the one line. A shard whose manifest
+        records no hash (the oldest layout) is not checked. The file is opened without following a link and without
+        blocking on a FIFO, its size compared before a byte is hashed, and what is remembered is the stat of the
+        very file hashed."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -109,7 +122,11 @@ class Verified:
                 return "is not a plain file"
             if not expected:
                 return None
-            key, now = f"{table}/{Path(path).name}", [st.st_ino, st.st_size, st.st_mtime_ns, expected]
+            if size is not None and st.st_size != size:
+                return (f"is damaged: {st.st_size:,} bytes where its manifest records {size:,} (grown, truncated "
+                        f"or replaced; not hashed)")
+            key = f"{table}/{Path(path).name}"
+            now = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, expected]
             with self._lock:
                 if self._seen.get(key) == now:
                     return None
@@ -133,7 +150,7 @@ class Verified:
             keep = {k: v for k, v in self._seen.items() if os.path.lexists(self.run_dir / k)}
             self._dirty = False
         try:
-            atomic_write_json(self.run_dir / CACHE, keep, root=self.run_dir)
+            atomic_write_json(self.run_dir / CACHE, keep, root=self.run_dir, mode=0o600)
         except Exception:  # noqa: BLE001 - remembering is an optimisation: never the reason a read fails
             pass
 
@@ -142,7 +159,7 @@ def first_damaged(verified: Verified, table_dir: Path, files: list[dict]) -> str
     """Before a commit (store.Store.finish): the one line for the first listed file that is not a plain file
     hashing to its entry's hash, or None (and every file checked is remembered in `verified`)."""
     for e in files:
-        why = verified.check(Path(table_dir).name, Path(table_dir) / e["file"], e.get("hash"))
+        why = verified.check(Path(table_dir).name, Path(table_dir) / e["file"], e.get("hash"), e.get("bytes"))
         if why is not None:
             return damaged_line(table_dir, e["file"], why)
     return None
