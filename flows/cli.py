@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from . import env  # noqa: F401
-from contramine.pipeline.config import Config, ConfigError, configure, split_overrides
+from contramine.pipeline.config import Config, ConfigError, configure, secrets_to_environment, split_overrides
 from contramine.pipeline.errors import ExpectedError, unwritable
 from contramine.pipeline.hints import command
 
@@ -345,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     # make passes SET="a=1 b=2" as one word: split before each `key=`, not inside a value ('x=[["a", "b"]]')
     args.set = [kv for item in args.set for kv in split_overrides(item)]
+    # a secret (runner.memo_key) travels in the environment: the overrides become Prefect's flow-run parameters
+    args.set = secrets_to_environment(args.set)
     try:
         cfg = configure(args.profile, args.run, args.corpus, args.set)
         {"mine": cmd_mine, "stage": cmd_stage, "sql": cmd_sql, "report": cmd_report,
