@@ -4,6 +4,7 @@ miner. The miner's own maps (pipeline/engine/maps.py) and the flows' task runner
 cluster's certificate; test_scaleout.py mines a whole run on such a cluster."""
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import ssl
@@ -11,11 +12,19 @@ from urllib.parse import urlsplit
 
 import pytest
 from distributed import Client
+from distributed.comm import connect
 from distributed.security import Security
 
 from contramine.flows.mine import task_runner
 from contramine.pipeline.config import configure
 from contramine.pipeline.engine.maps import dask_map, local_cluster
+
+
+def _connect(address: str, **connection_args) -> None:
+    async def attempt():
+        comm = await connect(address, timeout=10, **connection_args)
+        await comm.close()
+    asyncio.run(attempt())
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +38,12 @@ def test_the_local_cluster_refuses_a_client_without_its_certificate(cluster):
     assert address.startswith("tls://127.0.0.1:")
     with pytest.raises(TypeError, match="TLS expects a `ssl_context`"):  # a plain Client(address)
         Client(address, timeout=5)
+    # below a Client (one client's IO loop a test, on a loaded machine): the connection itself, as a Client makes it
     with pytest.raises(OSError):  # the same port spoken to in plain TCP
-        Client(address.replace("tls://", "tcp://"), timeout=5)
+        _connect(address.replace("tls://", "tcp://"))
     with pytest.raises(OSError, match="TLS certificate does not match"):  # a certificate of its own
-        Client(address, security=Security.temporary(), timeout=5)
+        _connect(address, **Security.temporary().get_connection_args("client"))
+    _connect(address, **cluster.security.get_connection_args("client"))  # the cluster's own: let in
     # a TLS client that trusts any server and shows no certificate: the scheduler says nothing but its refusal
     where = urlsplit(address)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
