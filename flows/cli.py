@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from . import env  # noqa: F401
-from contramine.pipeline.config import Config, ConfigError, configure, split_overrides
+from contramine.pipeline.config import Config, ConfigError, configure, secrets_to_environment, split_overrides
 from contramine.pipeline.errors import ExpectedError, unwritable
 from contramine.pipeline.hints import command
 
@@ -189,6 +189,8 @@ def cmd_sql(args, cfg: Config) -> None:
 def cmd_report(args, cfg: Config) -> None:
     from contramine.pipeline.report import write_report
 
+    if not cfg.run.dir.is_dir():  # a typo'd run name gets one line, not an empty run folder with a report in it
+        raise InputMissing(f"{cfg.run.dir}: no such run (`{command('mine', run=cfg.run.name)}` first)")
     print(write_report(cfg.run.dir))
 
 
@@ -348,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     # make passes SET="a=1 b=2" as one word: split before each `key=`, not inside a value ('x=[["a", "b"]]')
     args.set = [kv for item in args.set for kv in split_overrides(item)]
     args.set += [f"mine.for={args.for_objective}"] if getattr(args, "for_objective", None) else []  # its setting
+    # a secret (runner.memo_key) travels in the environment: the overrides become Prefect's flow-run parameters
+    args.set = secrets_to_environment(args.set)
     try:
         cfg = configure(args.profile, args.run, args.corpus, args.set)
         {"mine": cmd_mine, "stage": cmd_stage, "sql": cmd_sql, "report": cmd_report,
@@ -379,7 +383,9 @@ def say_last(line: str) -> None:
     as it does: a line that would come after ours. So in the command's own process (`python -m contramine.flows.cli`, where
     this module is __main__) `line` waits for the exit hook below, registered before Prefect was imported: exit
     hooks run last-registered first, so it runs after Prefect's. Otherwise (a configured server, the user's or the
-    tests' harness, logs nothing at exit; an in-process call returns first) it is printed now."""
+    tests' harness, logs nothing at exit; an in-process call returns first) it is printed now. Control characters
+    (a corpus file named with terminal escapes) are shown as Python writes them in a string, never sent raw."""
+    line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in line)
     if __name__ == "__main__" and "prefect.server.api.server" in sys.modules:
         from prefect.settings import PREFECT_API_URL
 

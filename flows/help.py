@@ -18,8 +18,8 @@ COMMANDS = {
     "stage": ("run one stage (the tables it reads must exist)", "contramine stage neighbours --run demo --force"),
     "sql": ("DuckDB over a run's tables: one query, or a shell", 'contramine sql --run demo -q "SELECT count(*) '
             'FROM pairs"'),
-    "report": ("write the mining report of a run (an HTML page of what was mined and why)",
-               "contramine report --run demo"),
+    "report": ("write the mining report of a run: a Markdown page (report/index.md, with PNG plots) of what was "
+               "mined and why", "contramine report --run demo"),
     "export": ("write a run's mined rows as a Hugging Face dataset folder", "contramine export --run demo --format "
                "triplet debcse"),
     "cache": ("the row memo: its size per stage; --prune by age or by what no run uses; --verify every pack",

@@ -18,7 +18,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from contramine.pipeline.config import Config, configure  # noqa: F401  (configure: what flow callers build a config with)
 from contramine.pipeline.storage.lock import run_lock
 from contramine.pipeline.engine.discovery import stages_for
-from contramine.pipeline.engine.maps import local_cluster
+from contramine.pipeline.engine.maps import cluster_security, local_cluster
 from contramine.pipeline.engine.runner import load_stages, run_job_json, run_stage
 from contramine.pipeline.hints import command
 
@@ -40,8 +40,9 @@ def task_runner(cfg: Config):
         return ThreadPoolTaskRunner(max_workers=cfg.runner.workers)
     from prefect_dask import DaskTaskRunner
 
-    if cfg.runner.kind == "dask":
-        return DaskTaskRunner(address=cfg.runner.address)
+    if cfg.runner.kind == "dask":  # the local cluster mine_flow started (TLS, its certificate in memory), or the user's
+        security = cluster_security(cfg.runner.address)
+        return DaskTaskRunner(address=cfg.runner.address, client_kwargs={"security": security} if security else None)
     return DaskTaskRunner(cluster_class=local_cluster, cluster_kwargs={"workers": cfg.runner.workers})
 
 

@@ -161,3 +161,18 @@ def test_every_parser_of_the_commands_takes_whole_option_names_only():
                     if not any(k.arg == "allow_abbrev" and k.value.value is False for k in node.keywords):
                         missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not missing, missing
+
+
+def test_report_of_a_run_that_does_not_exist_is_one_line_and_creates_nothing(capsys, tmp_path):
+    root = tmp_path / "runs"
+    line = _cli_error(capsys, root, ["report", "--run", "nosuchrun"])  # asserts nothing was written under root
+    assert f"{root / 'nosuchrun'}: no such run" in line and "contramine mine --run nosuchrun" in line
+
+
+def test_terminal_escapes_in_a_corpus_name_reach_the_terminal_escaped(capsys, tmp_path):
+    """A corpus file named with ANSI and bidi controls: the `error:` line names it as Python writes it in a string
+    (\\x1b, \\u202e), so the name cannot recolour, retitle or reorder the user's terminal."""
+    missing = tmp_path / "evil\x1b]0;pwned\x07\x1b[2J\u202etxt.c"
+    line = _cli_error(capsys, tmp_path / "runs", ["mine", "--corpus", str(missing)])
+    assert not any(not c.isprintable() for c in line), ascii(line)
+    assert "evil\\x1b]0;pwned\\x07\\x1b[2J\\u202etxt.c" in line

@@ -36,3 +36,8 @@ def test_each_command_help_says_what_it_does_with_an_example(name, capsys):
     assert len(description) > 30 and not description.startswith(("positional", "options")), description
     assert re.search(rf"^examples?:\n  contramine {name}\b", out, re.M), f"no example in contramine {name} --help"
     assert not SOURCE.search(out), SOURCE.search(out)
+
+
+def test_report_help_says_it_writes_a_markdown_page(capsys):
+    out = help_of(["report", "--help"], capsys)
+    assert "Markdown page (report/index.md, with PNG plots)" in " ".join(out.split()) and "HTML" not in out

@@ -144,3 +144,40 @@ def test_a_local_folders_identity_covers_its_content(corpus):
     part.write_text(LINES.replace("first", "fifth"))
     os.utime(part, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert part.stat().st_size == st.st_size and Corpus(str(corpus / "parts")).identity() != before
+
+
+def test_a_link_swapped_in_between_listing_and_opening_is_refused(corpus, monkeypatch):
+    """The listing checks where each part leads; the part is opened later, by its path. A link to a file outside,
+    put in a part's place in between, is refused on the descriptor opened (another file than the one listed), in
+    one line naming the part: none of its lines is read."""
+    from contramine.pipeline.corpus import corpus as corpus_module
+
+    parts = corpus / "parts"
+    (parts / "b.txt").write_text("an honest second part of the corpus\n")
+    list_parts = corpus_module.find_parts
+
+    def list_then_swap(spec, outside_links=False):
+        found = list_parts(spec, outside_links)
+        (parts / "b.txt").unlink()
+        (parts / "b.txt").symlink_to(corpus / "secret.txt")
+        return found
+    monkeypatch.setattr(corpus_module, "find_parts", list_then_swap)
+    for outside_links in (False, True):  # allowed links too: only the file the listing saw is read
+        with pytest.raises(CorpusError) as e:
+            _every_text(Corpus(str(parts), outside_links=outside_links))
+        assert "\n" not in str(e.value) and str(e.value).startswith(f"corpus {parts / 'b.txt'}: is another file "
+                                                                    f"than the one listed")
+        (parts / "b.txt").unlink()
+        (parts / "b.txt").write_text("an honest second part of the corpus\n")
+
+
+def test_an_opened_part_outside_its_root_is_refused(corpus):
+    """Where the listing's identity is not at hand, the descriptor's own path (/proc/self/fd) decides."""
+    from contramine.pipeline.corpus.records import Part
+
+    (corpus / "parts" / "b.txt").symlink_to(corpus / "secret.txt")
+    part = Part("b.txt", corpus / "parts" / "b.txt", "text", None, root=os.path.realpath(corpus / "parts"))
+    with pytest.raises(CorpusError, match=rf"opened, it is {corpus / 'secret.txt'}, outside the corpus"):
+        open_file(part)
+    with open_file(Part("a.txt", corpus / "parts" / "a.txt", "text", None, root=str(corpus / "parts"))) as f:
+        assert f.read() == LINES.encode()

@@ -193,3 +193,18 @@ def test_bidi_controls_are_shown_as_code_points_and_bare_urls_are_not_links():
     assert "https\\://evil.example/x" in out and "www\\.evil.example" in out and "me\\@evil.example" in out
     html = pytest.importorskip("markdown_it").MarkdownIt("commonmark").render(out)
     assert "<a" not in html and "https://evil.example/x, www.evil.example or me@evil.example" in html
+
+
+def test_a_stage_name_with_tex_and_long_texts_are_shown_as_written(tmp_path):
+    """A manifest `stage` of `$\\undefinedmacro{x}$` is drawn as those characters (no mathtext parse, no crash), and
+    an example sentence is cut at the 300 characters the examples ask for."""
+    run = tmp_path / "tex"
+    long_text = " ".join(["word"] * 100)  # 499 characters
+    _write(run, "sentences", [{"sid": 0, "text": long_text, "n_words": 100, "line_no": 0}], r"$\undefinedmacro{x}$", 0.1)
+    _write(run, "candidates", [{"sid": 0, "kind": "pos", "cand_sid": None, "text": long_text, "source": "noise",
+                                "edit": 0.5, "cos": 0.5, "s_sur": 0.5, "s_sem": 0.5, "p_tilde": 0.5, "p": 1.0,
+                                "chosen": True}], "sample", 0.1)
+    md = write_report(run).read_text()
+    assert "| \\$\\\\undefinedmacro{x}\\$ | 0.100 | sentences |" in md and (run / "report" / "stage_seconds.png").is_file()
+    examples = md[md.index("## 6. Examples"):md.index("## 7.")]
+    assert f"**sid 0:** {long_text[:299]}…" in examples and f"p = 1.0000: {long_text[:299]}…" in examples

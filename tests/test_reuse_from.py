@@ -65,11 +65,11 @@ def test_a_table_committed_again_while_copied_is_copied_from_the_new_manifest(tm
     Store(src).write_table("sentences", [_sentences(["old a"]), _sentences(["old b"])], key="old")
     real, calls = tables._link_or_copy, []
 
-    def commit_meanwhile(a, b):
+    def commit_meanwhile(a, b, *checked):
         calls.append(a.name)
         if len(calls) == 1:  # the source's stage commits between our reading of its manifest and our first link
             Store(src).write_table("sentences", [_sentences(["new a"]), _sentences(["new b"])], key="new")
-        return real(a, b)
+        return real(a, b, *checked)
     monkeypatch.setattr(tables, "_link_or_copy", commit_meanwhile)
     assert reuse_tables(src, dst) == ["sentences"]
     assert RunTables(dst).read("sentences").column("text").to_pylist() == ["new a", "new b"]
@@ -86,7 +86,7 @@ def test_a_table_that_keeps_losing_files_is_refused_in_one_line_and_not_left_hal
     src, dst = tmp_path / "src", tmp_path / "dst"
     Store(src).write_table("sentences", [_sentences(["a"])], key="k")
 
-    def gone(a, b):
+    def gone(a, b, *checked):
         raise FileNotFoundError(a)
     monkeypatch.setattr(tables, "_link_or_copy", gone)
     with pytest.raises(TableUnreadable) as e:
@@ -133,3 +133,85 @@ def test_reuse_never_changes_the_source_runs_files(tmp_path):
     after = shard.stat()
     assert (dst / "sentences" / shard.name).stat().st_ino == after.st_ino
     assert (after.st_mode, after.st_mtime_ns, after.st_size) == (before.st_mode, before.st_mtime_ns, before.st_size)
+
+
+# ---- a source run that is not ours to trust ----------------------------------------------------------------------
+def test_a_shard_changed_after_its_commit_is_not_brought(tmp_path):
+    """Bytes planted in a source shard after its commit (its manifest left as it was): the copy is checked against
+    the source's manifest, so the table is refused in one line and none of it lands."""
+    import os
+
+    from contramine.pipeline.storage.store import Store
+    from contramine.pipeline.storage.tables import TableUnreadable
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    Store(src).write_table("sentences", [_sentences(["honest a"]), _sentences(["honest b"])], key="k")
+    shard = sorted((src / "sentences").glob("part-*.parquet"))[1]
+    planted = shard.with_name("planted")
+    Store(tmp_path / "forger").write_table("sentences", [_sentences(["forged"]), _sentences(["forged"])], key="k")
+    planted.write_bytes(sorted((tmp_path / "forger" / "sentences").glob("part-*.parquet"))[1].read_bytes())
+    os.chmod(shard, 0o644)
+    shard.write_bytes(planted.read_bytes())  # rewritten in place: the same inode, other rows
+    with pytest.raises(TableUnreadable) as e:
+        reuse_tables(src, dst)
+    assert "\n" not in str(e.value) and str(e.value) == (f"--reuse-from: {shard} does not hash to what its table's "
+                                                         f"manifest records (changed after its commit): the source "
+                                                         f"table is not copied")
+    assert not (dst / "sentences").exists()
+
+
+@pytest.mark.parametrize("how", ["hard link", "copy"])
+def test_a_link_swapped_in_after_the_check_is_never_followed(tmp_path, monkeypatch, how):
+    """A shard replaced by a link to a file outside the run between the link check and the linking: it is linked
+    (or copied) as the link it is, never its target, and refused in one line; the target's bytes land nowhere."""
+    import os
+
+    from contramine.pipeline.storage import tables
+    from contramine.pipeline.storage.store import Store
+    from contramine.pipeline.storage.tables import TableUnreadable
+
+    src, dst, secret = tmp_path / "src", tmp_path / "dst", tmp_path / "secret.txt"
+    secret.write_bytes(b"a file of the user's that no run may take in")
+    Store(src).write_table("sentences", [_sentences(["a"])], key="k")
+    real = tables._link_or_copy
+
+    def swap_then_link(a, b, *checked):
+        if a.suffix == ".parquet":
+            a.unlink()
+            a.symlink_to(secret)
+        return real(a, b, *checked)
+    monkeypatch.setattr(tables, "_link_or_copy", swap_then_link)
+    if how == "copy":  # the source on another file system: no hard links from it
+        link = os.link
+
+        def no_hard_links_from_src(a, b, **k):
+            if str(a).startswith(str(src)):
+                raise OSError(18, "Invalid cross-device link")
+            return link(a, b, **k)
+        monkeypatch.setattr(os, "link", no_hard_links_from_src)
+    with pytest.raises(TableUnreadable, match=r"^--reuse-from: .*part-00000-of-00001\.\w+\.parquet is a symbolic link, "
+                                              r"not a shard file: the source table is not copied$"):
+        reuse_tables(src, dst)
+    monkeypatch.undo()
+    assert not (dst / "sentences").exists()
+    assert not any(f.is_file() and f.read_bytes() == secret.read_bytes() for f in dst.rglob("*"))
+
+
+def test_a_faiss_index_is_brought_only_from_a_folder_only_this_user_writes(tmp_path):
+    """`_index/` is what FAISS's read_index loads, which is not safe on a crafted file: it comes only from a run of
+    this user's that no one else may write; from any other the neighbours stage builds it again."""
+    import os
+
+    index = "hnsw-" + "0" * 32 + ".faiss"
+    for name, mode in (("own", 0o755), ("shared", 0o775)):  # the second: group-writable (a umask of 002)
+        src, dst = tmp_path / name, tmp_path / f"from-{name}"
+        _table(src, "neighbours")
+        (src / "neighbours" / "_index").mkdir()
+        (src / "neighbours" / "_index" / index).write_bytes(b"an index")
+        os.chmod(src, mode)
+        assert reuse_tables(src, dst) == ["neighbours"]
+        assert (dst / "neighbours" / "_index" / index).exists() == (name == "own"), name
+    (tmp_path / "own" / "neighbours" / "_index" / index).chmod(0o666)  # the file itself writable by others
+    os.chmod(tmp_path / "own", 0o755)
+    assert reuse_tables(tmp_path / "own", tmp_path / "again") == ["neighbours"]
+    assert not (tmp_path / "again" / "neighbours" / "_index" / index).exists()

@@ -3,13 +3,14 @@ corpus. The typed sections are in mining.py, backtranslation.py and training.py,
 from __future__ import annotations
 
 import json
+import os
 import re
 import tomllib
 import types
 import typing
 from pathlib import Path, PurePath
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from contramine.pipeline.config.base import CONFIG_DIR, ConfigError
 from contramine.pipeline.config.root import Config
@@ -125,6 +126,35 @@ def read_profile(name: str, _seen: tuple = ()) -> dict:
         raise ConfigError(f"{path}: {e}") from None
     parent = tree.pop("inherit", None)
     return _merge(read_profile(parent, _seen + (path,)), tree) if parent else tree
+
+
+def secret_settings(model: type[BaseModel] = Config, prefix: str = "") -> dict[str, str]:
+    """{dotted key: the environment variable it travels in} of every secret setting (a SecretStr field, its variable
+    named by the field's `env`), e.g. {"runner.memo_key": "CONTRAMINE_MEMO_KEY"}."""
+    found = {}
+    for name, field in model.model_fields.items():
+        if SecretStr in (typing.get_args(field.annotation) or (field.annotation,)):
+            found[prefix + name] = field.json_schema_extra["env"]
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            found.update(secret_settings(field.annotation, f"{prefix}{name}."))
+    return found
+
+
+def secrets_to_environment(overrides: list[str]) -> list[str]:
+    """`overrides` without the secret settings among them, each moved into its environment variable, where config
+    loading reads it (in this process, and in every process it starts: Dask workers, Prefect's subprocesses). A flow's
+    overrides are its parameters, which Prefect keeps in its database and sends to its API server; the environment
+    goes nowhere. The value is the text as typed (a TOML-quoted string unquoted), never read as a number."""
+    secrets, kept = secret_settings(), []
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        if key.strip() not in secrets:
+            kept.append(item)
+            continue
+        raw = raw.strip()
+        quoted = raw[:1] in ("'", '"') and isinstance(_parse_value(raw), str)
+        os.environ[secrets[key.strip()]] = _parse_value(raw) if quoted else raw
+    return kept
 
 
 def configure(profile: str = "default", run: str | None = None, corpus: str | None = None,

@@ -78,13 +78,15 @@ class RunnerCfg(Section):
                                    "(pipeline/storage/grace.py); the table's next commit or `contramine cache --prune` "
                                    "removes them after; 0 = at once")
     memo_key: SecretStr | None = Field(None, exclude=True, repr=False, validate_default=True,
+                                       json_schema_extra={"env": MEMO_KEY_ENV},  # how it travels (loading.py)
                                        description="the team's memo key: each pack gets an HMAC-SHA256 under it "
                                        "of its namespace, name, keys and values, and a pack without the keyed hash "
                                        "is refused, so a writer without the key cannot forge, re-key or copy one "
                                        "others accept; without it, only this user's own packs are served; unset, "
-                                       "it is taken "
-                                       f"from ${MEMO_KEY_ENV}; never written into a run's config record, manifests "
-                                       "or logs (docs/mining.md, \"Whom a shared memo trusts\")")
+                                       f"it is taken from ${MEMO_KEY_ENV}; `--set runner.memo_key=...` is moved there "
+                                       "by the command line before Prefect starts (a flow's overrides are kept in "
+                                       "Prefect's database); never written into a run's config record, manifests or "
+                                       "logs (docs/mining.md, \"Whom a shared memo trusts\")")
 
     @field_validator("memo_key", mode="after")
     @classmethod

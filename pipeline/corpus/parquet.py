@@ -40,7 +40,7 @@ class ParquetReader:
     def _file(self):
         """The part as an open Parquet file, checked: itself, or (compressed) decompressed to a temporary file."""
         if not self.part.codec:
-            with open_file(self.part.path) as f:
+            with open_file(self.part) as f:
                 yield f
             return
         with tempfile.TemporaryDirectory(prefix="contramine-corpus-") as tmp, \

@@ -6,7 +6,9 @@ A corpus is what is inside it. A file of a folder or glob whose real path (links
 root (the folder; the glob's fixed head) is refused in one line naming the link and where it leads, unless
 `data.outside_links` allows it: a received dataset carrying a link to ~/.aws/credentials must not put its lines into
 tables that exports share. A dangling link is skipped with a warning line naming it. A FIFO, socket or device, as the
-corpus or inside it, is one line naming it (never opened: see streams.open_file for the race with the opening).
+corpus or inside it, is one line naming it (never opened). Each part keeps what the listing saw (its device and
+inode, the root it must lie in): streams.open_file checks the descriptor it opens against both, so a link swapped in
+between the listing and the opening is refused in one line.
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ def _parts_below(base: Path, paths: list[Path], what: str, outside_links: bool) 
         if _skipped(name):
             continue
         try:
-            mode = os.stat(path).st_mode
+            st = os.stat(path)
+            mode = st.st_mode
         except FileNotFoundError:
             if os.path.islink(path):  # a dangling link: nothing to read, but never silently (once a process: a
                 if (what, name) not in _WARNED:  # run lists its corpus for the check, the key and the reading)
@@ -61,7 +64,7 @@ def _parts_below(base: Path, paths: list[Path], what: str, outside_links: bool) 
         if kind is None:
             raise CorpusError(f"corpus {what}: {path} is none of the corpus forms ({names()}): a glob can leave it "
                               f"out")
-        parts.append(Part(name, path, *kind))
+        parts.append(Part(name, path, *kind, listed=(st.st_dev, st.st_ino), root=None if outside_links else root))
     if not parts:
         raise CorpusError(f"corpus {what}: no corpus files ({names()}) found")
     return parts
@@ -76,7 +79,8 @@ def find_parts(spec: str, outside_links: bool = False) -> list[Part]:
         return _parts_below(base, found, f"glob {spec}", outside_links)
     path = Path(spec)
     try:
-        mode = os.stat(path).st_mode
+        st = os.stat(path)
+        mode = st.st_mode
     except FileNotFoundError:
         gone = f", a link to {os.readlink(path)}, which does not exist" if os.path.islink(path) else ""
         raise CorpusError(f"corpus {spec}: no such file or folder{gone}") from None
@@ -87,4 +91,4 @@ def find_parts(spec: str, outside_links: bool = False) -> list[Part]:
         return _parts_below(path, found, f"folder {path}", outside_links)
     if not stat.S_ISREG(mode):
         raise CorpusError(f"corpus {spec}: {kind_of(mode)}, not a file or folder of the corpus forms")
-    return [Part(path.name, path, *form_of(path, alone=True))]
+    return [Part(path.name, path, *form_of(path, alone=True), listed=(st.st_dev, st.st_ino))]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from contramine.pipeline.errors import ExpectedError
@@ -24,6 +24,9 @@ class Part:
     path: Path
     form: str
     codec: str | None
+    # what the listing saw, checked again on the descriptor opened (streams.open_file): a link swapped in between
+    listed: tuple[int, int] | None = field(default=None, compare=False)  # (st_dev, st_ino) of the file listed
+    root: str | None = field(default=None, compare=False)  # the corpus root's real path it must lie in (None: anywhere)
 
 
 @dataclass(frozen=True)

@@ -28,21 +28,46 @@ def kind_of(mode: int) -> str:
     return KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
-def open_file(path: Path):
-    """`path` opened for reading (a link followed: the caller checked where it leads), refused in one line unless it
-    is a regular file. Non-blocking, so a FIFO's open returns at once; fstat then says what it is."""
+def open_file(where: Path | Part):
+    """A part (or a path) opened for reading, refused in one line unless it is a regular file. Non-blocking, so a
+    FIFO's open returns at once; fstat then says what it is. A part is checked on the descriptor itself, after the
+    opening (which follows links): it must be the file its listing saw (device and inode) and, where its corpus
+    keeps to its root, lie inside that root (/proc/self/fd's path of it, on Linux). Between the listing and the
+    opening a link can be swapped in; only the open descriptor says what is read."""
+    part = where if isinstance(where, Part) else None
+    path = part.path if part else where
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise CorpusError(f"corpus {path}: no such file") from None
     except OSError as e:
         raise CorpusError(f"corpus {path}: cannot open it ({e.strerror})") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    st = os.fstat(fd)
+    problem = (f"{kind_of(st.st_mode)}, not a corpus file" if not stat.S_ISREG(st.st_mode)
+               else _moved(fd, st, part) if part else None)
+    if problem:
         os.close(fd)
-        raise CorpusError(f"corpus {path}: {kind_of(mode)}, not a corpus file")
+        raise CorpusError(f"corpus {path}: {problem}")
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
+
+
+def _moved(fd: int, st: os.stat_result, part: Part) -> str | None:
+    """Why the opened descriptor is not the part its listing checked, or None."""
+    if part.listed is not None and (st.st_dev, st.st_ino) != part.listed:
+        return ("is another file than the one listed (replaced, or a link swapped in, after the corpus was listed); "
+                "refused: read the corpus when nothing is changing it")
+    if part.root is None:
+        return None
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # no /proc: the device and inode the listing checked stand alone
+        return None
+    root = part.root.rstrip(os.sep) + os.sep
+    if real != part.root and not real.startswith(root):
+        return (f"opened, it is {real}, outside the corpus ({part.root}); refused: a link swapped in after the "
+                f"corpus was listed")
+    return None
 
 
 class Capped:
@@ -66,7 +91,7 @@ class Capped:
 def open_part(part: Part, max_expansion: float = 0):
     """The part's bytes as a readable stream (decompressed, capped at max_expansion times the file's size); a broken
     file is one line naming it."""
-    with open_file(part.path) as raw:
+    with open_file(part) as raw:
         try:
             if not part.codec:
                 yield raw

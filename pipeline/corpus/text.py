@@ -23,7 +23,7 @@ def cached_count(part: Part, size: int, mtime_ns: int, max_expansion: float) -> 
 def file_identity(part: Part, field: str | None) -> str:
     """A file part's name (`rejected.source`), form, codec and content hash; the field where the form has one."""
     h = hashlib.blake2b(digest_size=16)
-    with open_file(part.path) as f:  # (the FIFO check again: the file can change after it was listed)
+    with open_file(part) as f:  # (the FIFO and listing checks again: the file can change after it was listed)
         while chunk := f.read(1 << 22):
             h.update(chunk)
     return f"{part.name};form={part.form};codec={part.codec};hash={h.hexdigest()}" + (f";field={field}" if field

@@ -4,8 +4,20 @@ and returns `call(**job)` of each, in order (`call`: the runner's `run_job_json`
 no runner). The Prefect flows pass their own map (flows/mine.py)."""
 from __future__ import annotations
 
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
+
+# scheduler address -> the local cluster this process started there: its TLS certificates live in this process'
+# memory only, so a client of this process finds them by address (runner.address is all a stage flow is handed)
+_LOCAL_CLUSTERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def cluster_security(address: str | None):
+    """The `distributed.Security` of the local cluster this process started at `address`, or None (a cluster of
+    the user's own, `runner.kind = "dask"`: its security comes from Dask's own config)."""
+    cluster = _LOCAL_CLUSTERS.get(address) if address else None
+    return cluster.security if cluster is not None else None
 
 
 def _apply(call: Callable, job: dict):
@@ -25,19 +37,26 @@ def dask_map(address: str, call: Callable) -> Callable[[list[dict]], list]:
     def run(jobs: list[dict]) -> list:
         from distributed import Client
 
-        with Client(address) as client:
+        with Client(address, security=cluster_security(address)) as client:
             return client.gather(client.map(_apply, [call] * len(jobs), jobs, pure=False))
     return run
 
 
 def local_cluster(workers: int, **_):
     """A LocalCluster of one-thread worker processes that may start processes of their own: spaCy's
-    `negate.n_process` pool, which a daemonic Dask worker could not start."""
+    `negate.n_process` pool, which a daemonic Dask worker could not start. It speaks TLS only, with a certificate
+    made for it (`Security.temporary()`, held in this process' memory and passed to its workers) that every peer
+    must present: another account of this host can reach 127.0.0.1's ports, and a Dask client runs code on the
+    workers as the miner."""
     import dask
     from distributed import LocalCluster
+    from distributed.security import Security
 
     with dask.config.set({"distributed.worker.daemon": False}):
-        return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                               host="127.0.0.1", security=Security.temporary())
+    _LOCAL_CLUSTERS[cluster.scheduler_address] = cluster
+    return cluster
 
 
 def default_map(cfg, call: Callable) -> Callable[[list[dict]], list]:

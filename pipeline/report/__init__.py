@@ -48,6 +48,7 @@ FIGURES = ("rejected", "cosine_hist", "mer_vs_cos", "triplet_mer", "ipw_peakedne
 PLOTS = re.compile("|".join(rf"{re.escape(f)}\.png" for f in FIGURES))  # what a rerun may remove from report/
 
 
+@matplotlib.rc_context({"text.parse_math": False})  # stage names and texts are shown as written, never as TeX
 def _figure(out: Path, name: str, title: str, xlabel: str, ylabel: str, draw, counts: str = "") -> str:
     assert name in FIGURES, name  # a new plot is named there, so that a rerun removes it when it no longer draws it
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
@@ -285,9 +286,9 @@ def section_examples(run: Run, seed: int) -> list[str]:
         last = None
         for sid, anchor, kind, text, p in got:
             if sid != last:
-                md += ["", f"**sid {sid}:** {cell(anchor, 300)}"]
+                md += ["", f"**sid {sid}:** {cell(anchor, limit=300)}"]
                 last = sid
-            md.append(f"- {'+' if kind == 'pos' else '−'} p = {p:.4f}: {cell(text, 300)}")
+            md.append(f"- {'+' if kind == 'pos' else '−'} p = {p:.4f}: {cell(text, limit=300)}")
         md += [""] if got else ["No chosen candidates.", ""]
     else:
         md += [f"candidates / sentences: {ABSENT}.", ""]

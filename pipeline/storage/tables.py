@@ -30,6 +30,7 @@ import pyarrow.dataset as pads
 from contramine.pipeline.storage.safe_paths import UnsafePath, read_regular
 from contramine.pipeline.storage.manifest import MANIFEST, MANIFEST_MAX, TableCorrupt, committed_files, parse_manifest, read_manifest
 from contramine.pipeline.storage.verify import WRITERS, Verified, damaged_line, table_line
+from contramine.pipeline.storage.reuse_files import NotBrought, link_or_copy as _link_or_copy, owned_here
 from contramine.pipeline.errors import ExpectedError
 from contramine.pipeline.hints import command
 from contramine.pipeline.schema import SCHEMAS
@@ -236,18 +237,6 @@ def reuse_tables(src: Path | str, dst: Path | str) -> list[str]:
         return _bring(source, dst)
 
 
-def _link_or_copy(a: Path, b: Path) -> None:
-    import os
-    import shutil
-
-    try:
-        os.link(a, b)
-    except FileNotFoundError:
-        raise
-    except OSError:  # another file system, or one without hard links
-        shutil.copy2(a, b)
-
-
 def _only_a_manifest(table_dir: Path) -> bool:
     """A table folder holding a manifest and no shard (what an interrupted copy of older code could leave): not a
     table of the run's own, so a copy may replace it."""
@@ -325,25 +314,24 @@ def _link_listed(source: RunTables, table: str, files: list[dict], tmp: Path) ->
             raise TableUnreadable(f"--reuse-from: {shard} is a symbolic link, not a shard file: the source table is "
                                   f"not copied (rewrite it with "
                                   f"`{command('stage', stage=writer_of(table), run=source.dir.name, force=True)}`)")
-        try:
-            _link_or_copy(shard, tmp / shard.name)
-        except FileNotFoundError:
-            raise _Vanished(shard) from None
-        side = shard.with_suffix(".json")  # the sidecar: optional (a shard reuse needs it, a read does not)
-        if side.is_file() and not side.is_symlink():
-            try:
-                _link_or_copy(side, tmp / side.name)
+        for path, expected in ((shard, e.get("hash")), (shard.with_suffix(".json"), None)):
+            if path != shard and not (path.is_file() and not path.is_symlink()):
+                continue  # the sidecar: optional (a shard reuse needs it, a read does not)
+            try:  # checked against the source's manifest, read once: the bytes it lists, no link
+                _link_or_copy(path, tmp / path.name, expected)
             except FileNotFoundError:
-                raise _Vanished(side) from None
+                raise _Vanished(path) from None
+            except NotBrought as why:
+                raise TableUnreadable(f"--reuse-from: {path} {why}: the source table is not copied") from None
     index = src_dir / "_index"  # the neighbours stage's built index, keyed by what it was built from: a cache
-    if index.is_dir() and not index.is_symlink():
+    if index.is_dir() and owned_here(source.dir, src_dir, index):  # FAISS loads it: never another's (reuse_files)
         (tmp / "_index").mkdir()
         for p in index.iterdir():
-            if p.is_file() and not p.is_symlink():
+            if p.is_file() and owned_here(p):
                 try:
                     _link_or_copy(p, tmp / "_index" / p.name)
-                except FileNotFoundError:
-                    pass  # rebuilt meanwhile: the stage builds it again where it needs to
+                except (FileNotFoundError, NotBrought):
+                    pass  # rebuilt meanwhile, or a link swapped in: the stage builds it again where it needs to
 
 
 def _remove_entry(p: Path) -> None:

@@ -1,0 +1,59 @@
+"""A secret setting given on the command line (`--set runner.memo_key=...`) reaches the memo through the
+environment, never Prefect: a flow's overrides are its run's parameters, kept in Prefect's database (a file under
+the shared artifacts/) and sent to its API server. Nor do the run folder (manifests, config records) or the logs
+hold it."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from contramine.flows.cli import main
+from contramine.pipeline.config.mining import MEMO_KEY_ENV
+from contramine.pipeline.memo.cache import verify
+
+from mining_helpers import SMALL
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+ROOT = Path(__file__).resolve().parent.parent
+WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"
+KEY = "tEaM-kEy-0f-32-cHaRaCtErS-xq7Zp9"
+
+
+def _prefect_database_files() -> list[Path]:
+    from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL
+
+    url = PREFECT_SERVER_DATABASE_CONNECTION_URL.value()  # sqlite+aiosqlite:///<file>: the harness' own database
+    db = Path(url.split(":///", 1)[1])
+    return [p for p in db.parent.glob(db.name + "*") if p.is_file()]  # with its -wal and -shm, when there
+
+
+def test_a_memo_key_on_the_command_line_keys_the_memo_and_stays_out_of_prefect(tmp_path, capsys, caplog,
+                                                                               monkeypatch):
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED, temporary_settings
+
+    monkeypatch.setenv(MEMO_KEY_ENV, "set by the CLI below, removed after the test")
+    monkeypatch.delenv(MEMO_KEY_ENV)
+    corpus, root = tmp_path / "c30.txt", tmp_path / "runs"
+    corpus.write_text("\n".join(WIKI.read_text(encoding="utf-8").splitlines()[:30]) + "\n", encoding="utf-8")
+    sets = [*SMALL, f"run.root={root}", "encoder.model=standin:encoder-32", "runner.memo=on"]
+    # the runs' logs go to Prefect's database too (the tests keep them off it elsewhere: tests/conftest.py)
+    with caplog.at_level(logging.DEBUG), temporary_settings({PREFECT_LOGGING_TO_API_ENABLED: True}):
+        for stage in ("sentences", "embeddings"):
+            assert main(["stage", stage, "--run", "k", "--corpus", str(corpus), "--set", *sets,
+                         f"runner.memo_key={KEY}"]) == 0, capsys.readouterr().err
+        APILogWorker.drain_all(timeout=30)  # the runs' logs are in the database before it is read
+    checked, bad = verify(root / ".memo", dry_run=True, key=KEY.encode())
+    assert checked >= 1 and bad == []  # the packs the run wrote carry the key's hash...
+    checked, bad = verify(root / ".memo", dry_run=True, key=b"another team's key, 32 characters")
+    assert len(bad) == checked  # ...and no other key's
+    databases = _prefect_database_files()
+    held = b"".join(p.read_bytes() for p in databases)
+    assert b"runner.memo=on" in held and b"Finished in state Completed" in held  # the runs' parameters and logs
+    for path in [*databases, *(p for p in root.rglob("*") if p.is_file())]:
+        assert KEY.encode() not in path.read_bytes(), path
+    out = capsys.readouterr()
+    assert KEY not in out.out + out.err + caplog.text
