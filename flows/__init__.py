@@ -1,4 +1,4 @@
-"""contramine.flows: the Prefect flows (mine.py), the `contramine` CLI (cli.py), `sql` (sql.py), the deployments
+"""contramine.flows: the Prefect flows (mine.py), the `contramine` CLI (cli.py; its upkeep commands: upkeep.py), `sql` (sql.py), the deployments
 (deployments.py) and the environment check (doctor.py)."""
 
 # One file, one module: this folder is the package `contramine.flows` (contramine/flows links here), never the top-level

@@ -36,6 +36,7 @@ from contramine.pipeline.errors import ExpectedError, unwritable
 from contramine.pipeline.hints import command
 
 from .help import COMMANDS, DELEGATED, DESCRIPTION, EXAMPLES
+from .upkeep import InputMissing, cmd_cache, cmd_verify
 from contramine.pipeline.engine.discovery import module_names
 
 # Prefect logs a failed task or flow run with its traceback; for the errors this CLI reports in one line, the
@@ -48,10 +49,6 @@ _USERS_LOGGING = (os.environ.get("PREFECT_LOGGING_CONFIG_PATH") or os.environ.ge
                   or (Path(os.environ["PREFECT_HOME"]).expanduser() / "logging.yml").is_file())
 if __name__ == "__main__" and LOGGING_YML.is_file() and not _USERS_LOGGING:
     os.environ["PREFECT_LOGGING_CONFIG_PATH"] = str(LOGGING_YML)
-
-
-class InputMissing(ExpectedError, RuntimeError):
-    """A stage run alone before the stages it reads from."""
 
 
 def preflight(cfg: Config, stages: list[str]) -> tuple[list[str], dict]:
@@ -199,71 +196,6 @@ def cmd_export(args, cfg: Config) -> None:
 
     for fmt in args.format:
         print(f"{fmt}: wrote {export_run(cfg.run.dir, fmt)} (load it with datasets.load_dataset(<that folder>))")
-
-
-class RunDamaged(ExpectedError, RuntimeError):
-    """`contramine verify` found a damaged shard or memo pack (each named above): exit 2."""
-
-
-def cmd_verify(args, cfg: Config) -> None:
-    """Every shard of the run against its manifest's hash (engine/verify.py); --memo: `cache --verify` too."""
-    from contramine.pipeline.engine.upkeep import verify_run
-
-    if not cfg.run.dir.is_dir():
-        raise InputMissing(f"{cfg.run.dir}: no such run (`{command('mine', run=cfg.run.name)}` first)")
-    tables, checked, bad = verify_run(cfg.run.dir)
-    for line in bad:
-        print(f"damaged: {line}")
-    print(f"run {cfg.run.name!r}: {checked} shard(s) of {tables} table(s) checked, "
-          + (f"{len(bad)} damaged" if bad else "none damaged"))
-    if args.memo:
-        args.verify = True
-        try:
-            cmd_cache(args, cfg)
-        except ExpectedError as e:
-            bad.append(str(e))
-    if bad:
-        raise RunDamaged(f"verify: {len(bad)} damaged (named above); a stage run with --force rewrites a table")
-
-
-def cmd_cache(args, cfg: Config) -> None:
-    """The row memo (pipeline/memo/rows.py, memo_cache.py): its size per stage and namespace, and pruning."""
-    from contramine.pipeline.memo.cache import MemoUnverified, namespaces, prune, referenced_namespaces, verify
-    from contramine.pipeline.memo.run import memo_root
-
-    root, runs = memo_root(cfg), cfg.run.root
-    if args.verify:
-        checked, bad = verify(root, dry_run=args.dry_run, key=cfg.runner.memo_key_bytes())
-        for path, why in bad:
-            print(f"bad {path}: {why}")
-        print(f"{checked} packs verified, " + (f"{len(bad)} failed" if bad else "none failed"))
-        if bad:
-            raise MemoUnverified(f"memo: {len(bad)} of {checked} packs failed verification ("
-                                 f"{'would be moved' if args.dry_run else 'moved'} to {root / '.quarantine'}/, "
-                                 f"never served); their files' owners are named above")
-        return
-    if args.prune or args.older_than is not None or args.unreferenced:
-        gone = prune(root, runs, args.older_than, args.unreferenced, args.dry_run)
-        if args.prune:  # and the shards commits replaced, past runner.keep_replaced_s (pipeline/storage/grace.py)
-            from contramine.pipeline.engine.upkeep import prune_replaced
-
-            gone += prune_replaced(runs, cfg.runner.keep_replaced_s, args.dry_run)
-        for path, why in gone:
-            print(f"{'would remove' if args.dry_run else 'removed'} {path}: {why}")
-        print(f"{len(gone)} {'would go' if args.dry_run else 'removed'}")
-        return
-    found, refs = namespaces(root), referenced_namespaces(runs)
-    print(f"row memo: {root}" + ("" if found else " (empty)"))
-    per_stage: dict = {}
-    for ns in found:
-        used = "yes" if f"{ns.stage}/{ns.path.name}" in refs else "no"
-        print(f"  {ns.stage:<16} {ns.path.name:<28} {ns.rows:>10,} rows {ns.packs:>5} packs "
-              f"{ns.bytes / 2**20:>9.1f} MiB  last used {time.strftime('%Y-%m-%d %H:%M', time.localtime(ns.last_used))}"
-              f"  a run under {runs.name}/ uses it: {used}")
-        total = per_stage.setdefault(ns.stage, [0, 0])
-        total[0], total[1] = total[0] + ns.rows, total[1] + ns.bytes
-    for stage, (rows, size) in per_stage.items():
-        print(f"{stage}: {rows:,} rows, {size / 2**20:.1f} MiB")
 
 
 def run_delegated(name: str, rest: list[str]) -> int:

@@ -258,7 +258,6 @@ def test_kill_9_anywhere_then_resume(reference, corpus, tmp_path):
 
     _killed_mine(corpus, root, tmp_path, memo, kill_when="negations/part-0000*-of-00002.*.json")
     _assert_untouched(snap1, "the run after the kill during embeddings")
-    assert _manifest(run_dir, "embeddings") is not None  # negate reads sentences only: it may have overtaken it
     snap2 = _intact_shards(run_dir)
     assert sum(1 for s in snap2 if s.parent.name == "negations") >= 1
 
