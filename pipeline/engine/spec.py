@@ -23,7 +23,7 @@
                 once; a check may return plain-words notes and resources it resolved (the run keeps that plan);
 - one_job:      one job writes every shard (`sentences` reads the corpus in one pass; its compute returns
                 {table: [shard 0, shard 1, ...]}).
-- memos:        the row memos its per-row model work goes through (memo.py): `Memo(name, facts)`, facts =
+- memos:        the row memos its per-row model work goes through (pipeline/memo/rows.py): `Memo(name, facts)`, facts =
                 (cfg, plan) -> what shapes a row besides its own input and the stage's code version; a shard gets
                 one as `ctx.memo(name)`, and the manifest records each one's namespace and rows computed / reused.
 
@@ -59,7 +59,7 @@ class Ctx:
     force: bool = False  # --force: the row memos read nothing (every row to the model again)
 
     def memo(self, name: str):
-        """The stage's declared row memo `name` for this run (memo.py): `.rows(keys, compute, schema)`."""
+        """The stage's declared row memo `name` for this run (pipeline/memo/run.py): `.rows(keys, compute, schema)`."""
         if name not in self.memos:
             from contramine.pipeline.memo.run import open_memo
 

@@ -90,7 +90,7 @@ class Encoder(torch.nn.Module):
             raise ValueError(f"unknown pooler {pooler!r}; one of {', '.join(POOLERS)}")
         self.model, self.tokenizer, self.pooler, self.max_length, self.prompt = model, tokenizer, pooler, max_length, prompt
         self.precision = precision  # of `encode` (resolve_precision); the vectors are always float32
-        self.unpad = False  # padding-free forward (pipeline/unpad.py); the trainer turns it on with train.unpad
+        self.unpad = False  # padding-free forward (unpad.py); the trainer turns it on with train.unpad
         self.batch_tokens = batch_tokens  # of a GPU's `encode` batch (rows x padded length)
         self._cache: dict = {}  # `encode`'s tokenizer backends and weights held in bf16 / fp16 (_backend, _held)
 
@@ -132,7 +132,7 @@ class Encoder(torch.nn.Module):
 
     def forward(self, batch: dict) -> torch.Tensor:
         """Pooled vectors of a tokenized batch, with grad. With `self.unpad` (the trainer's `train.unpad`), BERT-family
-        models skip the pad tokens (pipeline/unpad.py): same outputs, ~25% less arithmetic on short sentences. A
+        models skip the pad tokens (unpad.py): same outputs, ~25% less arithmetic on short sentences. A
         training batch brings its packed layout from collate (`unpad_index`, `unpad_positions`: made on the host, so
         the forward reads nothing back from the device); for one without, the layout is found here."""
         return self._pooled(self.model, {k: v.to(self.device) for k, v in batch.items()})
