@@ -23,7 +23,7 @@ def thread_map(workers: int, call: Callable) -> Callable[[list[dict]], list]:
 
 def dask_map(address: str, call: Callable) -> Callable[[list[dict]], list]:
     def run(jobs: list[dict]) -> list:
-        from distributed import Client
+        from distributed import Client  # distributed: optional (the dask extra); runner.kind = dask only
 
         with Client(address) as client:
             return client.gather(client.map(_apply, [call] * len(jobs), jobs, pure=False))
@@ -33,7 +33,7 @@ def dask_map(address: str, call: Callable) -> Callable[[list[dict]], list]:
 def local_cluster(workers: int, **_):
     """A LocalCluster of one-thread worker processes that may start processes of their own: spaCy's
     `negate.n_process` pool, which a daemonic Dask worker could not start."""
-    import dask
+    import dask  # dask, distributed: optional (the dask extra); runner.kind = dask-local only
     from distributed import LocalCluster
 
     with dask.config.set({"distributed.worker.daemon": False}):

@@ -34,13 +34,16 @@ stages share lives below them (pipeline/models/, pipeline/roles.py, pipeline/ide
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Callable
+
+from contramine.pipeline.engine.resources import Resource, acquire
+from contramine.pipeline.memo.run import open_memo
 
 if TYPE_CHECKING:  # (not imports of the stages: the code version does not follow them)
     import pyarrow as pa
 
     from contramine.pipeline.config import Config
-    from contramine.pipeline.engine.resources import Resource
     from contramine.pipeline.storage.store import Store
 
 
@@ -61,8 +64,6 @@ class Ctx:
     def memo(self, name: str):
         """The stage's declared row memo `name` for this run (pipeline/memo/run.py): `.rows(keys, compute, schema)`."""
         if name not in self.memos:
-            from contramine.pipeline.memo.run import open_memo
-
             declared = {m.name: m for m in (self.stage.memos if self.stage else ())}
             if name not in declared:
                 raise KeyError(f"stage {self.stage.name if self.stage else '?'} uses memo {name!r} without "
@@ -72,8 +73,6 @@ class Ctx:
 
     def resource(self, name: str):
         """The loaded resource `name` of this stage, for the run's plan (loaded once per process)."""
-        from contramine.pipeline.engine.resources import acquire
-
         declared = {r.name: r for r in (self.stage.resources if self.stage else ())}
         if name not in declared:
             raise KeyError(f"stage {self.stage.name if self.stage else '?'} uses resource {name!r} without "
@@ -126,8 +125,6 @@ class Stage:
 
 def package_versions(*packages: str) -> str:
     """"name=version,..." of installed distributions ("-" when absent): library versions change results too."""
-    from importlib.metadata import PackageNotFoundError, version
-
     def v(p: str) -> str:
         try:
             return version(p)

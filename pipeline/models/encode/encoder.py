@@ -12,6 +12,7 @@ The encoder as the embedding stages' resource (its plan, its row memo): encode/r
 from __future__ import annotations
 
 import copy
+import inspect
 import threading
 
 import numpy as np
@@ -145,6 +146,7 @@ class Encoder(torch.nn.Module):
         layout = {k: batch.pop(k) for k in ("unpad_index", "unpad_positions") if k in batch} or None
         hidden = self.pooler == "avg_first_last"
         if self.unpad:
+            # unpad registers an attention kernel with transformers: imported only where a model runs unpadded
             from contramine.pipeline.models.encode.unpad import unpad_layout, unpadded_forward
 
             if layout is None:  # host reads of the mask; a batch without pads has nothing to skip
@@ -314,9 +316,7 @@ class Encoder(torch.nn.Module):
 def _takes_pooling_layer(path: str) -> bool:
     """Whether the AutoModel class for this checkpoint has an `add_pooling_layer` argument (BERT, RoBERTa, MPNet
     ... do; ELECTRA, DistilBERT do not): read from its constructor, not from a list of model types."""
-    import inspect
-
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # transformers: as in Encoder.load, only when a model loads
     from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
     try:
