@@ -45,8 +45,9 @@ def _prose(source: str):
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-                yield first.lineno, first.value.value
+            text = first.value.value if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) else None
+            if isinstance(text, str):
+                yield first.lineno, text
 
 
 def named_paths(text: str) -> list[str]:

@@ -174,7 +174,8 @@ def rejected_lines(run: Run) -> int:
 
 def rejected_by_reason(run: Run) -> list[tuple]:
     """(reason, corpus lines) pairs, most lines first."""
-    return run.rows(f"SELECT reason, sum({_rejected_weight(run)}) n FROM rejected GROUP BY reason ORDER BY n DESC, reason")
+    return run.rows(f"SELECT reason, sum({_rejected_weight(run)}) n FROM rejected "
+                    "GROUP BY reason ORDER BY n DESC, reason")
 
 
 def backtranslation_flags(run: Run) -> list[tuple]:
@@ -214,4 +215,5 @@ def chosen_examples(run: Run, seed: int, anchors: int) -> list[tuple]:
 
 def triplet_examples(run: Run, seed: int, limit: int) -> list[tuple]:
     """(sid, anchor, paraphrase, negation, para_mer) of a seeded sample of the triplets."""
-    return run.rows(f"SELECT sid, anchor, paraphrase, negation, para_mer FROM triplets {_sample_clause(seed, 'sid', limit)}")
+    return run.rows(f"SELECT sid, anchor, paraphrase, negation, para_mer FROM triplets "
+                    f"{_sample_clause(seed, 'sid', limit)}")
