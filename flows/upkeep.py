@@ -18,7 +18,7 @@ class RunDamaged(ExpectedError, RuntimeError):
 
 
 def cmd_verify(args, cfg: Config) -> None:
-    """Every shard of the run against its manifest's hash (engine/verify.py); --memo: `cache --verify` too."""
+    """Every shard of the run against its manifest's hash (pipeline/storage/verify.py); --memo: `cache --verify` too."""
     from contramine.pipeline.engine.upkeep import verify_run
 
     if not cfg.run.dir.is_dir():
@@ -39,7 +39,7 @@ def cmd_verify(args, cfg: Config) -> None:
 
 
 def cmd_cache(args, cfg: Config) -> None:
-    """The row memo (pipeline/memo/rows.py, memo_cache.py): its size per stage and namespace, and pruning."""
+    """The row memo (pipeline/memo/rows.py, pipeline/memo/cache.py): its size per stage and namespace, and pruning."""
     from contramine.pipeline.memo.cache import MemoUnverified, namespaces, prune, referenced_namespaces, verify
     from contramine.pipeline.memo.run import memo_root
 

@@ -44,6 +44,7 @@ from contramine.pipeline.storage.atomic import atomic_dir
 from contramine.pipeline.storage.lock import run_lock
 from contramine.pipeline.hints import command
 from contramine.pipeline.prompts import OSSCSE_TEMPLATES, fill
+from contramine.pipeline.schema import table_vectors
 from contramine.pipeline.storage.safe_paths import check_below
 from contramine.pipeline.storage.tables import RunTables
 
@@ -138,8 +139,6 @@ def dclr_rows(sentences: pa.Table) -> pa.Table:
 
 def with_embeddings(sentences: pa.Table, embeddings: pa.Table) -> pa.Table:
     """sentences + their mined vector as `emb` (float32 lists of d; zeros for a sentence the table lacks)."""
-    from contramine.pipeline.schema import table_vectors
-
     sids, vecs = table_vectors(embeddings)
     d = vecs.shape[1] if vecs.ndim == 2 else 0
     out = np.zeros((sentences.num_rows, d), np.float32)

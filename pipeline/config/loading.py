@@ -181,7 +181,7 @@ def shards_for(corpus, max_shard_rows: int, data=None) -> int:
     is streamed (run.shards decides)."""
     if not max_shard_rows or corpus is None:
         return 0
-    from contramine.pipeline.corpus import Corpus, corpus_of
+    from contramine.pipeline.corpus import Corpus, corpus_of  # corpus loads pyarrow: settings (and the losses) do not
 
     try:
         lines = sum(n for _, n in (corpus_of(data, corpus) if data else Corpus(str(corpus))).sources())

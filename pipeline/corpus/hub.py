@@ -26,7 +26,7 @@ def hub_commit(repo: str, revision: str | None) -> str:
         return revision
     if (repo, revision) not in _REVISIONS:
         try:
-            from huggingface_hub import HfApi
+            from huggingface_hub import HfApi  # huggingface_hub: an hf: corpus only (the CLI loads this module)
 
             _REVISIONS[repo, revision] = HfApi().dataset_info(repo, revision=revision).sha
         except Exception as e:  # not found, gated, offline (HF_HUB_OFFLINE), no network: one line either way
@@ -38,7 +38,7 @@ def hub_commit(repo: str, revision: str | None) -> str:
 
 def stream_dataset(repo: str, config: str | None, split: str, commit: str):
     try:
-        from datasets import load_dataset
+        from datasets import load_dataset  # datasets: optional (the hf extra)
     except ImportError:
         raise CorpusError(f"corpus {HUB}{repo}: reading a hub dataset needs the `datasets` package "
                           f"(pip install datasets)") from None
@@ -62,7 +62,7 @@ class HubReader:
         self.spec, self.field, self.split, self.config = corpus.spec, corpus.field, corpus.split, corpus.config
         self.repo = corpus.spec[len(HUB):].removeprefix("//").removeprefix("datasets/").rstrip("/")
         self.revision, self.name = corpus.revision, f"{HUB}{self.repo}:{self.split}"
-        from huggingface_hub.utils import HFValidationError, validate_repo_id
+        from huggingface_hub.utils import HFValidationError, validate_repo_id  # huggingface_hub: an hf: corpus only
 
         try:
             validate_repo_id(self.repo)

@@ -18,7 +18,7 @@ import sys
 
 def _worker():
     try:
-        from distributed import get_worker
+        from distributed import get_worker  # distributed: optional (the dask extra), absent outside a Dask run
 
         return get_worker()
     except (ImportError, ValueError):  # not inside a Dask worker
@@ -28,7 +28,7 @@ def _worker():
 @functools.lru_cache(maxsize=8)
 def _rank(name: str, address: str | None) -> int:
     """This worker's rank among the cluster's workers, sorted by name (asked of the scheduler once per process)."""
-    from distributed import get_client
+    from distributed import get_client  # distributed: optional (the dask extra); only a Dask worker asks
 
     names = sorted(str(w.get("name")) for w in get_client().scheduler_info(n_workers=-1)["workers"].values())
     return names.index(name) if name in names else 0

@@ -35,7 +35,7 @@ def thread_map(workers: int, call: Callable) -> Callable[[list[dict]], list]:
 
 def dask_map(address: str, call: Callable) -> Callable[[list[dict]], list]:
     def run(jobs: list[dict]) -> list:
-        from distributed import Client
+        from distributed import Client  # distributed: optional (the dask extra); runner.kind = dask only
 
         with Client(address, security=cluster_security(address)) as client:
             return client.gather(client.map(_apply, [call] * len(jobs), jobs, pure=False))
@@ -48,7 +48,7 @@ def local_cluster(workers: int, **_):
     made for it (`Security.temporary()`, held in this process' memory and passed to its workers) that every peer
     must present: another account of this host can reach 127.0.0.1's ports, and a Dask client runs code on the
     workers as the miner."""
-    import dask
+    import dask  # dask, distributed: optional (the dask extra); runner.kind = dask-local only
     from distributed import LocalCluster
     from distributed.security import Security
 

@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import socket
+import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from contramine.pipeline.engine.devices import worker_gpu
 from contramine.pipeline.errors import StageError
 
 if TYPE_CHECKING:
@@ -56,11 +60,8 @@ def plan_key(plan: dict) -> str:
 
 def process_name() -> str:
     """Who is asking, for PlanError: the Dask worker's name and address, else host and pid."""
-    import os
-    import socket
-
     try:
-        from distributed import get_worker
+        from distributed import get_worker  # distributed: optional (the dask extra), absent outside a Dask run
 
         w = get_worker()
         return f"dask worker {w.name} ({w.address})"
@@ -73,14 +74,12 @@ def cuda_device(kind: str, what: str) -> str:
     ("cuda:<i>", a Dask worker per GPU: devices.py). PlanError when the plan says cuda and this process has none."""
     if kind == "cpu":
         return "cpu"
-    import torch
+    import torch  # torch: only a stage that runs a model asks for a device; plans and the CLI do not
 
     if kind != "cuda" or not torch.cuda.is_available():
         raise PlanError(f"{process_name()} cannot run {what} as the run's plan says ({kind}): "
                         f"{'no CUDA device is visible here' if kind == 'cuda' else 'unknown device kind'}; "
                         f"run the flow on a machine of the workers' kind, or set the device explicitly (e.g. cpu)")
-    from contramine.pipeline.engine.devices import worker_gpu
-
     gpu = worker_gpu(torch.cuda.device_count())
     return "cuda" if gpu is None else f"cuda:{gpu}"
 
@@ -197,8 +196,6 @@ def _collect() -> None:
             if not _loaded and not _frozen:
                 gc.freeze()
                 _frozen = True
-    import sys
-
     torch = sys.modules.get("torch")  # only when a stage already imported it
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()

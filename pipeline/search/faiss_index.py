@@ -8,7 +8,10 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import torch
 
+from contramine.pipeline.engine.devices import worker_gpu
+from contramine.pipeline.engine.resources import PlanError, process_name
 from contramine.pipeline.search.band import GPU_MAX_K
 
 
@@ -17,7 +20,7 @@ class _LazyFaiss:
     installed, so importing this stage must not import it. Attributes set on it (a test's monkeypatch) win."""
 
     def __getattr__(self, name: str):
-        import faiss as module
+        import faiss as module  # faiss: optional (the cpu / gpu extras); engine = torch runs without it
 
         return getattr(module, name)
 
@@ -40,14 +43,12 @@ def search_engine(c) -> tuple[str, bool]:
     config refuses ivf / hnsw with it). engine = torch never imports FAISS."""
     if c.engine == "faiss" or (c.engine == "auto" and c.index in ("ivf", "hnsw")):
         return "faiss", c.gpu != "never" and gpu_count() > 0
-    import torch
-
     cuda = c.gpu != "never" and torch.cuda.is_available()
     if c.engine == "auto" and not cuda:
         if c.gpu != "never" and gpu_count() > 0:  # FAISS sees a GPU that torch does not (a CPU build of torch)
             return "faiss", True
         try:
-            import faiss as _  # noqa: F401
+            import faiss as _  # noqa: F401  (faiss: optional; is it installed?)
             return "faiss", False
         except ImportError:
             pass
@@ -83,8 +84,6 @@ class GpuIndex:
 
 def to_gpu(index, n_gpus: int):
     """One GPU index per process: the Dask worker's own device, or every GPU outside a worker."""
-    from contramine.pipeline.engine.devices import worker_gpu
-
     device = worker_gpu(n_gpus)
     if device is None:
         return faiss.index_cpu_to_all_gpus(index)
@@ -159,8 +158,6 @@ def faiss_gpus_for_plan(plan: dict) -> int:
         return 0
     n_gpus = gpu_count()
     if n_gpus == 0:
-        from contramine.pipeline.engine.resources import PlanError, process_name
-
         raise PlanError(f"{process_name()} cannot search neighbours on a GPU as the run's plan says: FAISS sees no "
                         f"GPU here (faiss-gpu and a CUDA device are needed on every worker)")
     return n_gpus

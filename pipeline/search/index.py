@@ -12,15 +12,20 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
+from contramine.pipeline.codeversion import code_version
 from contramine.pipeline.config.base import section_constants
-from contramine.pipeline.engine.resources import Resource
+from contramine.pipeline.engine.resources import Resource, cuda_device
+from contramine.pipeline.errors import StageError, json_loads
+from contramine.pipeline.storage.atomic import atomic_file, atomic_write_json
 from contramine.pipeline.storage.safe_paths import UnsafePath, check_below, open_folder, read_regular, readable
-from contramine.pipeline.errors import json_loads
+from contramine.pipeline.storage.store import combine, file_hash
 from contramine.pipeline.engine.spec import package_versions
 from contramine.pipeline.schema import read_vectors
 from contramine.pipeline.search import faiss_index as fx
 from contramine.pipeline.search.band import band_neighbours, recall_at_pool
+from contramine.pipeline.search.torch_exact import TorchExact, score_precision
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +74,6 @@ def tune_index(cfg, store, n: int, plan: dict) -> dict:
     the base, the settings and the seed are the same (a rerun neither trains k-means nor builds the graph again), and
     only when its recorded plan checks out (`recorded_plan`): a plan is data in a run folder that may come from
     someone else."""
-    from contramine.pipeline.storage.atomic import atomic_file, atomic_write_json
-    from contramine.pipeline.storage.store import combine
-    from contramine.pipeline.errors import StageError
-
-    from contramine.pipeline.codeversion import code_version
-
     c, kind = cfg.neighbours, plan["kind"]
     # every setting that can shape the file (execution settings and the device aside: it is built on the CPU), the
     # section's class constants (MAX_EF_SEARCH: model_dump leaves ClassVars out) and the code that builds it
@@ -137,8 +136,6 @@ OWN = re.compile(rf"{_NAME}|\.{_NAME}\.[a-z0-9_]+\.tmp")  # what this module wri
 
 
 def _hash(store, path: Path) -> str:
-    from contramine.pipeline.storage.store import file_hash
-
     with readable(store.root, path) as p:
         return file_hash(p)
 
@@ -172,8 +169,6 @@ def recorded_plan(store, done: Path, key: str, kind: str, n: int, base: str) -> 
 
 
 def _base_sids(store, table: str, n: int) -> np.ndarray:
-    import pyarrow.parquet as pq
-
     parts = [pq.read_table(store.shard_path(table, i, n), columns=["sid"]).column("sid").to_numpy() for i in range(n)]
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
@@ -221,13 +216,8 @@ def load_index(cfg, store, n: int, plan: dict):
     its vectors, so shard threads and the workers of a machine share one copy in the page cache. A file the plan
     names must be one of _index/'s own names, opened without following a link (UnsafePath otherwise)."""
     if plan.get("engine") == "torch":  # exact, in torch matmuls on this process' device; no FAISS
-        from contramine.pipeline.engine.resources import cuda_device
-        from contramine.pipeline.search.torch_exact import TorchExact
-
         base_sids, base = read_vectors(store, plan["base"], n)
         device = cuda_device("cpu" if plan["device"] == "cpu" else "cuda", "the neighbours torch search")
-        from contramine.pipeline.search.torch_exact import score_precision
-
         precision = score_precision(cfg.neighbours.score_precision, device)  # auto: bf16 on a GPU, else float32
         exact = TorchExact(base, device, precision=precision) if len(base_sids) else None
         return base_sids, base, exact, exact

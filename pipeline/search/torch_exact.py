@@ -48,7 +48,9 @@ import warnings
 from contextlib import nullcontext
 
 import numpy as np
+import torch
 
+from contramine.pipeline.search.band import exact_cosines, first_k, resolve, score_tolerance
 from contramine.pipeline.search.torch_ops import SORT_SHARE, _tf32_matmuls, rounded, top_k, tree_dot  # noqa: F401
 
 PAD_SCORE = float(np.finfo(np.float32).min)  # what faiss.knn returns for the places past the base (-FLT_MAX)
@@ -72,8 +74,6 @@ def score_precision(setting: str, device: str) -> str:
 
 
 def _check_float32() -> None:
-    import torch
-
     try:
         loose = torch.get_float32_matmul_precision() != "highest" or torch.backends.cuda.matmul.allow_tf32
     except RuntimeError:  # set through torch >= 2.9's fp32_precision API only: the legacy getters refuse
@@ -90,15 +90,11 @@ class _Streams:
     events; on a CPU (or without overlap) one stream and no events: the plain order."""
 
     def __init__(self, device, overlap: bool):
-        import torch
-
         self.on = overlap and device.type == "cuda"
         self.main = torch.cuda.current_stream(device) if self.on else None
         self.side = torch.cuda.Stream(device) if self.on else None
 
     def gemm(self):
-        import torch
-
         if not self.on:
             return nullcontext()
         self.side.wait_stream(self.main)  # the base and the last block's frees are the main stream's
@@ -120,8 +116,6 @@ class _Streams:
 def _to_host(*tensors) -> list[np.ndarray]:
     """Device tensors as numpy arrays: on a GPU copied into pinned memory without blocking, then one wait (not one
     per tensor)."""
-    import torch
-
     if not tensors or tensors[0].device.type == "cpu":
         return [t.numpy() for t in tensors]
     out = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
@@ -133,8 +127,6 @@ def _to_host(*tensors) -> list[np.ndarray]:
 
 def _tensor(x: np.ndarray):
     """torch.from_numpy, also of a read-only (mapped) array: torch warns it could write to it; it never does."""
-    import torch
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(x)
@@ -149,8 +141,6 @@ def _float32_at_least(x: float) -> float:
 
 def largest(scores, k: int):
     """(values, columns) of the k largest entries of each row, descending, ties in any order (band() needs no more)."""
-    import torch
-
     if k * SORT_SHARE >= scores.shape[1]:
         vals, idx = torch.sort(scores, dim=1, descending=True)
         return vals[:, :k], idx[:, :k]
@@ -166,8 +156,6 @@ class TorchExact:
 
     def __init__(self, base: np.ndarray, device: str = "cpu", block_rows: int | None = None,
                  precision: str = "float32", overlap: bool | None = None):
-        import torch
-
         if base.ndim != 2:
             raise ValueError(f"TorchExact: base must be 2-d, got shape {base.shape}")
         if precision not in PRECISIONS:
@@ -189,8 +177,6 @@ class TorchExact:
 
     def score_tolerance(self) -> float:
         """The bound band_neighbours assumes on |score - exact cosine| for this precision (band.score_tolerance)."""
-        from contramine.pipeline.search.band import score_tolerance
-
         return score_tolerance(self.d, np.float32, self.precision)
 
     def _queries(self, x: np.ndarray) -> np.ndarray:
@@ -202,8 +188,6 @@ class TorchExact:
         return x
 
     def search(self, x: np.ndarray, k: int):
-        import torch
-
         x = self._queries(x)
         if k < 0:
             raise ValueError(f"TorchExact: k = {k} < 0")
@@ -226,8 +210,6 @@ class TorchExact:
 
     def scores(self, q):
         """q (float32 [B, d], on the device) against the whole base at this precision: float32 [B, n]."""
-        import torch
-
         if self.precision == "float32":
             _check_float32()
             return q @ self.base.T
@@ -251,8 +233,6 @@ class TorchExact:
         """The largest |score - float64 cosine| over CHECK_QUERIES base rows (evenly spaced) against the whole base;
         RuntimeError where it passes score_tolerance (a device whose tf32 / bf16 matmul is looser than the bound
         assumes: the pools could be wrong, so nothing is searched). Kept in observed_error."""
-        import torch
-
         picks = torch.from_numpy(np.unique(np.linspace(0, self.n - 1, min(self.n, CHECK_QUERIES)).astype(np.int64)))
         worst = 0.0
         for a in range(0, len(picks), 16):
@@ -272,8 +252,6 @@ class TorchExact:
         """Queries a band() block: block_rows where given; on a GPU BAND_MEMORY_SHARE of the free memory over the
         block's scores and twice that again (the widened rows' copies, top-k's workspace), at most BAND_MAX_ELEMS
         scores; on a CPU BAND_ELEMS_CPU scores, at least BAND_MIN_ROWS_CPU queries."""
-        import torch
-
         if self.rows_asked:
             return self.rows_asked
         if self.device.type == "cuda":
@@ -289,10 +267,6 @@ class TorchExact:
              eps: float, pools, progress=None) -> None:
         """band_neighbours with this index (module docstring): the pools of queries x (sids q_sids; the base's sids
         base_sids) written into `pools` (band.Pools), a block at a time; progress(queries) after each block."""
-        import torch
-
-        from contramine.pipeline.search.band import first_k
-
         x = self._queries(x)
         if len(base_sids) != self.n:
             raise ValueError(f"TorchExact: {len(base_sids)} base sids for a base of {self.n} rows")
@@ -337,10 +311,6 @@ class TorchExact:
         its scores (`scores(q)`; without skip_top those above hi + eps already masked out). The first round takes
         the k largest of every row; a row not settled (band.resolve) is widened from its scores (k doubled), with
         the scores in (hi + eps, t_r - 2 eps) masked out, in chunks of a quarter block."""
-        import torch
-
-        from contramine.pipeline.search.band import resolve
-
         n_q, dev = len(q), q.device
         cand = torch.full((n_q, pool_size), -1, dtype=torch.int64, device=dev)
         cos = torch.full((n_q, pool_size), float("nan"), dtype=torch.float64, device=dev)
@@ -375,10 +345,6 @@ class TorchExact:
     def exact(self, q, q_rows, ids):
         """float64 cos(q[q_rows[p]], base[ids[p]]) for each pair p. On a CPU band.exact_cosines (numpy), the FAISS
         path's values to the bit; on a GPU `tree_dot`, on the device, EXACT_PAIRS pairs a step."""
-        import torch
-
-        from contramine.pipeline.search.band import exact_cosines
-
         if self.device.type == "cpu":
             return torch.from_numpy(exact_cosines(q.numpy(), q_rows.numpy(), self.host, ids.numpy()))
         out = torch.empty(len(ids), dtype=torch.float64, device=q.device)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import torch
+
 SORT_SHARE = 8  # k >= n / SORT_SHARE: one stable sort of each row instead of topk + the tie fix-up
 
 
@@ -14,8 +16,6 @@ def _tf32_matmuls():
     """cuBLAS float32 matmuls with TF32 passes, for the duration. torch's flag is process-wide (torch 2.13 has no
     per-thread or per-call TF32): a float32 matmul another thread launches meanwhile runs in TF32 too. Only the
     opt-in score_precision = "tf32" uses it; the GPU default (bf16) names its dtype per call instead."""
-    import torch
-
     matmul = torch.backends.cuda.matmul
     try:
         name, value, old = "allow_tf32", True, matmul.allow_tf32
@@ -32,8 +32,6 @@ def rounded(x, precision: str):
     """x (float32 tensor) with each entry as a `precision` matmul reads it, as float32: bf16 rounded to nearest (torch's
     cast); TF32 truncated to 10 mantissa bits (the worst a tensor core may do): the CPU's simulation of those
     matmuls."""
-    import torch
-
     if precision == "bf16":
         return x.to(torch.bfloat16).to(torch.float32)
     if precision == "tf32":
@@ -45,8 +43,6 @@ def top_k(scores, k: int):
     """(values, rows) of the k largest entries of each row of `scores` (a 2-d float tensor, k <= its width), in
     the total order (-score, column): descending, ties by ascending column. torch.topk alone orders ties anyhow and
     may keep any of a tie at the k-th place; rows where such a tie straddles the cut keep its smallest columns."""
-    import torch
-
     n = scores.shape[1]
     if k * SORT_SHARE >= n:
         vals, idx = torch.sort(scores, dim=1, descending=True, stable=True)  # stable: ties keep column order
@@ -75,8 +71,6 @@ def tree_dot(a, b):
     IEEE 754 rounds the same on every device; so a pair's value depends on neither its batch nor the kernel's
     reduction order (torch.sum's does, on a GPU). It can differ from numpy's einsum (the CPU's exact_cosines, other
     order) in the last bits of the float64, hence, in rare pairs (~1e-9), in the last bit of the float32 `cos`."""
-    import torch
-
     x = a.to(torch.float64) * b.to(torch.float64)
     width = 1 << max(0, x.shape[1] - 1).bit_length()
     if width != x.shape[1]:

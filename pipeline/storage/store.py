@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from contramine.pipeline.storage.atomic import atomic_file, atomic_write_json
 from contramine.pipeline.errors import json_loads
+from contramine.pipeline.storage.grace import collect
 from contramine.pipeline.storage.manifest import MANIFEST, SIDECAR_MAX, TableCorrupt, committed_files, read_manifest
 from contramine.pipeline.storage.safe_paths import UnsafePath, open_regular, read_regular
 from contramine.pipeline.storage.shard_names import PART, shard_file
@@ -215,8 +216,6 @@ class Store:
         hash first (TableCorrupt: nothing is committed), which the first reader after the commit then need not do."""
         if len(files) != n or any(not PART.fullmatch(e["file"]) for e in files):
             raise ValueError(f"table {table}: a commit needs {n} shard files, got {[e.get('file') for e in files]}")
-        from contramine.pipeline.storage.grace import collect
-
         self._verified = self._verified or Verified(self.root)
         if (line := first_damaged(self._verified, self.dir(table), files)) is not None:  # remembered for readers
             raise TableCorrupt(line)

@@ -21,18 +21,22 @@ the `make stage ... FORCE=1` that rewrites it (TableUnreadable).
 from __future__ import annotations
 
 import logging
+import os
 import re
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as pads
 
+from contramine.pipeline.storage.atomic import atomic_dir, recover
+from contramine.pipeline.storage.lock import run_lock
 from contramine.pipeline.storage.safe_paths import UnsafePath, read_regular
 from contramine.pipeline.storage.manifest import MANIFEST, MANIFEST_MAX, TableCorrupt, committed_files, parse_manifest, read_manifest
 from contramine.pipeline.storage.verify import WRITERS, Verified, damaged_line, table_line
 from contramine.pipeline.storage.reuse_files import NotBrought, link_or_copy as _link_or_copy, owned_here
 from contramine.pipeline.errors import ExpectedError
-from contramine.pipeline.hints import command
+from contramine.pipeline.hints import command, via_make
 from contramine.pipeline.schema import SCHEMAS
 
 VIEW_NAME = re.compile(r"[A-Za-z0-9_]+")  # fullmatch  # a folder name that may become a SQL view name (then quoted)
@@ -182,7 +186,7 @@ class RunTables:
             dim = self.dataset(table).schema.field("emb").type
             d = dim.list_size if pa.types.is_fixed_size_list(dim) else None
             if d is None:
-                import duckdb
+                import duckdb  # duckdb: only the SQL views need it; stages and the trainer read with pyarrow
 
                 d = duckdb.sql(f"SELECT max(len(emb)) FROM {source}").fetchall()[0][0] or 1
             source = f"(SELECT sid, emb::FLOAT[{d}] AS emb FROM {source})"
@@ -192,7 +196,7 @@ class RunTables:
         """A DuckDB connection with every finished table of the run as a view named after it. A table that cannot
         be served whole (a manifest of the wrong shape, a listed file missing) gets no view: its one line is in
         `self.refused` ({table: line}) and, with `say`, in the log once."""
-        import duckdb
+        import duckdb  # duckdb: only the SQL views need it; stages and the trainer read with pyarrow
 
         if not self.dir.is_dir():
             raise FileNotFoundError(f"{self.dir}: no such run (`{command('mine', run=self.dir.name)}` first)")
@@ -224,8 +228,6 @@ def reuse_tables(src: Path | str, dst: Path | str) -> list[str]:
     exactly the files they list are linked. A file that vanished meanwhile (the source run committed that table
     again) starts the table over from the new manifest, COPY_TRIES times at most, then a one-line refusal; a
     table never lands as a manifest without its files."""
-    from contramine.pipeline.storage.lock import run_lock
-
     source, dst = RunTables(src), Path(dst)
     if source.dir.resolve() == dst.resolve():
         raise TableMissing(f"--reuse-from: {source.dir} is this run's own folder: name the run to start from")
@@ -248,8 +250,6 @@ def _only_a_manifest(table_dir: Path) -> bool:
 
 
 def _bring(source: RunTables, dst: Path) -> list[str]:
-    from contramine.pipeline.storage.atomic import atomic_dir, recover
-
     brought = []
     for table in source.names():
         own = recover(dst / table, root=dst)
@@ -263,8 +263,6 @@ def _bring(source: RunTables, dst: Path) -> list[str]:
 
 def reuse_command(source: str) -> str:
     """`make mine FROM=<source>` under make, `contramine mine --reuse-from <source>` elsewhere."""
-    from contramine.pipeline.hints import via_make
-
     return f"make mine FROM={source}" if via_make() else f"contramine mine --reuse-from {source}"
 
 
@@ -335,8 +333,6 @@ def _link_listed(source: RunTables, table: str, files: list[dict], tmp: Path) ->
 
 
 def _remove_entry(p: Path) -> None:
-    import shutil
-
     if p.is_dir() and not p.is_symlink():
         shutil.rmtree(p)
     else:

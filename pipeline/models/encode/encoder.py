@@ -12,6 +12,7 @@ The encoder as the embedding stages' resource (its plan, its row memo): encode/r
 from __future__ import annotations
 
 import copy
+import inspect
 import threading
 
 import numpy as np
@@ -90,7 +91,7 @@ class Encoder(torch.nn.Module):
             raise ValueError(f"unknown pooler {pooler!r}; one of {', '.join(POOLERS)}")
         self.model, self.tokenizer, self.pooler, self.max_length, self.prompt = model, tokenizer, pooler, max_length, prompt
         self.precision = precision  # of `encode` (resolve_precision); the vectors are always float32
-        self.unpad = False  # padding-free forward (pipeline/unpad.py); the trainer turns it on with train.unpad
+        self.unpad = False  # padding-free forward (unpad.py); the trainer turns it on with train.unpad
         self.batch_tokens = batch_tokens  # of a GPU's `encode` batch (rows x padded length)
         self._cache: dict = {}  # `encode`'s tokenizer backends and weights held in bf16 / fp16 (_backend, _held)
 
@@ -132,7 +133,7 @@ class Encoder(torch.nn.Module):
 
     def forward(self, batch: dict) -> torch.Tensor:
         """Pooled vectors of a tokenized batch, with grad. With `self.unpad` (the trainer's `train.unpad`), BERT-family
-        models skip the pad tokens (pipeline/unpad.py): same outputs, ~25% less arithmetic on short sentences. A
+        models skip the pad tokens (unpad.py): same outputs, ~25% less arithmetic on short sentences. A
         training batch brings its packed layout from collate (`unpad_index`, `unpad_positions`: made on the host, so
         the forward reads nothing back from the device); for one without, the layout is found here."""
         return self._pooled(self.model, {k: v.to(self.device) for k, v in batch.items()})
@@ -145,6 +146,7 @@ class Encoder(torch.nn.Module):
         layout = {k: batch.pop(k) for k in ("unpad_index", "unpad_positions") if k in batch} or None
         hidden = self.pooler == "avg_first_last"
         if self.unpad:
+            # unpad registers an attention kernel with transformers: imported only where a model runs unpadded
             from contramine.pipeline.models.encode.unpad import unpad_layout, unpadded_forward
 
             if layout is None:  # host reads of the mask; a batch without pads has nothing to skip
@@ -314,9 +316,7 @@ class Encoder(torch.nn.Module):
 def _takes_pooling_layer(path: str) -> bool:
     """Whether the AutoModel class for this checkpoint has an `add_pooling_layer` argument (BERT, RoBERTa, MPNet
     ... do; ELECTRA, DistilBERT do not): read from its constructor, not from a list of model types."""
-    import inspect
-
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # transformers: as in Encoder.load, only when a model loads
     from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
     try:

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from contramine.pipeline.errors import StageError
+from contramine.pipeline.identity import normalise, sentence_id
 
 
 class PrecomputedError(StageError, ValueError):
@@ -30,8 +31,6 @@ class PrecomputedError(StageError, ValueError):
 
 
 def _sids_of(texts) -> np.ndarray:
-    from contramine.pipeline.identity import normalise, sentence_id
-
     return np.fromiter((sentence_id(normalise(t or "")) for t in texts), np.int64, len(texts))
 
 

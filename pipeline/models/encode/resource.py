@@ -11,12 +11,15 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from contramine.pipeline.identity import unicode_facts
 from contramine.pipeline.memo.rows import row_key
 from contramine.pipeline.engine.resources import Resource, cuda_device
 from contramine.pipeline.engine.spec import Memo, package_versions
 from contramine.pipeline.models.encode.encoder import Encoder, held_dtype, resolve_precision
+from contramine.pipeline.models.encode.precomputed import PrecomputedEncoder
 from contramine.pipeline.models.hub import model_fingerprint, pick_device, resolve_model
 from contramine.pipeline.schema import vectors_table
+from contramine.pipeline.storage.store import file_hash
 
 
 def encoder_plan(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
@@ -26,10 +29,6 @@ def encoder_plan(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
     an execution setting: it stays out of the section hash, and a CPU's key, where batching cannot change a vector),
     or the content of the `embeddings.from` file."""
     if cfg.embeddings.source is not None:
-        from contramine.pipeline.storage.store import file_hash
-
-        from contramine.pipeline.identity import unicode_facts
-
         src = Path(cfg.embeddings.source)  # its rows are matched by text, through `normalise`: Unicode's tables too
         return {"precomputed": file_hash(src) if src.is_file() else f"missing:{src}", "unicode": unicode_facts()}
     device = pick_device(cfg.encoder.device)
@@ -46,8 +45,6 @@ def load_encoder(cfg, store=None, n: int = 0, plan: dict | None = None) -> "Enco
     """`encoder.model` on the plan's device kind and precision (never decided again here), or the vectors of
     `embeddings.from` where that is set."""
     if cfg.embeddings.source is not None:
-        from contramine.pipeline.models.encode.precomputed import PrecomputedEncoder
-
         return PrecomputedEncoder(Path(cfg.embeddings.source))
     e, plan = cfg.encoder, plan or encoder_plan(cfg)
     device = cuda_device(plan["device"], f"encoder {e.model}")

@@ -17,6 +17,7 @@ CPU, whatever the flow's host has: Bergamot always runs there.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 
 import pyarrow as pa
 
@@ -79,7 +80,7 @@ def ct2_cuda_problem(device: str) -> str | None:
     if not device.startswith("cuda"):
         return None
     try:
-        import ctranslate2
+        import ctranslate2  # ctranslate2: only a GPU hop of that engine asks (and it may be missing)
     except ImportError as e:
         return f"ctranslate2 is not installed ({e})"
     if ctranslate2.get_cuda_device_count() == 0:
@@ -102,7 +103,7 @@ def resolve_dtype(setting: str, device: str) -> str:
     if setting != "auto":
         return setting
     if device.startswith("cuda"):
-        import torch
+        import torch  # torch: only a GPU hop asks; planning a chain does not load it
 
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     return "float32"
@@ -205,8 +206,6 @@ def load_chain(names: list[str], cfg: BacktranslateCfg, plan: dict | None = None
     """One translator per hop, on the plan's engines (a chain of its own when no plan is given: tests, benches); a
     model named twice (e.g. one M2M100 both ways) is loaded once."""
     if plan is None:
-        from types import SimpleNamespace
-
         alone = BacktranslateCfg.model_validate({**cfg.model_dump(), "chains": [list(names)], "fallback": False})
         plan = chains_plan(SimpleNamespace(backtranslate=alone))  # (what chains_plan reads of a Config)
     loaded: dict = {}

@@ -25,6 +25,7 @@ import torch
 from transformers import (LogitsProcessorList,
                           NoBadWordsLogitsProcessor)
 
+from contramine.pipeline.models.translate.decode.beam import beam_search
 from contramine.pipeline.models.translate.decode.steps import (KNOWN_TYPES, CheckedProcessors, DoneFlags, Seq2SeqSteps,
                                                      subset_processors, supports, token_ids)
 
@@ -66,8 +67,6 @@ class DecodeLoop:
                  logits_processor: LogitsProcessorList) -> torch.Tensor:
         gen, processors = prepared(self.model, gen, input_ids, logits_processor)
         if gen.num_beams > 1:
-            from contramine.pipeline.models.translate.decode.beam import beam_search
-
             return beam_search(self, input_ids, attention_mask, gen, processors)
         if gen.num_return_sequences != 1 or gen.do_sample:
             raise ValueError("the decode loop's greedy path returns one sequence a row and does not sample itself "

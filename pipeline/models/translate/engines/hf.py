@@ -33,10 +33,12 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
+from tqdm.auto import tqdm
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, CompileConfig, LogitsProcessor, LogitsProcessorList
 
 from contramine.pipeline.config.backtranslation import BacktranslateCfg, chain_name
 from contramine.pipeline.models.attention_kernels import without_cudnn_attention
+from contramine.pipeline.models.translate.decode.loop import DecodeLoop, KNOWN_TYPES, supports
 from contramine.pipeline.models.translate.decode.tokens import input_ids
 from contramine.pipeline.models.translate.decode.tokens import texts as decoded_texts
 from contramine.pipeline.models.translate.decode.mt19937 import mt19937_uniform
@@ -144,8 +146,6 @@ class Translator:
         self.compile_config = None
         self.loop = self._decode_loop()
         if cfg.compile and self.static_cache:
-            from transformers import CompileConfig
-
             cuda = device.startswith("cuda")
             self.compile_config = CompileConfig(mode="reduce-overhead" if cuda else "default")  # CUDA graphs on a GPU
             self.compile_config._compile_all_devices = not cuda  # transformers compiles on a GPU only, unless told
@@ -153,8 +153,6 @@ class Translator:
     def _decode_loop(self):
         """Our decode loop (decode/loop.py) where the settings ask for it and it knows the model, else None
         (transformers' generate), said in the log when the loop was asked for."""
-        from contramine.pipeline.models.translate.decode.loop import DecodeLoop, KNOWN_TYPES, supports
-
         if self.cfg.decoder != "loop":
             return None
         kind = self.model.config.model_type
@@ -185,8 +183,6 @@ class Translator:
         order = sorted((i for i in range(len(texts)) if out[i] is None), key=lambda i: (-len(ids[i]), i))
         bar = None
         if progress:
-            from tqdm.auto import tqdm
-
             bar = tqdm(total=len(order), desc=f"translate {chain_name([self.name])}", unit="sent")
         # the host's text work a batch (decoding the ids, normalising) runs on a worker thread while the next
         # batch decodes on the device; results are collected in batch order, so nothing depends on the thread
