@@ -48,7 +48,7 @@ def load_encoder(cfg, store=None, n: int = 0, plan: dict | None = None) -> "Enco
     if cfg.embeddings.source is not None:
         from contramine.pipeline.models.encode.precomputed import PrecomputedEncoder
 
-        return PrecomputedEncoder(Path(cfg.embeddings.source))
+        return PrecomputedEncoder(Path(cfg.embeddings.source))  # type: ignore[return-value]  # duck-typed (encode, dim)
     e, plan = cfg.encoder, plan or encoder_plan(cfg)
     device = cuda_device(plan["device"], f"encoder {e.model}")
     return Encoder.load(e.model, pooler=e.pooler, max_length=e.max_length, device=device, prompt=e.prompt,
