@@ -35,7 +35,7 @@ def values_hash(values: pa.Table, key: bytes | None = None) -> str:
     """blake2b-128 of a table's values, from their logical content (not their Arrow layout: a slice, a chunking or a
     validity buffer does not change it), column by column with names and types. With the team's `key`
     (runner.memo_key), HMAC-SHA256 of the same bytes: only a holder of the key can make a pack's `mac` match."""
-    return values_hashes(values, key)[1 if key else 0]
+    return values_hashes(values, key)[1 if key else 0]  # type: ignore[return-value]  # with a key, a keyed hash
 
 
 def values_hashes(values: pa.Table, key: bytes | None = None) -> tuple[str, str | None]:
@@ -158,6 +158,7 @@ def values_problem(table: pa.Table, key: bytes | None = None) -> str | None:
     """Why a whole pack's values are not what its record says (rows, values hash; with the team's `key`, also the
     keyed hash `mac`: a pack written without the key, or rewritten with its hashes recomputed, fails), or None."""
     record = pack_record(table.schema)
+    assert record is not None  # pack_problem, asked first, refuses a pack without one
     values = table.drop_columns(["key"])
     if record.get("rows") != table.num_rows:
         return f"{table.num_rows} rows where its record says {record.get('rows')}"
