@@ -79,7 +79,7 @@ def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: b
     cached = [store.cached_shard(t, j, n, key) for t in stage.writes for j in shards]
     if not force and all(cached):
         return [{"stage": name, "shard": c.index, "table": c.table, "cached": True, "rows": c.rows, "seconds": 0.0,
-                 "entry": c.entry()} for c in cached]
+                 "entry": c.entry()} for c in cached if c is not None]  # all are (all(cached))
     resources.enter(name)
     release_indexes(keep_stage=name)  # another stage's memo lookup indexes: not needed in this process any more
     t0 = time.perf_counter()
@@ -88,7 +88,7 @@ def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: b
     seconds = time.perf_counter() - t0
     memo = {m: (c.counts.computed, c.counts.reused, c.counts.audited)  # on the job's first row only
             for m, c in ctx.memos.items()}
-    out = []
+    out: list[dict] = []
     for t in stage.writes:
         for j, part in zip(shards, tables[t] if stage.one_job else [tables[t]]):
             info = store.write_shard(t, j, n, part, key, seconds / len(shards))
