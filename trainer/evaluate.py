@@ -207,7 +207,7 @@ def evaluate_all(encoder, senteval_dir, probe_path=None, batch_size: int = 128, 
         for p in sets:
             subsets[p.name] = {"spearman": x100(spearman(cos[p.name], p.gold)), "n": len(p)}
     seven = [sts[t] for t in tasks]  # mean of the printed numbers, as SimCSE; undefined if any task is
-    sts["avg"] = round(sum(seven) / len(seven), 2) if None not in seven else None  # type: ignore[arg-type]  # no None
+    sts["avg"] = round(sum(seven) / len(seven), 2) if None not in seven else None  # type: ignore[arg-type]  # None: tested
     return {
         "model": model_name(encoder), "pooler": getattr(encoder, "pooler", None),
         "max_length": getattr(encoder, "max_length", None),

@@ -15,8 +15,8 @@ from contramine.pipeline.config.names import name_problem
 # rest beside its class (its [train.<name>] Settings, its sentence-transformers loss, the export format that loss
 # reads). Everything else is derived from this line: the `train.objective` type, TrainCfg's [train.<name>] sections,
 # contramine.trainer.objectives.OBJECTIVES, contramine.trainer.st_losses.LOSSES. Adding an objective = its file + its name here.
-Objective = Literal["simcse", "debcse", "osscse", "whitenedcse", "dclr"]  # the one list, as a type checkers read
-OBJECTIVE_NAMES: tuple[Objective, ...] = get_args(Objective)
+Objective = Literal["simcse", "debcse", "osscse", "whitenedcse", "dclr"]  # the one list, spelt out: a type checker reads it
+OBJECTIVE_NAMES: tuple[Objective, ...] = get_args(Objective)  # the same names, in that order
 # Flat keys of the previous release -> [train.<objective>] key: still accepted, with a one-line deprecation note.
 FLAT_OBJECTIVE_KEYS = {
     "debcse_negatives": ("debcse", "negatives"), "osscse_alpha": ("osscse", "alpha"), "osscse_beta": ("osscse", "beta"),
