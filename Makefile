@@ -47,7 +47,7 @@ PYTEST_ARGS ?= -q
 # Everything passed on to the CLI, only when set.
 ARGS = --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(CORPUS),--corpus $(CORPUS)) $(if $(SET),--set $(SET)) $(if $(FORCE),--force)
 
-.PHONY: install mine stage sql test eval report export cache verify train compare tensorboard bench gpu-check gpu-wheels gpu-rehearsal scale clean
+.PHONY: install mine stage sql test typecheck eval report export cache verify train compare tensorboard bench gpu-check gpu-wheels gpu-rehearsal scale clean
 install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test "$(ACCEL)" = cpu || test "$(ACCEL)" = gpu || { echo "ACCEL must be cpu or gpu, not '$(ACCEL)'"; exit 2; }
@@ -133,6 +133,10 @@ scale: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+# `make typecheck`: mypy over the package at the strictness pyproject.toml's [tool.mypy] sets (CI runs it too)
+typecheck: $(STAMP)
+	$(BIN)/python -m mypy
 
 clean:
 	rm -rf artifacts

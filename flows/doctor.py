@@ -47,7 +47,7 @@ def pins() -> dict[str, str]:
             reqs = requires("contramine") or []
         except PackageNotFoundError:
             reqs = []
-    out = {}
+    out: dict[str, str] = {}
     for req in reqs:
         spec = req.split(";")[0].strip()
         name = re.split(r"[<>=!~\[ ]", spec, maxsplit=1)[0].lower()

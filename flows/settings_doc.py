@@ -66,6 +66,8 @@ def comments(cls) -> dict[str, str]:
 
 
 def section_table(name: str, cls, keyed_section: bool) -> list[str]:
+    execution: frozenset[str]
+    resolved: frozenset[str]
     execution, resolved = getattr(cls, "EXECUTION", frozenset()), getattr(cls, "RESOLVED", frozenset())
     doc = " ".join((cls.__doc__ or "").split()) if cls.__doc__ and "A config section." not in cls.__doc__ else ""
     notes = comments(cls)

@@ -56,7 +56,7 @@ def imported_modules(source: str, module: str) -> set[str]:
         if id(node) in skip:
             continue
         if isinstance(node, ast.ImportFrom):
-            base = resolve_name("." * node.level + (node.module or ""), package) if node.level else node.module
+            base = resolve_name("." * node.level + (node.module or ""), package) if node.level else node.module or ""
             out.add(base)
             out.update(f"{base}.{a.name}" for a in node.names)  # `from pipeline import seeding`
         elif isinstance(node, ast.Import):
@@ -90,5 +90,5 @@ def code_version(module: str, root: Path = PIPELINE) -> str:
     """Hash of the source of `module` and of every pipeline module it imports."""
     h = hashlib.blake2b(FORMAT.encode(), digest_size=16)
     for m in module_closure((module,), root):
-        h.update(m.encode() + b"\0" + module_file(m, root).read_bytes())
+        h.update(m.encode() + b"\0" + module_file(m, root).read_bytes())  # type: ignore[union-attr]  # has a file
     return h.hexdigest()

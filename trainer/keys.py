@@ -137,5 +137,5 @@ def eval_code_version() -> str:
     as pipeline/codeversion.py hashes a stage's: derived from the imports, never a hand list."""
     h = hashlib.blake2b(b"contramine-eval-1", digest_size=16)
     for module in module_closure(("contramine.trainer.evaluate",)):
-        h.update(module.encode() + b"\0" + _module_file(module).read_bytes())
+        h.update(module.encode() + b"\0" + _module_file(module).read_bytes())  # type: ignore[union-attr]  # has a file
     return h.hexdigest()

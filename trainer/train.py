@@ -220,6 +220,7 @@ def _train(cfg: Config, resume: bool, saver: "LastSaver") -> dict:
                 # (checkpoint) step and the last, so a resumed run's rows equal an uninterrupted run's.
                 if step == 1 or step % tc.log_every == 0 or step % tc.eval_every == 0 or step == total:
                     means, n = window.read()  # the row holds the window's means (trainer/metrics_log.py)
+                    assert log is not None  # the master opened it
                     loss_f, norm = means.pop("loss"), means.pop("grad_norm", None)
                     log.record({"step": step, "epoch": epoch, "loss": loss_f, "lr": sched.get_last_lr()[0],
                                 "grad_norm": norm, **means, "steps_in_mean": n,
@@ -235,6 +236,7 @@ def _train(cfg: Config, resume: bool, saver: "LastSaver") -> dict:
                     dev = evaluate_dev_scores(objective, cfg)
                     score = dev_score(dev)
                     new_best = None
+                    assert log is not None  # the master opened it
                     if score > best:
                         best, best_step = score, step
                         new_best = (best_dir, host_encoder(objective.export_encoder()),
@@ -264,6 +266,7 @@ def _train(cfg: Config, resume: bool, saver: "LastSaver") -> dict:
     if master:
         if tc.final_eval:
             result["results"] = final_eval(cfg, model_name, pooler, prompt, eval_len, best_dir, device)
+        assert log is not None  # the master opened it
         log.close()
         result["wall_s"] = round(time.perf_counter() - t0, 2)
         print(f"[train] done: {step} steps, best dev {best:.2f} at step {best_step} -> {best_dir}; "

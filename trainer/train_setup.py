@@ -28,7 +28,7 @@ def load_encoder(name: str, pooler: str, max_length: int, device: str, prompt: s
         conf = AutoConfig.from_pretrained(resolve_model(name, "encoder"))
         kwargs = {k: dropout for k in ("hidden_dropout_prob", "attention_probs_dropout_prob") if hasattr(conf, k)}
     return Encoder.load(name, pooler=pooler, max_length=max_length, device=device, prompt=prompt,
-                        precision=precision, **kwargs)
+                        precision=precision, **kwargs)  # type: ignore[arg-type]  # dropout keys only
 
 
 def run_pooling(cfg: Config) -> tuple[str, str]:

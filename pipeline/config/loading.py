@@ -71,6 +71,7 @@ def _parse_value(raw: str):
 def _declared(dotted: str):
     """The declared type of config key `dotted`, or None where it is no field of a section (a key inside a dict
     setting such as train.osscse.*, or an unknown key: validation names that one)."""
+    model: type[BaseModel] | None  # the section the next part names a field of (None: past the sections)
     model, annotation = Config, None
     for part in dotted.split("."):
         field = model.model_fields.get(part) if model else None

@@ -4,7 +4,7 @@ by its file in trainer/objectives/."""
 from __future__ import annotations
 
 import sys
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
@@ -16,8 +16,8 @@ from contramine.pipeline.config.names import name_problem
 # rest beside its class (its [train.<name>] Settings, its sentence-transformers loss, the export format that loss
 # reads). Everything else is derived from this line: the `train.objective` type, TrainCfg's [train.<name>] sections,
 # contramine.trainer.objectives.OBJECTIVES, contramine.trainer.st_losses.LOSSES. Adding an objective = its file + its name here.
-OBJECTIVE_NAMES = ("simcse", "debcse", "osscse", "whitenedcse", "dclr")
-Objective = Literal[OBJECTIVE_NAMES]  # the one list, as a type
+Objective = Literal["simcse", "debcse", "osscse", "whitenedcse", "dclr"]  # the one list, spelt out: a type checker reads it
+OBJECTIVE_NAMES: tuple[Objective, ...] = get_args(Objective)  # the same names, in that order
 # Flat keys of the previous release -> [train.<objective>] key: still accepted, with a one-line deprecation note.
 FLAT_OBJECTIVE_KEYS = {
     "debcse_negatives": ("debcse", "negatives"), "osscse_alpha": ("osscse", "alpha"), "osscse_beta": ("osscse", "beta"),

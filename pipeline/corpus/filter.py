@@ -74,7 +74,8 @@ class _Rejected:
     where it came from, and how many identical records in a row it stands for."""
 
     def __init__(self, keep: int):
-        self.keep, self.cols = keep, {name: [] for name in SCHEMAS["rejected"].names}
+        self.cols: dict[str, list] = {name: [] for name in SCHEMAS["rejected"].names}
+        self.keep = keep
         self.runs = self.cols["lines"]
         self.last: tuple | None = None  # (source, reason, n_bytes, digest) of the last row
         self.next_no = 0                # the line_no a repeat of the last row's record would have

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol, overload
 
 from contramine.pipeline.corpus.records import Part, Value
 
-SUFFIXES: dict[str, type] = {}   # ".jsonl" -> its reader class (a file's form by its suffix, under any codec)
-SCHEMES: dict[str, type] = {}    # "hf:" -> a reader class whose `open(corpus)` gives the readers of that spec
+SUFFIXES: dict[str, FileReaderClass] = {}   # ".jsonl" -> its reader class (a file's form by its suffix, any codec)
+SCHEMES: dict[str, SchemeReaderClass] = {}  # "hf:" -> a reader class whose `open(corpus)` gives the spec's readers
 CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 ALONE = "text"                   # the form of a single file whose name no form claims (as it always was)
 
@@ -32,6 +32,16 @@ class Reader(Protocol):
     def count(self) -> int: ...
     def records(self, long_bytes: int, keep: int) -> Iterator[Value]: ...
     def identity(self) -> str: ...
+
+
+class FileReaderClass(Protocol):  # a file form's reader class, as @form registers it
+    form: str
+
+    def __call__(self, part: Part, corpus) -> Reader: ...
+
+
+class SchemeReaderClass(Protocol):  # a scheme's reader class (hf:)
+    def open(self, corpus) -> list[Reader]: ...
 
 
 def form(name: str, suffixes: tuple[str, ...] = (), scheme: str | None = None):
@@ -52,6 +62,12 @@ def names() -> str:
     return ", ".join(SUFFIXES) + ", each optionally " + " or ".join(dict.fromkeys(c for c in CODECS if c != ".zstd"))
 
 
+@overload
+def form_of(path, alone: Literal[True]) -> tuple[str, str | None]: ...
+@overload
+def form_of(path, alone: bool) -> tuple[str, str | None] | None: ...
+
+
 def form_of(path, alone: bool) -> tuple[str, str | None] | None:
     """(form, codec) by the file's suffixes: `c.jsonl.zst` is JSON Lines in zstd. A file given alone whose name no
     form claims is text; in a folder or a glob it is None (the caller refuses it)."""
@@ -69,5 +85,5 @@ def reader_of(part: Part, corpus) -> Reader:
     return cls(part, corpus)
 
 
-def scheme_of(spec: str) -> type | None:
+def scheme_of(spec: str) -> SchemeReaderClass | None:
     return next((cls for s, cls in SCHEMES.items() if spec.startswith(s)), None)

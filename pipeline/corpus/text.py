@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from functools import lru_cache
 
 from contramine.pipeline.corpus.forms import form
-from contramine.pipeline.corpus.records import Part, Value
+from contramine.pipeline.corpus.records import LongLine, Part, Value
 from contramine.pipeline.corpus.streams import count_lines, open_file, open_part, read_chunks, text_lines
 
 
@@ -47,7 +47,7 @@ class TextReader:
         st = os.stat(self.part.path)
         return cached_count(self.part, st.st_size, st.st_mtime_ns, self.max_expansion)
 
-    def lines(self, long_bytes: int, keep: int) -> Iterator[bytes]:
+    def lines(self, long_bytes: int, keep: int) -> Iterator[bytes | LongLine]:
         with open_part(self.part, self.max_expansion) as f:
             yield from text_lines(read_chunks(f, self.part.path), long_bytes, keep)
 

@@ -52,4 +52,4 @@ def worker_gpu(n_gpus: int) -> int | None:
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     if len(visible) == 1 or (visible and "dask_cuda" in sys.modules):
         return 0  # the worker's own GPU, listed first
-    return worker_index() % n_gpus
+    return worker_index() % n_gpus  # type: ignore[operator]  # inside a worker: an int

@@ -26,6 +26,7 @@ def stage_modules(packages: list[str] | tuple[str, ...]) -> list[str]:
     found = []
     for package in packages:
         spec = importlib.util.find_spec(package)
+        assert spec is not None  # the stage packages (PACKAGES) are installed with the project
         found += [f"{package}.{m.name}" for m in sorted(pkgutil.iter_modules(spec.submodule_search_locations),
                                                            key=lambda m: m.name)
                   if not m.ispkg and not m.name.startswith("_")]

@@ -46,7 +46,7 @@ class Resource:
     that a stage reads from its plan); reads: the config sections `load` reads (they key the loaded object)."""
     name: str
     resolve: Callable[..., dict] = field(compare=False)
-    load: Callable[["Config", "Store", int, dict], Any] | None = field(default=None, compare=False)
+    load: Callable[..., Any] | None = field(default=None, compare=False)  # (a SectionsView, store, n, plan), as resolve
     reads: tuple[str, ...] = ()
 
 

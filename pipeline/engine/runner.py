@@ -83,7 +83,7 @@ def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: b
     cached = [store.cached_shard(t, j, n, key) for t in stage.writes for j in shards]
     if not force and all(cached):
         return [{"stage": name, "shard": c.index, "table": c.table, "cached": True, "rows": c.rows, "seconds": 0.0,
-                 "entry": c.entry()} for c in cached]
+                 "entry": c.entry()} for c in cached if c is not None]  # all are (all(cached))
     began = time.time()
     # the device's lease first, then a worker slot: a job waiting for the card holds no worker a CPU stage could use
     with device_lease(leased_device(plan, cfg.runner.leased_devices), cfg.runner.device_leases) as (waited, held_since), \
@@ -100,7 +100,7 @@ def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: b
     # when the job ran, where, and when it held the device: the manifest's timeline (`make report` draws it)
     timeline = {"job": i, "began": round(began, 3), "ended": round(time.time(), 3), "worker": resources.process_name(),
                 "lease_wait_s": round(waited, 3), "device_held": held}
-    out = []
+    out: list[dict] = []
     for t in stage.writes:
         for j, part in zip(shards, tables[t] if stage.one_job else [tables[t]]):
             info = store.write_shard(t, j, n, part, key, seconds / len(shards))

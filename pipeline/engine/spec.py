@@ -77,6 +77,7 @@ class Ctx:
         if name not in declared:
             raise KeyError(f"stage {self.stage.name if self.stage else '?'} uses resource {name!r} without "
                            f"declaring it (@stage(resources=...))")
+        assert self.stage is not None  # declared: there is a stage
         return acquire(self.stage.name, declared[name], self.cfg, self.store, self.n, self.plan[name])
 
     def shard(self, table: str) -> "pa.Table":

@@ -24,8 +24,8 @@ def verify_run(run_dir: Path | str) -> tuple[int, int, list[str]]:
     for table in names:
         try:
             entries = committed_files(run_dir / table) or []
-        except TableCorrupt as e:
-            bad.append(" ".join(str(e).split("\n")))
+        except TableCorrupt as corrupt:
+            bad.append(" ".join(str(corrupt).split("\n")))
             continue
         for e in entries:
             path, checked = run_dir / table / e["file"], checked + 1

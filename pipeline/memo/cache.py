@@ -176,7 +176,7 @@ def verify(root: Path, dry_run: bool = False, key: bytes | None = None) -> tuple
                 except (OSError, pa.ArrowException):
                     continue
                 seen[text] = seen.get(text, 0) + 1
-            expected = max(seen, key=seen.get) if seen else None
+            expected = max(seen, key=seen.get) if seen else None  # type: ignore[arg-type]  # each key is in seen
         for p in ns.pack_files:
             checked += 1
             table, st, problem = read_pack(p, expected, key)

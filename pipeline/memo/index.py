@@ -26,8 +26,8 @@ class NamespaceIndex:
         self.packs: list[Path | None] = []  # by pack number; None once it is dropped (quarantined, refused)
         self.number: dict[str, int] = {}  # pack name -> number, for the packs indexed
         self.refused: dict[str, tuple] = {}  # pack name -> the file's signature when refused: not read again as is
-        self.prefix = np.zeros(0, np.uint64)
-        self.loc = np.zeros(0, np.uint64)
+        self.prefix: np.ndarray = np.zeros(0, np.uint64)
+        self.loc: np.ndarray = np.zeros(0, np.uint64)
         self.lock = threading.Lock()
 
     @property
@@ -45,8 +45,10 @@ class NamespaceIndex:
             return
         # where each new row lands in the merged arrays: after the old rows not greater than it, and the new before it
         dest = np.searchsorted(self.prefix, prefix, side="right") + np.arange(len(prefix))
-        old = np.ones(len(self.prefix) + len(prefix), bool)
+        old: np.ndarray = np.ones(len(self.prefix) + len(prefix), bool)
         old[dest] = False
+        merged_prefix: np.ndarray
+        merged_loc: np.ndarray
         merged_prefix, merged_loc = np.empty(len(old), np.uint64), np.empty(len(old), np.uint64)
         merged_prefix[dest], merged_loc[dest] = prefix, loc
         merged_prefix[old], merged_loc[old] = self.prefix, self.loc

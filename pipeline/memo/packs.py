@@ -43,7 +43,7 @@ def values_hash(values: pa.Table, key: bytes | None = None, binding: bytes = b""
     validity buffer does not change it), column by column with names and types. With the team's `key`
     (runner.memo_key), HMAC-SHA256 of `binding` (`mac_binding`: namespace, pack name, keys) and the same bytes: only
     a holder of the key can make a pack's `mac` match, and only for the rows, keys and place it was written for."""
-    return values_hashes(values, key, binding)[1 if key else 0]
+    return values_hashes(values, key, binding)[1 if key else 0]  # type: ignore[return-value]  # with a key, a keyed hash
 
 
 def mac_binding(namespace: str, name: str, keys: bytes) -> bytes:
@@ -240,6 +240,7 @@ def values_problem(table: pa.Table, key: bytes | None = None, path: Path | None 
     pack written without the key, rewritten with its hashes recomputed, with keys swapped or copied from elsewhere,
     fails), or None."""
     record = pack_record(table.schema)
+    assert record is not None  # pack_problem, asked first, refuses a pack without one
     values = table.drop_columns(["key"])
     if record.get("rows") != table.num_rows:
         return f"{table.num_rows} rows where its record says {record.get('rows')}"

@@ -164,7 +164,7 @@ class RowMemo:
         (empty, None, empty) when none is. A pack that does not read, or whose schema, record or values hash is
         wrong, is refused (named, quarantined) and its rows are misses; so is a row whose whole key differs from
         the one asked for (an 8-byte prefix collision, a pack replaced since it was indexed)."""
-        none = (np.zeros(0, np.int64), None, np.zeros(0, np.int64))
+        none: tuple[np.ndarray, pa.Table | None, np.ndarray] = (np.zeros(0, np.int64), None, np.zeros(0, np.int64))
         if not keys:
             return none
         index, expected = self._index(), self._expected(schema)
@@ -182,14 +182,15 @@ class RowMemo:
         if not len(prefix):
             return none
         asked = key_prefixes(keys)
-        at = np.searchsorted(prefix, asked)
-        found = at < len(prefix)
+        at: np.ndarray = np.searchsorted(prefix, asked)  # type: ignore[assignment]  # array in, array out
+        found: np.ndarray = at < len(prefix)
         found[found] = prefix[at[found]] == asked[found]
         positions = np.flatnonzero(found)
         if not len(positions):
             return none
         where = loc[at[positions]]
         pack_of, row_of = (where >> np.uint64(32)).astype(np.int64), (where & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        got_pack: list[np.ndarray]
         got_pos, got_parts, got_pack = [], [], []
         for number in np.unique(pack_of):
             path = packs[number]
@@ -202,7 +203,7 @@ class RowMemo:
             if problem is not None:
                 self._refuse(index, path, problem, st)
                 continue
-            values = table.take(pa.array(row_of[sel]))
+            values = table.take(pa.array(row_of[sel]))  # type: ignore[union-attr]  # read, without a problem
             stored = values.column("key").combine_chunks().buffers()[1].to_pybytes()
             same = np.array([stored[16 * j:16 * j + 16] == keys[p] for j, p in enumerate(positions[sel])], bool)
             got_pos.append(positions[sel][same])
@@ -245,7 +246,7 @@ class RowMemo:
             self.counts.reused += len(found)
             return reused if reused is not None else (schema.empty_table() if schema is not None else None)
         computed = self._compute(compute, ask, schema)
-        keep = np.ones(len(found), bool)  # found rows still served from the memo
+        keep: np.ndarray = np.ones(len(found), bool)  # found rows still served from the memo
         if reused is not None:
             if not reused.schema.equals(computed.schema):  # the packs are of another schema than the model's
                 bad = np.unique(packs)
@@ -276,7 +277,7 @@ class RowMemo:
             self.add([keys[i] for i in ask[new]], computed.filter(pa.array(new)))
         parts, pos = [computed.filter(pa.array(new))], [ask[new]]
         if len(served):
-            parts.append(reused.filter(pa.array(keep)))
+            parts.append(reused.filter(pa.array(keep)))  # type: ignore[union-attr]  # it holds the served rows
             pos.append(served)
         order = np.argsort(np.concatenate(pos), kind="stable")
         return pa.concat_tables(parts).take(pa.array(order))
@@ -290,6 +291,7 @@ class RowMemo:
 
     def _refuse_number(self, number: int, why: str) -> None:
         index, path = self._index(), self._packs[number]
+        assert path is not None  # a pack this lookup read rows from
         with index.lock:
             if index.number.get(path.name) != number:
                 return  # refused meanwhile by another shard of this process

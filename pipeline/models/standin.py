@@ -65,7 +65,7 @@ class StandInEncoder:
         return v
 
     def encode(self, texts: list[str], batch_size: int = 128, normalize: bool = True, progress=False) -> np.ndarray:
-        out = np.zeros((len(texts), self.dim), np.float32)
+        out: np.ndarray = np.zeros((len(texts), self.dim), np.float32)
         for i, t in enumerate(texts):
             words = t.lower().split() or [""]
             out[i] = np.mean([self._word(w) for w in words], axis=0)

@@ -85,7 +85,7 @@ def random_pair_cosines(run: Run, seed: int, n_pairs: int = RANDOM_PAIRS) -> np.
     emb = np.asarray(got.column("emb").combine_chunks().flatten(), dtype=np.float32).reshape(got.num_rows, -1)
     emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)  # stored vectors are unit; be safe anyway
     pos = np.searchsorted(got.column("sid").to_numpy(), sids)
-    return np.einsum("kd,kd->k", emb[pos[i]], emb[pos[j]])
+    return np.einsum("kd,kd->k", emb[pos[i]], emb[pos[j]])  # type: ignore[index]  # pos: an array, as sids
 
 
 def chosen_cos(run: Run, kind: str) -> np.ndarray:

@@ -56,9 +56,9 @@ class Pools:
     padded to pool_size, and how many there are. `table` flattens them once into the stage's table."""
 
     def __init__(self, n_queries: int, pool_size: int):
-        self.cand = np.full((n_queries, pool_size), -1, dtype=np.int64)
-        self.cos = np.zeros((n_queries, pool_size), dtype=np.float64)
-        self.count = np.zeros(n_queries, dtype=np.int64)
+        self.cand: np.ndarray = np.full((n_queries, pool_size), -1, dtype=np.int64)
+        self.cos: np.ndarray = np.zeros((n_queries, pool_size), dtype=np.float64)
+        self.count: np.ndarray = np.zeros(n_queries, dtype=np.int64)
 
     def put(self, rows, cand, cos, count) -> None:
         self.cand[rows], self.cos[rows], self.count[rows] = cand, cos, count
@@ -225,7 +225,7 @@ def exact_cosines(q: np.ndarray, q_rows: np.ndarray, base_vecs: np.ndarray, ids:
     """cos(q[q_rows[p]], base_vecs[ids[p]]) in float64 for each pair p. Per pair (float32 inputs, float64
     products and sums), so a value never depends on the batch. Chunks of a thousand pairs keep the gathered rows in
     cache; numpy releases the GIL in the gather and the einsum, so the chunks run on FAISS's threads' cores."""
-    out = np.empty(len(ids), dtype=np.float64)
+    out: np.ndarray = np.empty(len(ids), dtype=np.float64)
 
     def chunk(a: int) -> None:
         b = a + pairs_per_step
@@ -257,7 +257,7 @@ def _threads() -> int:
 def exact_band_neighbours(q_vecs, q_sids, base_vecs, base_sids, lo, hi, pool_size, skip_top: int = 0) -> pa.Table:
     """Brute force (numpy, float64): the reference for tests and for the recall of approximate indexes."""
     sims = np.clip(q_vecs.astype(np.float64) @ base_vecs.astype(np.float64).T, -1.0, 1.0)  # as exact_cosines
-    out = ([], [], [], [])
+    out: tuple[list, list, list, list] = ([], [], [], [])  # query sids, candidates, cosines, ranks
     for r, row in enumerate(sims):
         band = (row >= lo) & (row <= hi) & (base_sids != q_sids[r])
         if skip_top:

@@ -230,8 +230,8 @@ def load_index(cfg, store, n: int, plan: dict):
 
         if plan["kind"] == "flat" and "vectors" in plan:  # exact past exact_threshold: over the mapped vectors
             base = np.load(path("vectors"), mmap_mode="r")
-            exact = fx.BruteForce(base)  # faiss.knn: the kernel IndexFlatIP.search runs, without a copy of the base
-            return np.load(path("sids")), base, exact, exact
+            brute = fx.BruteForce(base)  # faiss.knn: the kernel IndexFlatIP.search runs, without a copy of the base
+            return np.load(path("sids")), base, brute, brute
         if plan["kind"] == "flat" or not plan["rows"]:
             base_sids, base = read_vectors(store, plan["base"], n)
             index, cpu_index = fx.build_index(base, plan["kind"], cfg.neighbours, cfg.run.seed,

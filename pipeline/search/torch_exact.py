@@ -108,7 +108,7 @@ class _Streams:
         """The main stream waits for `event`; `tensors` (made on the side stream) are marked as used on it, so the
         allocator does not hand their memory to the side stream while the main stream still reads them."""
         if self.on:
-            self.main.wait_event(event)
+            self.main.wait_event(event)  # type: ignore[union-attr]  # self.on: __init__ made it
             for t in tensors:
                 t.record_stream(self.main)
 
@@ -173,7 +173,7 @@ class TorchExact:
         # band(): the next block's GEMM queued before this block's resolve (on a GPU, on a stream of its own)
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
         self.base_scored = None  # the base as a tf32 / bf16 matmul reads it (made on first use)
-        self.observed_error = None  # check_bound's largest |score - float64 cosine| on its sample
+        self.observed_error: float | None = None  # check_bound's largest |score - float64 cosine| on its sample
 
     def score_tolerance(self) -> float:
         """The bound band_neighbours assumes on |score - exact cosine| for this precision (band.score_tolerance)."""
@@ -192,8 +192,8 @@ class TorchExact:
         if k < 0:
             raise ValueError(f"TorchExact: k = {k} < 0")
         m, kk = len(x), min(k, self.n)
-        D = np.full((m, k), PAD_SCORE, dtype=np.float32)
-        I = np.full((m, k), -1, dtype=np.int64)
+        D: np.ndarray = np.full((m, k), PAD_SCORE, dtype=np.float32)
+        I: np.ndarray = np.full((m, k), -1, dtype=np.int64)
         if kk == 0 or m == 0:
             return D, I
         _check_float32()
@@ -292,7 +292,7 @@ class TorchExact:
             starts = list(range(0, len(x), rows))
             nxt = launch(starts[0]) if starts else None
             for i in range(len(starts)):
-                a, q, scores, ready = nxt
+                a, q, scores, ready = nxt  # type: ignore[misc]  # block i, launched before this round
                 streams.wait(ready, q, scores)
                 # block i + 1's GEMM is queued before block i's resolve (which reads the host back): on a GPU it
                 # runs on its own stream while this block is resolved and copied back; on a CPU: the plain order

@@ -81,7 +81,7 @@ def within_margins(neg_cos: np.ndarray, positive: float | None, cfg) -> np.ndarr
     no margin applies (none set, or the anchor has no chosen positive to compare with)."""
     if positive is None or (cfg.absolute_margin is None and cfg.relative_margin is None):
         return None
-    keep = np.ones(len(neg_cos), dtype=bool)
+    keep: np.ndarray = np.ones(len(neg_cos), dtype=bool)
     if cfg.absolute_margin is not None:
         keep &= ~(neg_cos + cfg.absolute_margin > positive)
     if cfg.relative_margin is not None:
@@ -123,7 +123,7 @@ def ipw_table(scores: pa.Table, cfg, seed: int) -> pa.Table:
     change = np.ones(n, dtype=bool)
     change[1:] = (sid[1:] != sid[:-1]) | (is_neg[1:] != is_neg[:-1])
     starts = np.flatnonzero(change)
-    lengths = np.diff(np.append(starts, n))
+    lengths: np.ndarray = np.diff(np.append(starts, n))
     lam = np.where(is_neg, float(cfg.lambda_neg), float(cfg.lambda_pos))
     cos = scores.column("cos").to_numpy().astype(np.float64)
     s_sur, s_sem, p_tilde, p = pool_probabilities(scores.column("edit").to_numpy().astype(np.float64), cos,

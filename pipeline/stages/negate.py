@@ -223,6 +223,7 @@ def negate_table(sentences: pa.Table, nlp: "Language | Callable[[], Language] | 
 
     done = (memo or NoMemo("negate", "negate")).rows([row_key("" if t is None else t) for t in texts], compute,
                                                     NEGATIONS)
+    assert done is not None  # with a schema, rows() gives a table (empty or not)
     return pa.table({"sid": sentences.column("sid").cast(pa.int64()), "text": done.column("text"),
                      "rule": done.column("rule"), "reason": done.column("reason")}, schema=SCHEMAS["negations"])
 

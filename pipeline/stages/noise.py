@@ -79,7 +79,7 @@ class _Slot(int):
 
 def noise_sentences(sentences: pa.Table, vocab: list[str], cfg, seed: int) -> pa.Table:
     sids, texts = sentences.column("sid").to_pylist(), sentences.column("text").to_pylist()
-    out = {"sid": [], "variant": [], "text": [], "ops": []}
+    out: dict[str, list] = {"sid": [], "variant": [], "text": [], "ops": []}
     if not vocab:
         return pa.table(out, schema=SCHEMAS["variants"])
     draws: list[int] = []

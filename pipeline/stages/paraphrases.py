@@ -8,6 +8,8 @@ only one of them keeps the other null (the loss skips that term).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -23,7 +25,7 @@ def pick_paraphrases(sentences: pa.Table, backtranslations: pa.Table, mer_lo: fl
     bt = bt.filter(pc.equal(bt.column("variant"), 0)) if bt.num_rows else bt
     sids, texts, chains = bt.column("sid").to_pylist(), bt.column("text").to_pylist(), bt.column("chain").to_pylist()
     rows = [(s, t, c) for s, t, c in zip(sids, texts, chains) if s in anchors and t]
-    scores = mer([anchors[s] for s, _, _ in rows], [t for _, t, _ in rows]) if rows else []
+    scores: Iterable[float] = mer([anchors[s] for s, _, _ in rows], [t for _, t, _ in rows]) if rows else []
     best: dict[int, tuple] = {}
     for (sid, text, chain), m in zip(rows, scores):
         if mer_lo <= m <= mer_hi:

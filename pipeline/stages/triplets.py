@@ -14,7 +14,7 @@ def build_triplets(sentences: pa.Table, paraphrases: pa.Table, negations: pa.Tab
     neg = {}
     if negations is not None:
         neg = {s: t for s, t in zip(negations.column("sid").to_pylist(), negations.column("text").to_pylist()) if t}
-    out = {k: [] for k in SCHEMAS["triplets"].names}
+    out: dict[str, list] = {k: [] for k in SCHEMAS["triplets"].names}
     for sid, anchor in zip(sentences.column("sid").to_pylist(), sentences.column("text").to_pylist()):
         p, n = para.get(sid), neg.get(sid)
         if p is None and n is None:

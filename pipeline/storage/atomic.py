@@ -147,7 +147,7 @@ def _settle_tree(folder: Folder, mask: int) -> None:
         if e.is_symlink():
             continue
         if e.is_dir(follow_symlinks=False):
-            with folder.child(e.name, create=False) as sub:
+            with folder.child(e.name, create=False) as sub:  # type: ignore[union-attr]  # just listed: never missing
                 _settle_tree(sub, mask)
                 os.fchmod(sub.fd, 0o777 & ~mask)
                 sub.fsync()
@@ -170,7 +170,7 @@ def atomic_dir(dst: Path | str, root: Path | str | None = None):
         tmp, own = f".{dst.name}.tmp-{secrets.token_hex(4)}", _temps(dst.name)
         os.mkdir(tmp, 0o700, dir_fd=parent.fd)  # owner-only while it is written, like mkdtemp
         try:
-            with parent.child(tmp, create=False) as folder:
+            with parent.child(tmp, create=False) as folder:  # type: ignore[union-attr]  # made just above: present
                 yield folder.at()
                 mask = _umask()  # give the folder and its files a plain write's modes
                 _settle_tree(folder, mask)

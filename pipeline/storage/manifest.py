@@ -110,12 +110,12 @@ def check_manifest(table_dir: Path, man) -> None:
                                                 f"(part-<i>-of-<n>.<key>.parquet)", man)
             if name in seen:
                 raise manifest_error(table_dir, f"lists {name} twice (its rows would be read twice)", man)
-            seen.add(name)
+            seen.add(name)  # type: ignore[arg-type]  # a str: PART matched it
             if (int(m.group(1)), int(m.group(2))) != (i, len(files)):
                 raise manifest_error(table_dir, f"lists {name} at position {i} of {len(files)} (shard i of n is "
                                                 f"part-<i>-of-<n>, in order)", man)
         return
-    if not _typed(shards, int) or not 0 <= shards <= MAX_SHARDS:
+    if not _typed(shards, int) or not 0 <= shards <= MAX_SHARDS:  # type: ignore[operator]  # an int by then
         raise manifest_error(table_dir, f"has no file list and shards = {_short(shards)}, not a shard count "
                                         f"(0 to {MAX_SHARDS:,})", man)
     try:  # the old layout's files are part-<i>-of-<n>.parquet: its count is bounded by what the folder holds
@@ -123,7 +123,7 @@ def check_manifest(table_dir: Path, man) -> None:
             f"-of-{shards:05d}.parquet"))
     except OSError:
         held = 0
-    if shards > held:
+    if shards > held:  # type: ignore[operator]  # an int (checked above)
         raise manifest_error(table_dir, f"names {shards:,} shards (no file list) and its folder holds {held} of them",
                              man)
 

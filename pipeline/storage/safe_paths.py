@@ -30,6 +30,7 @@ import shutil
 import stat
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal, overload
 
 from contramine.pipeline.errors import ExpectedError
 
@@ -98,6 +99,11 @@ class Folder:
         except FileNotFoundError:
             return None
 
+    @overload
+    def child(self, name: str, create: Literal[True] = True) -> "Folder": ...
+    @overload
+    def child(self, name: str, create: bool) -> "Folder | None": ...
+
     def child(self, name: str, create: bool = True) -> "Folder | None":
         """The folder `name` in this one, opened without following a link (created when missing and `create`, else
         None); UnsafePath when it is a link or a file."""
@@ -136,7 +142,7 @@ class Folder:
             if e.errno in (errno.ELOOP, errno.EMLINK):
                 raise linked(self.path / name, self.root, os.readlink(name, dir_fd=self.fd)) from None
             if e.errno == errno.ENXIO:  # a socket
-                raise not_regular(self.path / name, self.lstat(name).st_mode) from None
+                raise not_regular(self.path / name, os.lstat(name, dir_fd=self.fd).st_mode) from None
             raise
         return _regular(fd, self.path / name)
 
@@ -249,6 +255,12 @@ def read_regular(path: Path | str, follow: bool = False, limit: int | None = Non
         return f.read() if limit is None else f.read(limit)
 
 
+@overload
+def open_folder(root: Path | str, path: Path | str, create: Literal[True] = True) -> Folder: ...
+@overload
+def open_folder(root: Path | str, path: Path | str, create: bool) -> Folder | None: ...
+
+
 def open_folder(root: Path | str, path: Path | str, create: bool = True) -> Folder | None:
     """The folder `path`, reached from `root` one component at a time without following a link (each created when
     missing and `create`; else None when one is missing). `root` itself is opened as given (it may be a link) and
@@ -301,6 +313,8 @@ def check_below(root: Path | str, path: Path | str, final: bool = False) -> Path
                 raise not_a_folder(folder.path / part, root_)
             nxt = folder.child(part, create=False)
             folder.close()
+            if nxt is None:  # removed since its lstat: nothing below exists, as when lstat finds nothing
+                break
             folder = nxt
     finally:
         folder.close()

@@ -77,7 +77,7 @@ class Store:
         self.root = Path(run_dir)
         self.staged: dict[str, list[dict]] = {}
         self.keep_replaced_s = keep_replaced_s  # finish(): how long the shards a commit replaces stay (grace.py)
-        self._verified = None  # verify.Verified, made at the first input shard read
+        self._verified: Verified | None = None  # verify.Verified, made at the first input shard read
 
     def dir(self, table: str) -> Path:
         return self.root / table
@@ -150,7 +150,7 @@ class Store:
         if n is None:
             n = self.shard_count(table)
         parts = [self.read_shard(table, i, n) for i in range(n)]
-        return pa.concat_tables(parts) if parts else schema_of(table).empty_table()
+        return pa.concat_tables(parts) if parts else schema_of(table).empty_table()  # type: ignore[union-attr]  # stages discovered
 
     def shard_count(self, table: str) -> int:
         files = self.files(table)

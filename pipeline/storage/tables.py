@@ -68,7 +68,7 @@ def writer_of(table: str) -> str:
 class RunTables:
     def __init__(self, run_dir: Path | str):
         self.dir = Path(run_dir)
-        self._verified = None  # verify.Verified: the run's remembered shard checks, loaded at the first read
+        self._verified: Verified | None = None  # the run's remembered shard checks, loaded at the first read
 
     def manifest(self, table: str) -> dict | None:
         try:
@@ -287,7 +287,7 @@ def _copy_table(source: RunTables, table: str, tmp: Path) -> None:
                                   ) from None
         files = committed_files(src_dir, _parse(src_dir, raw))
         try:
-            _link_listed(source, table, files, tmp)
+            _link_listed(source, table, files, tmp)  # type: ignore[arg-type]  # a manifest given: a list
         except _Vanished:
             continue
         (tmp / MANIFEST).write_bytes(raw)  # the manifest that lists exactly what was linked

@@ -81,7 +81,7 @@ class Objective(torch.nn.Module, abc.ABC):
         return []
 
     @classmethod
-    def start_notes(cls, train_cfg, start_dir: Path) -> list[str]:
+    def start_notes(cls, train_cfg, start_dir: Path | str) -> list[str]:
         """Warnings about the start model (its folder: `start_dir`) under this objective's settings, printed like
         data_notes."""
         return []

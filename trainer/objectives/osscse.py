@@ -113,7 +113,7 @@ class OssCSE(Objective):
                 f"PROFILE=osscse-paper where the hub is reachable) to train the full objective."]
 
     @classmethod
-    def start_notes(cls, train_cfg, start_dir: Path) -> list[str]:
+    def start_notes(cls, train_cfg, start_dir: Path | str) -> list[str]:
         """The paper's form reads the [MASK] of a template. A sentence-transformers start (1_Pooling/config.json) was
         trained for another pooler and scores far lower there: say so, with the setting that keeps its pooler."""
         pooling, ours = Path(start_dir) / "1_Pooling" / "config.json", Path(start_dir) / "train_config.json"

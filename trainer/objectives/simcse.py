@@ -38,7 +38,7 @@ from contramine.trainer.objectives.common import MLPHead, cos_matrix, info_nce_t
 # ------------------------------------------------------------------------------------------------- objective
 class SimCSE(Objective):
     name = "simcse"
-    tables = ("sentences",)
+    tables: tuple[str, ...] = ("sentences",)
     loss, export_format = "SimCSELoss", "sentences"
 
     class Settings(Section):

@@ -17,7 +17,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import chain
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Generator, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -74,7 +74,7 @@ def token_arrays(rows: np.ndarray, ids: Sequence[Sequence[int]], types: Sequence
     filled = np.arange(width) < lengths[:, None]
 
     def padded(lists, fill: int) -> np.ndarray:
-        out = np.full((len(lists), width), fill, np.int64)
+        out: np.ndarray = np.full((len(lists), width), fill, np.int64)
         out[filled] = np.fromiter(chain.from_iterable(lists), np.int64, total)  # row-major: the rows' ids in order
         return out
 
@@ -82,7 +82,7 @@ def token_arrays(rows: np.ndarray, ids: Sequence[Sequence[int]], types: Sequence
 
 
 def tokenized_chunks(texts: Sequence[str], tokenize: Callable[[np.ndarray, list[str]], Tokens],
-                     threads: int = 1, chunk: int | None = None) -> Iterator[Tokens]:
+                     threads: int = 1, chunk: int | None = None) -> Generator[Tokens, None, None]:
     """`tokenize(rows, texts[rows])` over chunks of `chunk` (CHUNK_ROWS) texts, in input order, run ahead by
     `threads` worker threads (at most 2 x threads chunks in flight); inline when one chunk holds everything."""
     chunk = chunk or CHUNK_ROWS
@@ -118,7 +118,8 @@ def concat(parts: list[Tokens]) -> Tokens:
 
     return Tokens(np.concatenate([p.rows for p in parts]), np.concatenate([p.lengths for p in parts]),
                   np.concatenate([widen(p.ids, p.pad_id) for p in parts]),
-                  None if parts[0].types is None else np.concatenate([widen(p.types, 0) for p in parts]),
+                  None if parts[0].types is None else np.concatenate(  # one model's parts: all have types, or none
+                      [widen(p.types, 0) for p in parts]),  # type: ignore[arg-type]
                   parts[0].pad_id)
 
 

@@ -100,7 +100,7 @@ class Encoder(torch.nn.Module):
              prompt: str = DEFAULT_PROMPT, precision: str = "float32", batch_tokens: int = BATCH_TOKENS,
              **model_kwargs) -> "Encoder":
         if is_standin(name):
-            return StandInEncoder(name)  # same interface (encode, dim, device), no weights: `make scale`
+            return StandInEncoder(name)  # type: ignore[return-value]  # Encoder's interface, no weights: `make scale`
         path = resolve_model(name, "encoder")
         from transformers import AutoModel, AutoTokenizer  # here, not at import: a run whose shards are all reused,
         # and every process that only discovers the stages (a CLI, a Dask worker), never pays for transformers' models
@@ -201,7 +201,7 @@ class Encoder(torch.nn.Module):
         tensors: only pinning and the device copy follow the model's real device)."""
         was_training = self.training
         self.eval()
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        out: np.ndarray = np.zeros((len(texts), self.dim), dtype=np.float32)
         precision = resolve_precision(self.precision, str(self.device))
         held = held_dtype(precision, kind)
         model = self._held(held) if held is not None else self.model

@@ -45,7 +45,7 @@ def load_encoder(cfg, store=None, n: int = 0, plan: dict | None = None) -> "Enco
     """`encoder.model` on the plan's device kind and precision (never decided again here), or the vectors of
     `embeddings.from` where that is set."""
     if cfg.embeddings.source is not None:
-        return PrecomputedEncoder(Path(cfg.embeddings.source))
+        return PrecomputedEncoder(Path(cfg.embeddings.source))  # type: ignore[return-value]  # duck-typed (encode, dim)
     e, plan = cfg.encoder, plan or encoder_plan(cfg)
     device = cuda_device(plan["device"], f"encoder {e.model}")
     return Encoder.load(e.model, pooler=e.pooler, max_length=e.max_length, device=device, prompt=e.prompt,

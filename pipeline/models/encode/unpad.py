@@ -46,7 +46,7 @@ def unpadded_attention(module, query, key, value, attention_mask, dropout: float
     `unpad_index`. Returns ([1, T, heads, d], None), the layout HF's attention functions return."""
     if unpad_index is None:
         raise RuntimeError(f"attention {UNPADDED_ATTENTION!r} runs only inside pipeline.unpad.unpadded_forward")
-    b, length = unpad_key_mask.shape[0], unpad_key_mask.shape[-1]
+    b, length = unpad_key_mask.shape[0], unpad_key_mask.shape[-1]  # type: ignore[union-attr]  # given with unpad_index
     heads, d = query.shape[1], query.shape[-1]
 
     def pad(x):  # [1, heads, T, d] -> [B, heads, L, d], zeros at the pads

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
+from typing import Any
 
 import pyarrow as pa
 
@@ -153,7 +154,7 @@ def chains_plan(cfg, store=None, n: int = 0, plan: dict | None = None) -> dict:
     kinds = sorted({engines[m] for m in models})
     device = pick_device(bt.device) if set(kinds) - {"bergamot"} else "cpu"
     compute = resolve_compute_type(bt.compute_type, device)
-    out = {"used": used, "skipped": {c: m for c, m, _ in skipped},
+    out: dict[str, Any] = {"used": used, "skipped": {c: m for c, m, _ in skipped},
            "models": {m: model_fingerprint(resolve_model(m, "translation model")) for m in models},
            "engines": {m: f"ctranslate2:{compute}" if engines[m] == "ctranslate2" else engines[m] for m in models},
            "device": device.split(":")[0], "code": {k: code_version(ENGINES[k].module) for k in kinds},
@@ -256,6 +257,7 @@ class LazySeeds(Sequence):
     not edited for this: its hash is in every seeded stage's code version)."""
 
     def __init__(self, n: int, seed_of: Callable[[int], int]):
+        self._known: dict[int, int]  # row -> its seed, once read
         self.n, self.seed_of, self._known = n, seed_of, {}
 
     def __len__(self) -> int:
@@ -281,7 +283,8 @@ def translate_rows(rows: list[tuple[int, int, str]], translators: list, seed: in
     current, pivots, out = [text for _, _, text in rows], None, []
     for hop, tr in enumerate(translators):
         last = hop == len(translators) - 1
-        hop_seeds = LazySeeds(len(rows), lambda i, hop=hop: row_seed(row_seeds[i], "backtranslate-hop", hop))
+        hop_seeds = LazySeeds(  # hop=hop binds this hop: a lambda default mypy cannot match to Callable[[int], int]
+            len(rows), lambda i, hop=hop: row_seed(row_seeds[i], "backtranslate-hop", hop))  # type: ignore[misc]
         out = tr.translate(current, hop_seeds, progress, num_return_sequences=None if last else 1)
         if pivots is None:
             pivots = [o[0] for o in out]
@@ -293,7 +296,7 @@ def translate_rows(rows: list[tuple[int, int, str]], translators: list, seed: in
 def chain_table(rows: list[tuple[int, int, str]], pivots: list[str], outputs: list[list[str]], chain_name: str,
                 model: str, role: str) -> pa.Table:
     """`backtranslations` rows of one chain: one per (row, return), in row order, returns in order."""
-    cols = {k: [] for k in SCHEMAS["backtranslations"].names}
+    cols: dict[str, list] = {k: [] for k in SCHEMAS["backtranslations"].names}
     for (sid, variant, _), pivot, hyps in zip(rows, pivots, outputs):
         for text in hyps:
             for key, val in zip(cols, (sid, chain_name, variant, pivot, text, model, role, None)):

@@ -56,7 +56,7 @@ def target_language_problem(name: str, path: str | Path, cfg: BacktranslateCfg) 
         return (f"backtranslate.target_lang has no entry for multi-target Marian model {name!r}, which needs one of "
                 f"its {len(codes)} target-language tokens ({', '.join(codes[:4])}{', ...' if len(codes) > 4 else ''}): "
                 f"e.g. backtranslate.target_lang={{\"{name}\" = \"{codes[0]}\"}}")
-    if codes and (tgt if tgt.startswith(">>") else f">>{tgt}<<") not in codes:
+    if codes and (tgt if tgt.startswith(">>") else f">>{tgt}<<") not in codes:  # type: ignore[union-attr, operator]  # set
         return f"backtranslate.target_lang {tgt!r} is not a target-language token of {name!r} (it has {', '.join(codes[:6])})"
     return None
 

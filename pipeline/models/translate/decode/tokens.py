@@ -64,6 +64,7 @@ def texts(tokenizer, seqs: list[list[int]]) -> list[str]:
     # as MarianTokenizer._decode: the source's SentencePiece unless the vocabularies are separate
     spm = tokenizer.spm_target if tokenizer.separate_vocabs else tokenizer.spm_source
     names, skip, apart = token_table(tokenizer, spm)
+    rows: list[list[str]]  # each sequence's token strings ([] for a slow one)
     rows, slow, n = [], [], len(names)
     for r, seq in enumerate(seqs):
         if seq and (max(seq) >= n or min(seq) < 0) or not apart.isdisjoint(seq):

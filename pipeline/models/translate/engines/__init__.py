@@ -33,9 +33,9 @@ def load_engine(engine: str, name: str, path, cfg, device: str, setting):
     if engine == "hf":
         from contramine.pipeline.models.translate.engines import hf as module
     elif engine == "ctranslate2":
-        from contramine.pipeline.models.translate.engines import ct2 as module
+        from contramine.pipeline.models.translate.engines import ct2 as module  # type: ignore[no-redef]  # per branch
     elif engine == "bergamot":
-        from contramine.pipeline.models.translate.engines import bergamot as module
+        from contramine.pipeline.models.translate.engines import bergamot as module  # type: ignore[no-redef]  # per branch
     else:
         raise ValueError(f"unknown translation engine {engine!r} (known: {', '.join(ENGINES)})")
     return module.load_engine(name, path, cfg, device, setting)

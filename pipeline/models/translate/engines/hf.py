@@ -190,7 +190,8 @@ class Translator:
             done = []
             for part in self.batches([len(ids[i]) for i in order], k):
                 idx = [order[j] for j in part]
-                seqs = self._generate([ids[i] for i in idx], [seeds[i] for i in idx] if c.do_sample else None, k)
+                seqs = self._generate(  # seeds: set above where the config samples
+                    [ids[i] for i in idx], [seeds[i] for i in idx] if c.do_sample else None, k)  # type: ignore[index]
                 done.append((idx, pool.submit(self._texts, seqs, len(idx), k)))
             for idx, texts_of in done:
                 for i, hyps in zip(idx, texts_of.result()):
@@ -199,7 +200,7 @@ class Translator:
                     bar.update(len(idx))
         if bar is not None:
             bar.close()
-        return out
+        return out  # type: ignore[return-value]  # every row translated by now
 
     def batches(self, lengths: list[int], k: int) -> list[range]:
         """Batches of rows sorted longest first (`lengths` in tokens): `batch_size` rows each, or with a token
@@ -242,6 +243,7 @@ class Translator:
         if c.do_sample:  # k independent rows per input, greedy over Gumbel-perturbed scores = exact sampling
             input_ids, mask = input_ids.repeat_interleave(k, 0), mask.repeat_interleave(k, 0)
             limits = [n for n in limits for _ in range(k)]
+            assert seeds is not None  # one a row where the config samples (translate sets them)
             procs.append(GumbelSampler([row_seed(s, "translate-return", j) for s in seeds for j in range(k)]))
             gen.update(num_beams=1, num_return_sequences=1)
         else:  # beam rows of input r are r*num_beams ... r*num_beams + num_beams - 1
