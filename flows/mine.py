@@ -143,7 +143,7 @@ def mine_flow(profile: str = "default", run: str | None = None, corpus: str | No
             upstream = [futures[w] for w in _writers(stages, s) if w in futures]
             futures[s] = stage_task.with_options(task_run_name=s).submit(
                 s, cfg, {**params, "force": s in (force or [])}, plan, upstream, wait_for=upstream)
-        failed, not_done = [], set()
+        failed, not_done = [], set[str]()
         for s, future in futures.items():
             future.wait()
             if future.state.is_completed():

@@ -14,10 +14,10 @@ from pathlib import Path
 def available_cores() -> int:
     """The CPUs this process may use: its affinity, capped by the cgroup v2 (cpu.max) or v1 (cfs quota) quota."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    quota = None
+    quota: float | None = None
     try:
-        limit, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        quota = None if limit == "max" else int(limit) / int(period)
+        v2_limit, v2_period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        quota = None if v2_limit == "max" else int(v2_limit) / int(v2_period)
     except (OSError, ValueError):
         try:
             limit = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())

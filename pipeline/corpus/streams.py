@@ -35,7 +35,7 @@ def open_file(where: Path | Part):
     keeps to its root, lie inside that root (/proc/self/fd's path of it, on Linux). Between the listing and the
     opening a link can be swapped in; only the open descriptor says what is read."""
     part = where if isinstance(where, Part) else None
-    path = part.path if part else where
+    path: Path = where.path if isinstance(where, Part) else where
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:

@@ -14,13 +14,14 @@ import fcntl
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 POLL_S = 0.05  # how often a waiting job tries the slots again
 
 
-def leased_device(plan: dict, leased: tuple[str, ...] | list[str]) -> str | None:
+def leased_device(plan: dict, leased: Sequence[str]) -> str | None:
     """The device kind the job's plan puts a model on, when that kind is leased; else None (no lease)."""
     kinds = {p.get("device") for p in plan.values() if isinstance(p, dict)}
     return next((k for k in sorted(k for k in kinds if isinstance(k, str)) if k in leased), None)

@@ -117,7 +117,8 @@ def index_new_packs(index: NamespaceIndex, folder: Path, expected: str | None, k
             st = os.fstat(f.fileno())
             if index.refused.get(name) == file_signature(st):
                 continue
-            problem, record = trust_problem(st, key), None
+            problem: str | None = trust_problem(st, key)
+            record = None
             try:
                 if problem is None:
                     pf = pq.ParquetFile(f, page_checksum_verification=True)
@@ -125,13 +126,15 @@ def index_new_packs(index: NamespaceIndex, folder: Path, expected: str | None, k
                 if problem is None:
                     problem, record = pack_problem(pf.schema_arrow, expected), pack_record(pf.schema_arrow)
                 keys = pf.read(columns=["key"]).column("key").combine_chunks() if problem is None else None
-                problem = problem or name_problem(path, keys.buffers()[1].to_pybytes()[16 * keys.offset:
-                                                                                     16 * (keys.offset + len(keys))])
+                if keys is not None:  # read: the pack's name must be the hash of its keys
+                    problem = name_problem(path, keys.buffers()[1].to_pybytes()[16 * keys.offset:
+                                                                                16 * (keys.offset + len(keys))])
             except (OSError, pa.ArrowException) as e:
                 problem, record = f"does not read ({type(e).__name__}: {e})", None
         if problem is not None:
             bad.append((path, problem, record, st))
             continue
+        assert keys is not None  # no problem: its keys were read
         number = len(index.packs)
         index.packs.append(path)
         index.number[name] = number

@@ -12,12 +12,12 @@ from contramine.pipeline.storage.tables import RunTables
 def run_timeline(run_dir: Path) -> Timeline:
     """The last run of every stage of the run folder as one timeline (seconds from the first job's start). A stage
     whose jobs were all reused has no span; a manifest from before timelines has none either."""
-    tables, jobs = RunTables(run_dir), []
+    tables, jobs = RunTables(run_dir), []  # (stage, its job's record)
     seen: set[str] = set()
     for table in tables.names():
         man = tables.manifest(table) or {}
         stage, timeline = man.get("stage"), man.get("timeline")
-        if not isinstance(timeline, dict) or stage in seen:
+        if not isinstance(timeline, dict) or not isinstance(stage, str) or stage in seen:
             continue
         seen.add(stage)
         for j in timeline.get("jobs") or []:

@@ -34,6 +34,7 @@ def link_or_copy(a: Path, b: Path, expected: str | None = None) -> None:
         raise
     except OSError:  # another file system, or one without hard links
         _copy(a, b)
+    why: str | None
     try:
         fd = os.open(b, _NO_LINK)
     except OSError:  # ELOOP: the entry linked was a symbolic link

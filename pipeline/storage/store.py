@@ -176,6 +176,7 @@ class Store:
             pq.write_table(data, tmp, compression="zstd", row_group_size=64_000, write_statistics=True,
                            write_page_checksum=True)
         digest, _ = _hash_of(path, None)
+        assert digest is not None  # no size to compare: hashed
         info = ShardInfo(table, i, n, key, digest, data.num_rows, cached=False, file=path.name,
                          seconds=seconds, bytes=os.stat(path, follow_symlinks=False).st_size)
         atomic_write_json(path.with_suffix(".json"),
