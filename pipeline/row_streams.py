@@ -15,7 +15,7 @@ import zlib
 
 import numpy as np
 
-from contramine.pipeline.seeding import _MASK, row_rng
+from contramine.pipeline.seeding import _MASK, row_rng, row_seed
 
 M32 = np.uint64(0xFFFFFFFF)
 # NumPy's SeedSequence constants (numpy/random/bit_generator.pyx)
@@ -100,30 +100,54 @@ def _step(hi, lo, inc_hi, inc_lo):
     return _add128(p_hi, p_lo, inc_hi, inc_lo)
 
 
+def seed_state(seed, stage: str, *keys) -> list[np.ndarray]:
+    """`SeedSequence(seeding._entropy(seed, stage, keys)).generate_state(4, np.uint64)` for every row: `seed` an
+    integer or a column (one per row), `keys` columns of integers (non-negative, or int64 read as seeding does)."""
+    cols = [np.asarray(seed, np.uint64) if np.ndim(seed) else None, *(np.asarray(k).astype(np.uint64) for k in keys)]
+    n = next((len(c) for c in cols if c is not None), 1)
+    if n == 0:
+        return [np.zeros(0, np.uint64) for _ in range(4)]
+    stage_words = _words(zlib.crc32(stage.encode()))
+    state = [np.zeros(n, np.uint64) for _ in range(4)]
+    # a value below 2^32 is one word, else two: rows are grouped by how many words their values make
+    varying = [c for c in cols if c is not None]
+    wide = np.stack([c > M32 for c in varying], axis=1) if varying else np.zeros((n, 0), bool)
+    shapes, group = np.unique(wide, axis=0, return_inverse=True)
+    for g, shape in enumerate(shapes):
+        rows = np.flatnonzero(group.ravel() == g)
+        words, shape = [], iter(shape)
+        for i, c in enumerate(cols):
+            if c is None:
+                words += [np.full(len(rows), w, np.uint32) for w in _words(int(seed) & _MASK)]
+            else:
+                words.append((c[rows] & M32).astype(np.uint32))
+                if next(shape):
+                    words.append((c[rows] >> np.uint64(32)).astype(np.uint32))
+            if i == 0:
+                words += [np.full(len(rows), w, np.uint32) for w in stage_words]
+        for column, value in zip(state, _generate_state(_seed_pool(np.stack(words, axis=1)))):
+            column[rows] = value
+    return state
+
+
+def row_seeds(seed, stage: str, *keys) -> list[int]:
+    """`seeding.row_seed(seed, stage, *keys)` of every row (seed: an integer or a column)."""
+    if not matches_numpy():  # a NumPy whose SeedSequence differs from seed_state's: row_seed itself, row by row
+        seeds = np.broadcast_to(np.asarray(seed, np.uint64), (len(keys[0]) if keys else 1,))
+        return [row_seed(int(s), stage, *(int(k[i]) for k in keys)) for i, s in enumerate(seeds.tolist())]
+    return (seed_state(seed, stage, *keys)[0] >> np.uint64(1)).tolist()
+
+
 class RowStreams:
     """One PCG64 stream per row, equal to `row_rng(seed, stage, *keys_of_that_row)`; `keys` are columns of
-    non-negative integers (one value per row each)."""
+    integers (one value per row each)."""
 
     def __init__(self, seed: int, stage: str, *keys: np.ndarray):
-        keys = [np.asarray(k, np.uint64) for k in keys]
-        n = len(keys[0]) if keys else 1
-        fixed = _words(int(seed) & _MASK) + _words(zlib.crc32(stage.encode()))
-        self.hi, self.lo, self.inc_hi, self.inc_lo = (np.zeros(n, np.uint64) for _ in range(4))
-        # a key below 2^32 is one word, else two: rows are grouped by how many words their keys make
-        wide = np.stack([k > M32 for k in keys], axis=1) if keys else np.zeros((n, 0), bool)
-        shapes, group = np.unique(wide, axis=0, return_inverse=True)
-        for g, shape in enumerate(shapes):
-            rows = np.flatnonzero(group.ravel() == g)
-            cols = [np.full(len(rows), w, np.uint32) for w in fixed]
-            for k, two in zip(keys, shape):
-                cols.append((k[rows] & M32).astype(np.uint32))
-                if two:
-                    cols.append((k[rows] >> np.uint64(32)).astype(np.uint32))
-            s0, s1, i0, i1 = _generate_state(_seed_pool(np.stack(cols, axis=1)))
-            # pcg64_srandom_r: inc = seq << 1 | 1; state = 0; step; state += initstate; step
-            inc_hi, inc_lo = (i0 << np.uint64(1)) | (i1 >> np.uint64(63)), (i1 << np.uint64(1)) | np.uint64(1)
-            hi, lo = _step(*_add128(inc_hi, inc_lo, s0, s1), inc_hi, inc_lo)
-            self.hi[rows], self.lo[rows], self.inc_hi[rows], self.inc_lo[rows] = hi, lo, inc_hi, inc_lo
+        s0, s1, i0, i1 = seed_state(seed, stage, *keys)
+        n = len(s0)
+        # pcg64_srandom_r: inc = seq << 1 | 1; state = 0; step; state += initstate; step
+        self.inc_hi, self.inc_lo = (i0 << np.uint64(1)) | (i1 >> np.uint64(63)), (i1 << np.uint64(1)) | np.uint64(1)
+        self.hi, self.lo = _step(*_add128(self.inc_hi, self.inc_lo, s0, s1), self.inc_hi, self.inc_lo)
         self.has32 = np.zeros(n, bool)
         self.buf32 = np.zeros(n, np.uint64)
 

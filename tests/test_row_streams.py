@@ -40,3 +40,15 @@ def test_noise_equals_each_rows_own_stream():
     want = [(sid, v, *_noise_row(text.split(), vocab, cfg, 9, sid, v))
             for sid, text in zip(sentences.column("sid").to_pylist(), texts) for v in range(1, 6)]
     assert [(r["sid"], r["variant"], r["text"].split(), r["ops"]) for r in out] == want
+
+
+def test_row_seeds_equal_row_seed_for_one_seed_and_a_seed_per_row():
+    from contramine.pipeline.row_streams import row_seeds
+    from contramine.pipeline.seeding import row_seed
+
+    sid = np.array([0, 5, 2**32 + 1, 2**62], np.int64)
+    variant = np.array([0, 3, 1, 2], np.int64)
+    first = row_seeds(7, "backtranslate", sid, variant)
+    assert first.tolist() == [row_seed(7, "backtranslate", int(s), int(v)) for s, v in zip(sid, variant)]
+    assert row_seeds(first, "backtranslate-hop", np.ones(4, np.int64)).tolist() == \
+        [row_seed(int(s), "backtranslate-hop", 1) for s in first]
