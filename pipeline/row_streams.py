@@ -111,11 +111,10 @@ def seed_state(seed, stage: str, *keys) -> list[np.ndarray]:
     state = [np.zeros(n, np.uint64) for _ in range(4)]
     # a value below 2^32 is one word, else two: rows are grouped by how many words their values make
     varying = [c for c in cols if c is not None]
-    wide = np.stack([c > M32 for c in varying], axis=1) if varying else np.zeros((n, 0), bool)
-    shapes, group = np.unique(wide, axis=0, return_inverse=True)
-    for g, shape in enumerate(shapes):
-        rows = np.flatnonzero(group.ravel() == g)
-        words, shape = [], iter(shape)
+    wide = sum((c > M32).astype(np.int64) << i for i, c in enumerate(varying)) if varying else np.zeros(n, np.int64)
+    for shape in np.unique(wide).tolist():
+        rows = np.flatnonzero(wide == shape)
+        words, shape = [], iter([bool(shape >> i & 1) for i in range(len(varying))])
         for i, c in enumerate(cols):
             if c is None:
                 words += [np.full(len(rows), w, np.uint32) for w in _words(int(seed) & _MASK)]
