@@ -49,6 +49,6 @@ def test_row_seeds_equal_row_seed_for_one_seed_and_a_seed_per_row():
     sid = np.array([0, 5, 2**32 + 1, 2**62], np.int64)
     variant = np.array([0, 3, 1, 2], np.int64)
     first = row_seeds(7, "backtranslate", sid, variant)
-    assert first.tolist() == [row_seed(7, "backtranslate", int(s), int(v)) for s, v in zip(sid, variant)]
-    assert row_seeds(first, "backtranslate-hop", np.ones(4, np.int64)).tolist() == \
+    assert first == [row_seed(7, "backtranslate", int(s), int(v)) for s, v in zip(sid, variant)]
+    assert row_seeds(np.array(first, np.uint64), "backtranslate-hop", np.ones(4, np.int64)) == \
         [row_seed(int(s), "backtranslate-hop", 1) for s in first]
