@@ -122,6 +122,7 @@ LAYERS = [
     ("shared leaves", ["contramine.pipeline.errors", "contramine.pipeline.hints", "contramine.pipeline.schema",
                        "contramine.pipeline.lazy",
                        "contramine.pipeline.markdown", "contramine.pipeline.identity", "contramine.pipeline.seeding",
+                       "contramine.pipeline.row_streams",
                        "contramine.pipeline.roles", "contramine.pipeline.text_distances",
                        "contramine.pipeline.degenerate", "contramine.pipeline.codeversion",
                        "contramine.pipeline.cores"]),

@@ -147,3 +147,18 @@ def test_margins_drop_negatives_too_close_to_the_lowest_chosen_positive(absolute
     assert pos == _chosen(ipw_table(scores, IpwCfg(m_neg=3), seed=5), "pos")
     assert ipw_table(scores, IpwCfg(m_neg=3), seed=5).equals(
         ipw_table(scores, IpwCfg(m_neg=3, absolute_margin=None, relative_margin=None), seed=5))
+
+
+@pytest.mark.parametrize("temperature, m", [(1.0, 2), (0.02, 4), (0.005, 7)])
+def test_draws_equal_each_pools_own_stream(temperature, m):
+    """All pools drawn at once (several rounds where a low temperature makes choice repeat itself) pick what
+    `ipw_sample` with the pool's own row_rng picks, in the same order."""
+    from contramine.pipeline.seeding import row_rng
+    from contramine.pipeline.stages.ipw import ipw_sample
+
+    cfg = IpwCfg(temperature=temperature, m_pos=m, m_neg=m)
+    got = ipw_table(_scores(n_anchor=40, pool=12), cfg, seed=5)
+    for (sid, kind), grp in _groups(got).items():
+        picked = ipw_sample(np.array(grp["p"]), m, row_rng(5, f"ipw-{kind}", sid))
+        assert [grp["pick"][i] for i in picked] == list(range(1, len(picked) + 1))
+        assert sum(grp["chosen"]) == len(picked)

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from contramine.pipeline.engine.spec import Ctx, package_versions, stage
+from contramine.pipeline.row_streams import RowStreams, matches_numpy
 from contramine.pipeline.schema import SCHEMAS
 from contramine.pipeline.seeding import row_rng
 
@@ -108,11 +109,52 @@ def draw_negatives(p: np.ndarray, cos: np.ndarray, m: int, rng: np.random.Genera
     raise ValueError(f"ipw.strategy {strategy!r}: expected 'ipw', 'top' or 'random'")
 
 
+def sample_pools(p: np.ndarray, starts: np.ndarray, lengths: np.ndarray, m: np.ndarray,
+                 streams: RowStreams) -> tuple[np.ndarray, np.ndarray]:
+    """`ipw_sample` of every pool at once, pool i drawing from streams' row i: (pools x max m) positions in the
+    pool in draw order (-1 past a pool's m), and the pools to draw with `ipw_sample` itself instead (a p that
+    Generator.choice would refuse, or a draw RowStreams does not follow). Generator.choice(n, m, replace=False, p)
+    is followed step by step: draw the missing count of uniform numbers, zero the p of the positions found, search
+    the normalised cumulative sum, keep each new position's first draw; repeat until m are found."""
+    picked: np.ndarray = np.full((len(starts), int(m.max()) if len(m) else 0), -1, np.int64)
+    unsure: np.ndarray = np.zeros(len(starts), bool)
+    for length, size in np.unique(np.stack([lengths, m], axis=1), axis=0).tolist():
+        group = np.flatnonzero((lengths == length) & (m == size))
+        if size == 0:
+            continue
+        weights = p[starts[group][:, None] + np.arange(length)]
+        # what Generator.choice refuses (negative or too few positive p, a sum off 1) goes to ipw_sample to refuse
+        unsure[group] = (weights < 0).any(axis=1) | ((weights > 0).sum(axis=1) < size) | \
+            ~(np.abs(weights.sum(axis=1) - 1.0) <= 1e-9)  # NaN included
+        found: np.ndarray = np.zeros(len(group), np.int64)
+        todo = np.flatnonzero(~unsure[group])
+        while len(todo):
+            missing = size - found[todo]
+            draws = np.full((len(todo), int(missing.max())), np.inf)
+            for j in range(draws.shape[1]):
+                now = np.flatnonzero(missing > j)
+                draws[now, j] = streams.random(group[todo[now]])
+            cdf = np.cumsum(weights[todo], axis=1)
+            cdf /= cdf[:, -1:]
+            new = (cdf[:, None, :] <= draws[:, :, None]).sum(axis=2)  # searchsorted(side="right")
+            for j in range(draws.shape[1]):
+                first = (missing > j) & ~(new[:, :j] == new[:, j:j + 1]).any(axis=1)
+                rows = todo[first]
+                picked[group[rows], found[rows]] = new[first, j]
+                weights[rows, new[first, j]] = 0.0
+                found[rows] += 1
+            todo = todo[found[todo] < size]
+    return picked, unsure
+
+
 def ipw_table(scores: pa.Table, cfg, seed: int) -> pa.Table:
     """`scores` (sorted by sid, kind) → `candidates` with s_sur, s_sem, p_tilde, p, chosen and pick (draw order).
     Columnar: probabilities for all pools at once; only the draws loop over pools (one seeded stream each)."""
-    scores = scores.sort_by([("sid", "ascending"), ("kind", "ascending"), ("source", "ascending"),
-                             ("text", "ascending")])
+    order = pc.sort_indices(scores, sort_keys=[("sid", "ascending"), ("kind", "ascending"), ("source", "ascending"),
+                                               ("text", "ascending")])
+    # `scores` comes sorted so: then the copy of every column (most of this stage's time) is skipped
+    in_order = np.array_equal(order.to_numpy(), np.arange(scores.num_rows))
+    scores = scores.combine_chunks() if in_order else scores.take(order)
     n = scores.num_rows
     sid = scores.column("sid").to_numpy()
     is_neg = pc.equal(scores.column("kind"), "neg").to_numpy(zero_copy_only=False)
@@ -130,11 +172,24 @@ def ipw_table(scores: pa.Table, cfg, seed: int) -> pa.Table:
                                                   is_neg, lam, cfg.temperature, cfg.normalize, starts, lengths)
     chosen = np.zeros(n, dtype=bool)
     pick = np.zeros(n, dtype=np.int32)
+    pools = np.arange(len(starts))
+    if cfg.strategy == "ipw" and cfg.absolute_margin is None and cfg.relative_margin is None and matches_numpy():
+        pools = np.zeros(0, np.int64)
+        for neg, kind in ((False, "ipw-pos"), (True, "ipw-neg")):
+            of_kind = np.flatnonzero(is_neg[starts] == neg)
+            m = np.minimum(lengths[of_kind], cfg.m_neg if neg else cfg.m_pos)
+            picked, unsure = sample_pools(p, starts[of_kind], lengths[of_kind], m,
+                                          RowStreams(seed, kind, sid[starts[of_kind]].astype(np.uint64)))
+            for k in range(picked.shape[1]):
+                drawn = np.flatnonzero((picked[:, k] >= 0) & ~unsure)
+                rows = starts[of_kind][drawn] + picked[drawn, k]
+                chosen[rows], pick[rows] = True, k + 1
+            pools = np.concatenate([pools, of_kind[unsure]])
     lowest_positive: dict[int, float] = {}
     # positives first (the margins compare negatives with them); every pool draws from its own stream, so the
     # order of the pools never changes a draw
     for pass_neg in (False, True):
-        for a, length, neg in zip(starts.tolist(), lengths.tolist(), is_neg[starts].tolist()):
+        for a, length, neg in zip(starts[pools].tolist(), lengths[pools].tolist(), is_neg[starts[pools]].tolist()):
             if neg != pass_neg:
                 continue
             rng = row_rng(seed, "ipw-neg" if neg else "ipw-pos", int(sid[a]))

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from contramine.pipeline.engine.spec import Ctx, package_versions, stage
+from contramine.pipeline.row_streams import RowStreams, matches_numpy
 from contramine.pipeline.schema import SCHEMAS
 from contramine.pipeline.seeding import row_rng
 
@@ -60,8 +61,7 @@ def draw(rng) -> int:
 
 def noise_variant(words: list[str], vocab: list[str], rng, op: str, n_ops: int,
                   pick=None) -> tuple[list, str]:
-    """The noised words and the op. An inserted word is `pick(rng)`: by default the word itself (one draw);
-    `noise_sentences` passes a collector that keeps the draw and resolves every draw of a shard at once."""
+    """The noised words and the op. An inserted word is `pick(rng)`: by default the word itself (one draw)."""
     words = list(words)
     if op == "drop" and len(words) > n_ops + 1:
         for _ in range(n_ops):
@@ -73,35 +73,65 @@ def noise_variant(words: list[str], vocab: list[str], rng, op: str, n_ops: int,
     return words, f"insert{n_ops}"
 
 
-class _Slot(int):
-    """An inserted word not resolved yet: the number of its draw."""
+def _noise_row(words: list[str], vocab: list[str], cfg, seed: int, sid: int, v: int, pick=None) -> tuple[list, str]:
+    """One variant drawn from its own `row_rng` stream: the reference `noise_sentences` equals."""
+    rng = row_rng(seed, "noise", sid, v)
+    op = cfg.ops[int(rng.integers(len(cfg.ops)))]
+    n_ops = int(rng.integers(cfg.min_ops, cfg.max_ops + 1))
+    return noise_variant(words, vocab, rng, op, n_ops, pick)
 
 
 def noise_sentences(sentences: pa.Table, vocab: list[str], cfg, seed: int) -> pa.Table:
-    sids, texts = sentences.column("sid").to_pylist(), sentences.column("text").to_pylist()
-    out: dict[str, list] = {"sid": [], "variant": [], "text": [], "ops": []}
+    """`n_variants` rows per sentence (sentence order, then variant). Every row's draws come from its own stream,
+    all rows' at once (`RowStreams`, equal to `row_rng`); only the word lists are edited row by row."""
     if not vocab:
-        return pa.table(out, schema=SCHEMAS["variants"])
-    draws: list[int] = []
+        return SCHEMAS["variants"].empty_table()
+    split = [t.split() for t in sentences.column("text").to_pylist()]
+    n_var = cfg.n_variants
+    row_sid: np.ndarray = np.repeat(sentences.column("sid").to_numpy().astype(np.int64), n_var)
+    row_var = np.tile(np.arange(1, n_var + 1, dtype=np.int64), len(split))
+    if not matches_numpy():  # a NumPy whose streams differ from RowStreams': each row from row_rng itself
+        noised = [_noise_row(split[r // n_var], vocab, cfg, seed, int(s), int(v))
+                  for r, (s, v) in enumerate(zip(row_sid.tolist(), row_var.tolist()))]
+        return _variants_table(row_sid, row_var, noised)
+    streams, rows = RowStreams(seed, "noise", row_sid.astype(np.uint64), row_var.astype(np.uint64)), np.arange(len(row_sid))
+    op, unsure = streams.integers(rows, 0, len(cfg.ops))
+    n_ops, unsure_n = streams.integers(rows, cfg.min_ops, cfg.max_ops + 1)
+    unsure |= unsure_n
+    n_words: np.ndarray = np.repeat(np.fromiter(map(len, split), np.int64, len(split)), n_var)
+    drop = (np.array(cfg.ops, dtype=object)[op] == "drop") & (n_words > n_ops + 1) if len(rows) else np.zeros(0, bool)
+    # where each edit goes, in the row's order of draws: a drop's position among the words left, or an insertion's
+    # position then its word's draw
+    at = np.zeros((len(rows), max(cfg.max_ops, 0)), np.int64)
+    word_draw = np.zeros_like(at)
+    for k in range(at.shape[1]):
+        dropping = np.flatnonzero((n_ops > k) & drop)
+        at[dropping, k], u = streams.integers(dropping, 0, n_words[dropping] - k)
+        unsure[dropping] |= u
+        inserting = np.flatnonzero((n_ops > k) & ~drop)
+        at[inserting, k], u = streams.integers(inserting, 0, n_words[inserting] + k + 1)
+        unsure[inserting] |= u
+        word_draw[inserting, k] = streams.top_half(inserting)
+    inserted = (n_ops[:, None] > np.arange(at.shape[1])) & ~drop[:, None]
+    words = iter(pick_words(vocab, word_hashes(vocab), word_draw[inserted].astype(np.uint64)))
+    noised = []
+    for r, (dropped, count, where) in enumerate(zip(drop.tolist(), n_ops.tolist(), at.tolist())):
+        edited = list(split[r // n_var])
+        for k in range(count):
+            if dropped:
+                edited.pop(where[k])
+            else:
+                edited.insert(where[k], next(words))
+        noised.append((edited, f"drop{count}" if dropped else f"insert{count}"))
+    for r in np.flatnonzero(unsure).tolist():  # a draw NumPy would have rejected and repeated: the row's own stream
+        noised[r] = _noise_row(split[r // n_var], vocab, cfg, seed, int(row_sid[r]), int(row_var[r]))
+    return _variants_table(row_sid, row_var, noised)
 
-    def collect(rng) -> _Slot:
-        draws.append(draw(rng))
-        return _Slot(len(draws) - 1)
 
-    for sid, text in zip(sids, texts):
-        words = text.split()
-        for v in range(1, cfg.n_variants + 1):
-            rng = row_rng(seed, "noise", sid, v)
-            op = cfg.ops[int(rng.integers(len(cfg.ops)))]
-            n_ops = int(rng.integers(cfg.min_ops, cfg.max_ops + 1))
-            noised, ops = noise_variant(words, vocab, rng, op, n_ops, collect)
-            out["sid"].append(sid)
-            out["variant"].append(v)
-            out["text"].append(noised)
-            out["ops"].append(ops)
-    picked = pick_words(vocab, word_hashes(vocab), np.array(draws, np.uint64))
-    out["text"] = [" ".join(picked[w] if type(w) is _Slot else w for w in noised) for noised in out["text"]]
-    return pa.table(out, schema=SCHEMAS["variants"])
+def _variants_table(row_sid: np.ndarray, row_var: np.ndarray, noised: list[tuple[list, str]]) -> pa.Table:
+    return pa.table({"sid": pa.array(row_sid, pa.int64()), "variant": pa.array(row_var, pa.int32()),
+                     "text": [" ".join(words) for words, _ in noised], "ops": [ops for _, ops in noised]},
+                    schema=SCHEMAS["variants"])
 
 
 @functools.lru_cache(maxsize=1)

@@ -8,8 +8,7 @@ only one of them keeps the other null (the loss skips that term).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
-
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -20,22 +19,23 @@ from contramine.pipeline.text_distances import mer
 
 
 def pick_paraphrases(sentences: pa.Table, backtranslations: pa.Table, mer_lo: float, mer_hi: float) -> pa.Table:
-    anchors = dict(zip(sentences.column("sid").to_pylist(), sentences.column("text").to_pylist()))
     bt = rows_serving(backtranslations, "paraphrases")
     bt = bt.filter(pc.equal(bt.column("variant"), 0)) if bt.num_rows else bt
-    sids, texts, chains = bt.column("sid").to_pylist(), bt.column("text").to_pylist(), bt.column("chain").to_pylist()
-    rows = [(s, t, c) for s, t, c in zip(sids, texts, chains) if s in anchors and t]
-    scores: Iterable[float] = mer([anchors[s] for s, _, _ in rows], [t for _, t, _ in rows]) if rows else []
-    best: dict[int, tuple] = {}
-    for (sid, text, chain), m in zip(rows, scores):
-        if mer_lo <= m <= mer_hi:
-            cand = (-m, chain, text)
-            if sid not in best or cand < best[sid]:
-                best[sid] = cand
-    keep = sorted(best)
-    return pa.table({"sid": pa.array(keep, pa.int64()), "text": [best[s][2] for s in keep],
-                     "mer": pa.array([-best[s][0] for s in keep], pa.float64()),
-                     "chain": [best[s][1] for s in keep]}, schema=SCHEMAS["paraphrases"])
+    anchor = sentences.column("text").take(pc.index_in(bt.column("sid"), value_set=sentences.column("sid")))
+    usable = pc.and_(pc.is_valid(anchor), pc.greater(pc.binary_length(bt.column("text")), 0).fill_null(False))
+    rows = pa.table({"sid": bt.column("sid"), "text": bt.column("text"), "chain": bt.column("chain"),
+                     "anchor": anchor}).filter(usable)
+    scores = mer(rows.column("anchor").combine_chunks(), rows.column("text").combine_chunks()) if rows.num_rows \
+        else np.zeros(0)
+    rows = rows.append_column("mer", pa.array(scores, pa.float64()))
+    rows = rows.filter(pc.and_(pc.greater_equal(rows.column("mer"), mer_lo), pc.less_equal(rows.column("mer"), mer_hi)))
+    # each anchor's best: the highest MER, then the first chain, then the first text; the first row of its sid
+    rows = rows.sort_by([("sid", "ascending"), ("mer", "descending"), ("chain", "ascending"), ("text", "ascending")])
+    sid = rows.column("sid").to_numpy()
+    first = np.flatnonzero(np.diff(sid, prepend=sid[:1] - 1) != 0) if len(sid) else np.zeros(0, np.int64)
+    best = rows.take(pa.array(first, pa.int64()))
+    return pa.table({"sid": best.column("sid"), "text": best.column("text"), "mer": best.column("mer"),
+                     "chain": best.column("chain")}, schema=SCHEMAS["paraphrases"])
 
 
 @stage(reads=("sentences", "backtranslations"), writes=("paraphrases",), settings=("paraphrases",),

@@ -3,29 +3,29 @@ one with only one of them keeps the other null (the loss skips that term)."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from contramine.pipeline.engine.spec import Ctx, stage
 from contramine.pipeline.schema import SCHEMAS
 
 
 def build_triplets(sentences: pa.Table, paraphrases: pa.Table, negations: pa.Table | None) -> pa.Table:
-    para = {s: (t, m, c) for s, t, m, c in zip(*(paraphrases.column(k).to_pylist()
-                                                   for k in ("sid", "text", "mer", "chain")))}
-    neg = {}
-    if negations is not None:
-        neg = {s: t for s, t in zip(negations.column("sid").to_pylist(), negations.column("text").to_pylist()) if t}
-    out: dict[str, list] = {k: [] for k in SCHEMAS["triplets"].names}
-    for sid, anchor in zip(sentences.column("sid").to_pylist(), sentences.column("text").to_pylist()):
-        p, n = para.get(sid), neg.get(sid)
-        if p is None and n is None:
-            continue
-        out["sid"].append(sid)
-        out["anchor"].append(anchor)
-        out["paraphrase"].append(p[0] if p else None)
-        out["negation"].append(n)
-        out["para_mer"].append(p[1] if p else None)
-        out["para_chain"].append(p[2] if p else None)
-    return pa.table(out, schema=SCHEMAS["triplets"])
+    sids = sentences.column("sid")
+    if negations is not None:  # a skipped negation (null) or an empty one is no negation
+        text = negations.column("text")
+        negations = negations.filter(pc.greater(pc.binary_length(text), 0).fill_null(False))
+    else:
+        negations = SCHEMAS["negations"].empty_table()
+    para = pc.index_in(sids, value_set=paraphrases.column("sid"))
+    neg = pc.index_in(sids, value_set=negations.column("sid"))
+    keep = pc.or_(pc.is_valid(para), pc.is_valid(neg))
+    para, neg = pc.filter(para, keep), pc.filter(neg, keep)
+    kept = sentences.filter(keep)
+    return pa.table({"sid": kept.column("sid"), "anchor": kept.column("text"),
+                     "paraphrase": paraphrases.column("text").take(para),
+                     "negation": negations.column("text").take(neg),
+                     "para_mer": paraphrases.column("mer").take(para),
+                     "para_chain": paraphrases.column("chain").take(para)}, schema=SCHEMAS["triplets"])
 
 
 @stage(reads=("sentences", "paraphrases", "negations"), writes=("triplets",))

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from contramine.pipeline.config.backtranslation import BacktranslateCfg, bergamot_greedy_problem, chain_name  # noqa: F401
@@ -35,7 +36,7 @@ from contramine.pipeline.models.translate.engines import ENGINES, load_engine
 from contramine.pipeline.models.translate.settings import batch_token_budget, model_type, resolve_kv_cache, target_language_problem
 from contramine.pipeline.roles import positive_sources
 from contramine.pipeline.schema import SCHEMAS
-from contramine.pipeline.seeding import row_seed
+from contramine.pipeline.row_streams import row_seeds as row_seeds_of
 
 # model_type in config.json -> what the CTranslate2 Transformers converter knows (NLLB is model_type m2m_100)
 CONVERTIBLE = {"marian", "m2m_100"}
@@ -251,26 +252,19 @@ def backtranslate(rows: list[tuple[int, int, str]], chain_name: str, translators
 
 
 class LazySeeds(Sequence):
-    """`seed_of(i)` for rows 0..n-1, each computed when first read: greedy and beam decoding never read a row's
-    seed, and at ~11 us a row_seed the 1M path's ~10M hop-rows would spend minutes hashing seeds nothing draws from.
-    A row's seed is the same whenever (and whether) it is read (seeding.py is
-    not edited for this: its hash is in every seeded stage's code version)."""
+    """The rows' seeds (`seeds_of()`: all of them, computed together), computed when one is first read: greedy and
+    beam decoding never read a row's seed, and the 1M path's ~10M hop-rows would spend time hashing seeds nothing
+    draws from. A row's seed is the same whenever (and whether) it is read."""
 
-    def __init__(self, n: int, seed_of: Callable[[int], int]):
-        self._known: dict[int, int]  # row -> its seed, once read
-        self.n, self.seed_of, self._known = n, seed_of, {}
+    def __init__(self, n: int, seeds_of: Callable[[], list[int]]):
+        self.n, self.seeds_of, self._known = n, seeds_of, None
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self.n))]
-        i = i + self.n if i < 0 else i
-        if not 0 <= i < self.n:
-            raise IndexError(i)
-        if i not in self._known:
-            self._known[i] = self.seed_of(i)
+        if self._known is None:
+            self._known = list(self.seeds_of())
         return self._known[i]
 
 
@@ -278,13 +272,14 @@ def translate_rows(rows: list[tuple[int, int, str]], translators: list, seed: in
                    progress: bool = False) -> tuple[list[str], list[list[str]]]:
     """(pivot text, the last hop's returns) of each (sid, variant, text) row: a function of the row alone (its seed
     comes from the run seed, its sid and variant; every engine's outputs are batch-independent)."""
-    # computed only where an engine reads them (sampling): LazySeeds
-    row_seeds = LazySeeds(len(rows), lambda i: row_seed(seed, "backtranslate", rows[i][0], rows[i][1]))
+    # computed only where an engine reads them (sampling): LazySeeds, all rows at once when one is read
+    seeds = LazySeeds(len(rows), lambda: row_seeds_of(seed, "backtranslate", [r[0] for r in rows],
+                                                      [r[1] for r in rows]))
     current, pivots, out = [text for _, _, text in rows], None, []
     for hop, tr in enumerate(translators):
         last = hop == len(translators) - 1
-        hop_seeds = LazySeeds(  # hop=hop binds this hop: a lambda default mypy cannot match to Callable[[int], int]
-            len(rows), lambda i, hop=hop: row_seed(row_seeds[i], "backtranslate-hop", hop))  # type: ignore[misc]
+        hop_seeds = LazySeeds(len(rows), lambda hop=hop: row_seeds_of(  # type: ignore[misc]  # hop=hop binds the hop
+            np.array(seeds[:], np.uint64), "backtranslate-hop", np.full(len(rows), hop)))
         out = tr.translate(current, hop_seeds, progress, num_return_sequences=None if last else 1)
         if pivots is None:
             pivots = [o[0] for o in out]
