@@ -49,7 +49,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from contramine.pipeline.search.torch_ops import SORT_SHARE, _tf32_matmuls, rounded, top_k, tree_dot  # noqa: F401
+from contramine.pipeline.search.torch_ops import _tf32_matmuls, rounded, smallest, top_k, tree_dot  # noqa: F401
 
 PAD_SCORE = float(np.finfo(np.float32).min)  # what faiss.knn returns for the places past the base (-FLT_MAX)
 BLOCK_ELEMS = {"cpu": 1 << 24, "cuda": 1 << 27}  # search(): query block x base scores held at once (64 MiB / 512 MiB)
@@ -140,21 +140,16 @@ def _tensor(x: np.ndarray):
         return torch.from_numpy(x)
 
 
+def _float32_below(x: float) -> float:
+    """The largest float32 < x, for x a float32: a float32 above it is >= x."""
+    return float(np.nextafter(np.float32(x), np.float32(-np.inf)))
+
+
 def _float32_at_least(x: float) -> float:
     """The smallest float32 >= x: a float32 score above it is above x (torch compares a float32 tensor with a Python
     float in float32, rounding the float to nearest, which could be below x)."""
     f = np.float32(x)
     return float(np.nextafter(f, np.float32(np.inf)) if f < x else f)
-
-
-def largest(scores, k: int):
-    """(values, columns) of the k largest entries of each row, descending, ties in any order (band() needs no more)."""
-    import torch
-
-    if k * SORT_SHARE >= scores.shape[1]:
-        vals, idx = torch.sort(scores, dim=1, descending=True)
-        return vals[:, :k], idx[:, :k]
-    return torch.topk(scores, k, dim=1, largest=True, sorted=True)
 
 
 class TorchExact:
@@ -224,17 +219,19 @@ class TorchExact:
                 del scores, vals, idx
         return D, I
 
-    def scores(self, q):
-        """q (float32 [B, d], on the device) against the whole base at this precision: float32 [B, n]."""
+    def scores(self, q, out=None):
+        """q (float32 [B, d], on the device) against the whole base at this precision: float32 [B, n], written into
+        `out` where given (a CPU's band search reuses one buffer: a fresh one a block is paged in anew each time),
+        except by the GPU's bf16 matmul, whose result is a new tensor (the caching allocator reuses its memory)."""
         import torch
 
         if self.precision == "float32":
             _check_float32()
-            return q @ self.base.T
+            return torch.mm(q, self.base.T, out=out)
         if self.device.type == "cuda":
             if self.precision == "tf32":
                 with _tf32_matmuls():
-                    return q @ self.base.T
+                    return torch.mm(q, self.base.T, out=out)
             if self.base_scored is None:
                 self.base_scored = self.base.to(torch.bfloat16)
             try:
@@ -245,7 +242,7 @@ class TorchExact:
         _check_float32()  # the simulation's matmul must itself be float32
         if self.base_scored is None:
             self.base_scored = rounded(self.base, self.precision)
-        return rounded(q, self.precision) @ self.base_scored.T
+        return torch.mm(rounded(q, self.precision), self.base_scored.T, out=out)
 
     def check_bound(self) -> float:
         """The largest |score - float64 cosine| over CHECK_QUERIES base rows (evenly spaced) against the whole base;
@@ -298,45 +295,52 @@ class TorchExact:
             raise ValueError(f"TorchExact: {len(base_sids)} base sids for a base of {self.n} rows")
         k0 = first_k(self.n, pool_size, skip_top, slack)
         q_sids = np.asarray(q_sids, dtype=np.int64)
-        mask_above = skip_top == 0  # nothing above the band can matter: masked before the first top-k too
-        ceiling = _float32_at_least(hi + eps)
+        mask_above = skip_top == 0  # nothing above the band can matter: masked before the first selection too
+        # a cost (-score) is kept where it is > this, i.e. >= -ceiling: where the score is <= ceiling
+        keep_above = _float32_below(-_float32_at_least(hi + eps))
         with self.lock or nullcontext(), torch.inference_mode():
             if self.precision != "float32" and self.observed_error is None:
                 self.check_bound()
             sids = torch.from_numpy(np.require(base_sids, np.int64, ["C", "W"])).to(self.device)
             rows = self.band_rows()
             streams = _Streams(self.device, self.overlap)
+            # without overlap one block's scores at a time: one buffer for all (on a CPU a new one would be paged in
+            # anew each block); with it two blocks' are alive, each in memory of its own from the allocator
+            buffer = None if self.overlap else torch.empty((min(rows, len(x)), self.n), device=self.device)
 
-            def launch(a: int):  # block a's queries to the device and their scores, on the GEMM stream
+            def launch(a: int):  # block a's queries to the device and their costs, on the GEMM stream
                 with streams.gemm():
                     q = _tensor(x[a:a + rows]).to(self.device)
-                    scores = self.scores(q)
-                    if mask_above:  # the top-k then reaches into the band at once (fewer rows widen)
-                        scores.masked_fill_(scores > ceiling, float("-inf"))
-                    return a, q, scores, streams.done()
+                    # costs = -scores, from the negated queries (exact: rounding is symmetric), so the mask above
+                    # the band is one in-place pass with no bool matrix: threshold_ sets costs <= keep_above to +inf
+                    costs = self.scores(q.neg(), out=None if buffer is None else buffer[:len(q)])
+                    if mask_above:  # the selection then reaches into the band at once (fewer rows widen)
+                        torch.nn.functional.threshold_(costs, keep_above, float("inf"))
+                    return a, q, costs, streams.done()
 
             starts = list(range(0, len(x), rows))
             nxt = launch(starts[0]) if starts else None
             for i in range(len(starts)):
-                a, q, scores, ready = nxt
-                streams.wait(ready, q, scores)
+                a, q, costs, ready = nxt
+                streams.wait(ready, q, costs)
                 # block i + 1's GEMM is queued before block i's resolve (which reads the host back): on a GPU it
                 # runs on its own stream while this block is resolved and copied back; on a CPU: the plain order
                 nxt = launch(starts[i + 1]) if self.overlap and i + 1 < len(starts) else None
                 qs = torch.from_numpy(q_sids[a:a + len(q)]).to(self.device)
-                cand, cos, count = self._band_block(q, scores, qs, sids, lo, hi, pool_size, k0, skip_top, eps)
-                del scores
+                cand, cos, count = self._band_block(q, costs, qs, sids, lo, hi, pool_size, k0, skip_top, eps)
+                del costs
                 pools.put(slice(a, a + len(q)), *_to_host(cand, cos, count))
                 if progress is not None:
                     progress(len(q))
                 if not self.overlap and i + 1 < len(starts):
                     nxt = launch(starts[i + 1])
 
-    def _band_block(self, q, scores, q_sids, sids, lo, hi, pool_size, k, skip_top, eps):
+    def _band_block(self, q, costs, q_sids, sids, lo, hi, pool_size, k, skip_top, eps):
         """One block's pools: (cand sids [B, pool_size], exact cos [B, pool_size], count [B]) on the device, from
-        its scores (`scores(q)`; without skip_top those above hi + eps already masked out). The first round takes
-        the k largest of every row; a row not settled (band.resolve) is widened from its scores (k doubled), with
-        the scores in (hi + eps, t_r - 2 eps) masked out, in chunks of a quarter block."""
+        its costs (-scores: `scores(-q)`; without skip_top those of scores above hi + eps already +inf). The first
+        round takes the k largest scores of every row (`smallest` costs: no top-k over whole rows); a row not
+        settled (band.resolve) is widened from its costs (k doubled), with the scores in (hi + eps, t_r - 2 eps)
+        masked out, in chunks of a quarter block."""
         import torch
 
         from contramine.pipeline.search.band import resolve
@@ -354,12 +358,13 @@ class TorchExact:
             for c in range(0, len(pending), step):
                 rows = pending[c:c + step]
                 if first:
-                    sub = scores
-                else:
-                    sub = scores.index_select(0, rows)
-                    sub.masked_fill_((sub > ceiling) & (sub < t_r[rows, None] - 2 * eps), float("-inf"))
-                vals, idx = largest(sub, k)
+                    sub = costs
+                else:  # -cost > ceiling and -cost < t_r - 2 eps (both exact: negation is)
+                    sub = costs.index_select(0, rows)
+                    sub.masked_fill_((sub < -ceiling) & (sub > -(t_r[rows, None] - 2 * eps)), float("inf"))
+                vals, idx = smallest(sub, k)
                 del sub
+                vals = vals.neg_()  # scores, descending
                 ids = idx.masked_fill(vals == float("-inf"), -1)  # masked out: not returned
                 out = resolve(vals, ids, q_sids[rows], sids, lo, hi, pool_size, k >= self.n, skip_top, eps,
                               lambda r, i, rows=rows: self.exact(q, rows[r], i))
