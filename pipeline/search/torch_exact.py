@@ -53,8 +53,9 @@ from contramine.pipeline.search.torch_ops import _tf32_matmuls, rounded, smalles
 
 PAD_SCORE = float(np.finfo(np.float32).min)  # what faiss.knn returns for the places past the base (-FLT_MAX)
 BLOCK_ELEMS = {"cpu": 1 << 24, "cuda": 1 << 27}  # search(): query block x base scores held at once (64 MiB / 512 MiB)
-BAND_ELEMS_CPU = 1 << 22  # band(): query block x base scores on a CPU (16 MiB) ...
-BAND_MIN_ROWS_CPU = 64  # ... but at least this many queries, so the matmul reads the base once per 64 of them
+BAND_ELEMS_CPU = 1 << 25  # band(): query block x base scores on a CPU (128 MiB: ~670 queries at 50k) ...
+BAND_MIN_ROWS_CPU = 128  # ... but at least this many queries (the matmul reads the base once per block: ~65 GFLOP/s
+# of float32 at 83 queries a block on this 2-core EPYC, ~90 at 512; and fewer, larger ops per query)
 BAND_MAX_ELEMS = 1 << 31  # band(): at most this many scores a GPU block (8 GiB; past it some kernels index in int32)
 BAND_MEMORY_SHARE = 0.6  # band(): of the device's free memory, for a block's scores and twice that (widening, top-k)
 CHECK_QUERIES = 256  # check_bound: base rows scored against the whole base in float64
