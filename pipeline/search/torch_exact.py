@@ -3,9 +3,10 @@
 the GPU machine this project can use has torch but no faiss.
 
 `TorchExact(base).band(...)` is the band search itself (pipeline/search/band.py calls it): for each block of queries
-the scores against the whole base (held once, on the device), their k largest per row (torch.topk), `resolve` on the
-device, and the rows not settled widened within the block, from the scores still in memory (scores that can be
-neither in band nor among the skipped top masked out), so no query is searched twice. The float64 cosines of the
+the scores against the whole base (held once, on the device; kept negated, as costs), their k largest per row
+(torch_ops.smallest: group minima, no top-k over whole rows), `resolve` on the device, and the rows not settled
+widened within the block, from the scores still in memory (scores that can be neither in band nor among the skipped
+top masked out), so no query is searched twice. The float64 cosines of the
 pairs the scores cannot decide are computed on the device too, by `tree_dot` (a fixed summation order: a pair's
 value does not depend on its block); on a CPU with band.py's `exact_cosines`, as the FAISS path computes them, so the
 torch and FAISS tables are the same byte for byte there. A GPU's table can differ from a CPU's only where the two
@@ -14,11 +15,13 @@ membership or rank only for cosines within ~1e-16 of a band edge or of each othe
 [B, pool_size] arrays and counts) come back to the host, once a block. A block is as many queries as fit: on a GPU
 sized from its free memory (BAND_MEMORY_SHARE of it, at most BAND_MAX_ELEMS scores), on a CPU BAND_ELEMS_CPU scores
 and at least BAND_MIN_ROWS_CPU queries (what measured best on the CPUs here). Without skip_top the scores above the
-band (> hi + eps) are masked out before the first top-k, so its k places go to scores that can be in band and rows
-under many near-copies need not widen (another pass over the scores). On a GPU (`overlap`) the next block's
-queries and GEMM are queued on a stream of their own before this block's top-k, resolve and copy-back, which read
-the host back: the card computes block i + 1's scores while block i is resolved (memory for both is in the block
-size); on a CPU the plain order, block after block.
+band (> hi + eps) are masked out before the first selection (one in-place threshold_ on the costs, no bool
+matrix), so its k places go to scores that can be in band and rows under many near-copies need not widen. Queries
+that are the base itself are still scored against all of it: the symmetry would need each tile's columns selected
+too, estimated on this CPU at most of what the half of the GEMM it saves costs. On a GPU (`overlap`) the next
+block's queries and GEMM are queued on a stream of their own before this block's selection, resolve and copy-back,
+which read the host back: the card computes block i + 1's scores while block i is resolved (memory for both is in
+the block size); on a CPU the plain order, block after block.
 
 Scores (`precision`; `score_precision` resolves the setting: auto = bf16 on a GPU, float32 elsewhere): "float32"
 (the class's default) is full float32 dot products, the band search's error bound
@@ -38,7 +41,7 @@ function of the scores alone, whatever the block sizes: descending score, equal 
 total order (-score, row)). FAISS has no such rule for ties: its heaps order equal scores by descending row and which
 of a tie that straddles the k-th place is returned depends on the order rows reached the heap. Only tied entries can
 differ, and band_neighbours' result does not depend on which of them come back (its stopping rules compare scores,
-not rows; it ranks by exact cosine, then sid): `band` uses torch.topk's ties as they come. Rows past the base
+not rows; it ranks by exact cosine, then sid): `band` takes ties as its selection returns them. Rows past the base
 (k > n) are padded as FAISS pads them: score -FLT_MAX, id -1.
 """
 from __future__ import annotations
