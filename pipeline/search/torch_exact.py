@@ -308,9 +308,10 @@ class TorchExact:
             sids = torch.from_numpy(np.require(base_sids, np.int64, ["C", "W"])).to(self.device)
             rows = self.band_rows()
             streams = _Streams(self.device, self.overlap)
-            # without overlap one block's scores at a time: one buffer for all (on a CPU a new one would be paged in
-            # anew each block); with it two blocks' are alive, each in memory of its own from the allocator
-            buffer = None if self.overlap else torch.empty((min(rows, len(x)), self.n), device=self.device)
+            # on a CPU one block's scores at a time: one buffer for all (a new one would be paged in anew each
+            # block); on a GPU the caching allocator reuses a block's memory, and with overlap two blocks are alive
+            buffer = torch.empty((min(rows, len(x)), self.n)) if self.device.type == "cpu" and not self.overlap \
+                else None
 
             def launch(a: int):  # block a's queries to the device and their costs, on the GEMM stream
                 with streams.gemm():
