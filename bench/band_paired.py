@@ -4,11 +4,11 @@ bench/peers/neighbours.py's 384-d topic vectors) in a fresh process of each chec
 round, so both see the same load on a shared machine; the tables must be equal (one hash of all their columns).
 
     git worktree add /tmp/before <commit>        # (or `git archive <commit> | tar -x -C /tmp/before`)
-    python -m bench.peers.band_paired --before /tmp/before [--n 50000] [--rounds 3] [--threads 1]
+    python -m bench.band_paired --before /tmp/before [--n 50000] [--rounds 3] [--threads 1]
 
-Prints each run (wall and CPU seconds) and the medians' ratios, before / this checkout. Not a `make bench` module:
-it needs the second checkout. --threads sets OMP_NUM_THREADS for both sides (on a shared 2-core CPU two torch
-threads wait on each other: one is the steadier measure of the work).
+Prints each run (wall and CPU seconds) and the medians' ratios, before / this checkout. Not a `make bench` module
+(so not under bench/peers/): it needs the second checkout. --threads sets OMP_NUM_THREADS for both sides (on a
+shared 2-core CPU two torch threads wait on each other: one is the steadier measure of the work).
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for both sides (default: as set)")
     args = ap.parse_args(argv)
-    here = Path(__file__).resolve().parents[2]
+    here = Path(__file__).resolve().parents[1]
     runs = {"before": [], "after": []}
     for r in range(args.rounds):
         for side, root in (("before", args.before), ("after", here)):
