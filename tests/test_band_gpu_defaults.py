@@ -42,8 +42,8 @@ def test_bf16_scores_never_touch_torchs_process_wide_tf32_switch(monkeypatch):
     x, sids = _corpus()
     seen = []
     real = te.TorchExact.scores
-    monkeypatch.setattr(te.TorchExact, "scores", lambda self, q: (seen.append(torch.backends.cuda.matmul.allow_tf32),
-                                                                   real(self, q))[1])
+    monkeypatch.setattr(te.TorchExact, "scores", lambda self, q, **kw: (
+        seen.append(torch.backends.cuda.matmul.allow_tf32), real(self, q, **kw))[1])
     before = torch.backends.cuda.matmul.allow_tf32
     exact = te.TorchExact(x, precision="bf16", block_rows=50)
     got = band_neighbours(x, sids, x, sids, exact, exact, 0.3, 0.8, 10)
@@ -64,7 +64,8 @@ def test_the_next_blocks_gemm_is_queued_before_this_blocks_resolve_and_the_pools
     x, sids = _corpus()
     order = []
     scores, block = te.TorchExact.scores, te.TorchExact._band_block
-    monkeypatch.setattr(te.TorchExact, "scores", lambda self, q: (order.append(("gemm", len(q))), scores(self, q))[1])
+    monkeypatch.setattr(te.TorchExact, "scores",
+                        lambda self, q, **kw: (order.append(("gemm", len(q))), scores(self, q, **kw))[1])
     monkeypatch.setattr(te.TorchExact, "_band_block",
                         lambda self, q, *a: (order.append(("resolve", len(q))), block(self, q, *a))[1])
     tables = {}

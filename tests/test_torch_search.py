@@ -221,8 +221,8 @@ def test_band_on_the_device_widens_within_the_block_and_equals_faiss_and_brute_f
     rows = np.r_[0:len(x) - 12:4, len(x) - 12:len(x)]  # a quarter, and the far ones
     q, q_sids = x[rows], sids[rows]
     widths = []
-    largest = te.largest
-    monkeypatch.setattr(te, "largest", lambda s, k: (widths.append((len(s), k)), largest(s, k))[1])
+    smallest = te.smallest
+    monkeypatch.setattr(te, "smallest", lambda s, k: (widths.append((len(s), k)), smallest(s, k))[1])
     exact = TorchExact(x, block_rows=block_rows)
     got = band_neighbours(q, q_sids, x, sids, exact, exact, lo, hi, pool, 8, skip_top=skip_top)
     index = faiss.IndexFlatIP(x.shape[1])

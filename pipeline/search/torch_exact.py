@@ -3,9 +3,10 @@
 the GPU machine this project can use has torch but no faiss.
 
 `TorchExact(base).band(...)` is the band search itself (pipeline/search/band.py calls it): for each block of queries
-the scores against the whole base (held once, on the device), their k largest per row (torch.topk), `resolve` on the
-device, and the rows not settled widened within the block, from the scores still in memory (scores that can be
-neither in band nor among the skipped top masked out), so no query is searched twice. The float64 cosines of the
+the scores against the whole base (held once, on the device; kept negated, as costs), their k largest per row
+(torch_ops.smallest: group minima, no top-k over whole rows), `resolve` on the device, and the rows not settled
+widened within the block, from the scores still in memory (scores that can be neither in band nor among the skipped
+top masked out), so no query is searched twice. The float64 cosines of the
 pairs the scores cannot decide are computed on the device too, by `tree_dot` (a fixed summation order: a pair's
 value does not depend on its block); on a CPU with band.py's `exact_cosines`, as the FAISS path computes them, so the
 torch and FAISS tables are the same byte for byte there. A GPU's table can differ from a CPU's only where the two
@@ -14,11 +15,13 @@ membership or rank only for cosines within ~1e-16 of a band edge or of each othe
 [B, pool_size] arrays and counts) come back to the host, once a block. A block is as many queries as fit: on a GPU
 sized from its free memory (BAND_MEMORY_SHARE of it, at most BAND_MAX_ELEMS scores), on a CPU BAND_ELEMS_CPU scores
 and at least BAND_MIN_ROWS_CPU queries (what measured best on the CPUs here). Without skip_top the scores above the
-band (> hi + eps) are masked out before the first top-k, so its k places go to scores that can be in band and rows
-under many near-copies need not widen (another pass over the scores). On a GPU (`overlap`) the next block's
-queries and GEMM are queued on a stream of their own before this block's top-k, resolve and copy-back, which read
-the host back: the card computes block i + 1's scores while block i is resolved (memory for both is in the block
-size); on a CPU the plain order, block after block.
+band (> hi + eps) are masked out before the first selection (one in-place threshold_ on the costs, no bool
+matrix), so its k places go to scores that can be in band and rows under many near-copies need not widen. Queries
+that are the base itself are still scored against all of it: the symmetry would need each tile's columns selected
+too, estimated on this CPU at most of what the half of the GEMM it saves costs. On a GPU (`overlap`) the next
+block's queries and GEMM are queued on a stream of their own before this block's selection, resolve and copy-back,
+which read the host back: the card computes block i + 1's scores while block i is resolved (memory for both is in
+the block size); on a CPU the plain order, block after block.
 
 Scores (`precision`; `score_precision` resolves the setting: auto = bf16 on a GPU, float32 elsewhere): "float32"
 (the class's default) is full float32 dot products, the band search's error bound
@@ -38,7 +41,7 @@ function of the scores alone, whatever the block sizes: descending score, equal 
 total order (-score, row)). FAISS has no such rule for ties: its heaps order equal scores by descending row and which
 of a tie that straddles the k-th place is returned depends on the order rows reached the heap. Only tied entries can
 differ, and band_neighbours' result does not depend on which of them come back (its stopping rules compare scores,
-not rows; it ranks by exact cosine, then sid): `band` uses torch.topk's ties as they come. Rows past the base
+not rows; it ranks by exact cosine, then sid): `band` takes ties as its selection returns them. Rows past the base
 (k > n) are padded as FAISS pads them: score -FLT_MAX, id -1.
 """
 from __future__ import annotations
@@ -51,12 +54,13 @@ import numpy as np
 import torch
 
 from contramine.pipeline.search.band import exact_cosines, first_k, resolve, score_tolerance
-from contramine.pipeline.search.torch_ops import SORT_SHARE, _tf32_matmuls, rounded, top_k, tree_dot  # noqa: F401
+from contramine.pipeline.search.torch_ops import _tf32_matmuls, rounded, smallest, top_k, tree_dot  # noqa: F401
 
 PAD_SCORE = float(np.finfo(np.float32).min)  # what faiss.knn returns for the places past the base (-FLT_MAX)
 BLOCK_ELEMS = {"cpu": 1 << 24, "cuda": 1 << 27}  # search(): query block x base scores held at once (64 MiB / 512 MiB)
-BAND_ELEMS_CPU = 1 << 22  # band(): query block x base scores on a CPU (16 MiB) ...
-BAND_MIN_ROWS_CPU = 64  # ... but at least this many queries, so the matmul reads the base once per 64 of them
+BAND_ELEMS_CPU = 1 << 25  # band(): query block x base scores on a CPU (128 MiB: ~670 queries at 50k) ...
+BAND_MIN_ROWS_CPU = 128  # ... but at least this many queries (the matmul reads the base once per block: ~65 GFLOP/s
+# of float32 at 83 queries a block on this 2-core EPYC, ~90 at 512; and fewer, larger ops per query)
 BAND_MAX_ELEMS = 1 << 31  # band(): at most this many scores a GPU block (8 GiB; past it some kernels index in int32)
 BAND_MEMORY_SHARE = 0.6  # band(): of the device's free memory, for a block's scores and twice that (widening, top-k)
 CHECK_QUERIES = 256  # check_bound: base rows scored against the whole base in float64
@@ -132,19 +136,16 @@ def _tensor(x: np.ndarray):
         return torch.from_numpy(x)
 
 
+def _float32_below(x: float) -> float:
+    """The largest float32 < x, for x a float32: a float32 above it is >= x."""
+    return float(np.nextafter(np.float32(x), np.float32(-np.inf)))
+
+
 def _float32_at_least(x: float) -> float:
     """The smallest float32 >= x: a float32 score above it is above x (torch compares a float32 tensor with a Python
     float in float32, rounding the float to nearest, which could be below x)."""
     f = np.float32(x)
     return float(np.nextafter(f, np.float32(np.inf)) if f < x else f)
-
-
-def largest(scores, k: int):
-    """(values, columns) of the k largest entries of each row, descending, ties in any order (band() needs no more)."""
-    if k * SORT_SHARE >= scores.shape[1]:
-        vals, idx = torch.sort(scores, dim=1, descending=True)
-        return vals[:, :k], idx[:, :k]
-    return torch.topk(scores, k, dim=1, largest=True, sorted=True)
 
 
 class TorchExact:
@@ -208,15 +209,17 @@ class TorchExact:
                 del scores, vals, idx
         return D, I
 
-    def scores(self, q):
-        """q (float32 [B, d], on the device) against the whole base at this precision: float32 [B, n]."""
+    def scores(self, q, out=None):
+        """q (float32 [B, d], on the device) against the whole base at this precision: float32 [B, n], written into
+        `out` where given (a CPU's band search reuses one buffer: a fresh one a block is paged in anew each time),
+        except by the GPU's bf16 matmul, whose result is a new tensor (the caching allocator reuses its memory)."""
         if self.precision == "float32":
             _check_float32()
-            return q @ self.base.T
+            return torch.mm(q, self.base.T, out=out)
         if self.device.type == "cuda":
             if self.precision == "tf32":
                 with _tf32_matmuls():
-                    return q @ self.base.T
+                    return torch.mm(q, self.base.T, out=out)
             if self.base_scored is None:
                 self.base_scored = self.base.to(torch.bfloat16)
             try:
@@ -227,7 +230,7 @@ class TorchExact:
         _check_float32()  # the simulation's matmul must itself be float32
         if self.base_scored is None:
             self.base_scored = rounded(self.base, self.precision)
-        return rounded(q, self.precision) @ self.base_scored.T
+        return torch.mm(rounded(q, self.precision), self.base_scored.T, out=out)
 
     def check_bound(self) -> float:
         """The largest |score - float64 cosine| over CHECK_QUERIES base rows (evenly spaced) against the whole base;
@@ -272,45 +275,53 @@ class TorchExact:
             raise ValueError(f"TorchExact: {len(base_sids)} base sids for a base of {self.n} rows")
         k0 = first_k(self.n, pool_size, skip_top, slack)
         q_sids = np.asarray(q_sids, dtype=np.int64)
-        mask_above = skip_top == 0  # nothing above the band can matter: masked before the first top-k too
-        ceiling = _float32_at_least(hi + eps)
+        mask_above = skip_top == 0  # nothing above the band can matter: masked before the first selection too
+        # a cost (-score) is kept where it is > this, i.e. >= -ceiling: where the score is <= ceiling
+        keep_above = _float32_below(-_float32_at_least(hi + eps))
         with self.lock or nullcontext(), torch.inference_mode():
             if self.precision != "float32" and self.observed_error is None:
                 self.check_bound()
             sids = torch.from_numpy(np.require(base_sids, np.int64, ["C", "W"])).to(self.device)
             rows = self.band_rows()
             streams = _Streams(self.device, self.overlap)
+            # on a CPU one block's scores at a time: one buffer for all (a new one would be paged in anew each
+            # block); on a GPU the caching allocator reuses a block's memory, and with overlap two blocks are alive
+            buffer = torch.empty((min(rows, len(x)), self.n)) if self.device.type == "cpu" and not self.overlap \
+                else None
 
-            def launch(a: int):  # block a's queries to the device and their scores, on the GEMM stream
+            def launch(a: int):  # block a's queries to the device and their costs, on the GEMM stream
                 with streams.gemm():
                     q = _tensor(x[a:a + rows]).to(self.device)
-                    scores = self.scores(q)
-                    if mask_above:  # the top-k then reaches into the band at once (fewer rows widen)
-                        scores.masked_fill_(scores > ceiling, float("-inf"))
-                    return a, q, scores, streams.done()
+                    # costs = -scores, from the negated queries (exact: rounding is symmetric), so the mask above
+                    # the band is one in-place pass with no bool matrix: threshold_ sets costs <= keep_above to +inf
+                    costs = self.scores(q.neg(), out=None if buffer is None else buffer[:len(q)])
+                    if mask_above:  # the selection then reaches into the band at once (fewer rows widen)
+                        torch.nn.functional.threshold_(costs, keep_above, float("inf"))
+                    return a, q, costs, streams.done()
 
             starts = list(range(0, len(x), rows))
             nxt = launch(starts[0]) if starts else None
             for i in range(len(starts)):
-                a, q, scores, ready = nxt  # type: ignore[misc]  # block i, launched before this round
-                streams.wait(ready, q, scores)
+                a, q, costs, ready = nxt  # type: ignore[misc]  # block i, launched before this round
+                streams.wait(ready, q, costs)
                 # block i + 1's GEMM is queued before block i's resolve (which reads the host back): on a GPU it
                 # runs on its own stream while this block is resolved and copied back; on a CPU: the plain order
                 nxt = launch(starts[i + 1]) if self.overlap and i + 1 < len(starts) else None
                 qs = torch.from_numpy(q_sids[a:a + len(q)]).to(self.device)
-                cand, cos, count = self._band_block(q, scores, qs, sids, lo, hi, pool_size, k0, skip_top, eps)
-                del scores
+                cand, cos, count = self._band_block(q, costs, qs, sids, lo, hi, pool_size, k0, skip_top, eps)
+                del costs
                 pools.put(slice(a, a + len(q)), *_to_host(cand, cos, count))
                 if progress is not None:
                     progress(len(q))
                 if not self.overlap and i + 1 < len(starts):
                     nxt = launch(starts[i + 1])
 
-    def _band_block(self, q, scores, q_sids, sids, lo, hi, pool_size, k, skip_top, eps):
+    def _band_block(self, q, costs, q_sids, sids, lo, hi, pool_size, k, skip_top, eps):
         """One block's pools: (cand sids [B, pool_size], exact cos [B, pool_size], count [B]) on the device, from
-        its scores (`scores(q)`; without skip_top those above hi + eps already masked out). The first round takes
-        the k largest of every row; a row not settled (band.resolve) is widened from its scores (k doubled), with
-        the scores in (hi + eps, t_r - 2 eps) masked out, in chunks of a quarter block."""
+        its costs (-scores: `scores(-q)`; without skip_top those of scores above hi + eps already +inf). The first
+        round takes the k largest scores of every row (`smallest` costs: no top-k over whole rows); a row not
+        settled (band.resolve) is widened from its costs (k doubled), with the scores in (hi + eps, t_r - 2 eps)
+        masked out, in chunks of a quarter block."""
         n_q, dev = len(q), q.device
         cand = torch.full((n_q, pool_size), -1, dtype=torch.int64, device=dev)
         cos = torch.full((n_q, pool_size), float("nan"), dtype=torch.float64, device=dev)
@@ -324,12 +335,13 @@ class TorchExact:
             for c in range(0, len(pending), step):
                 rows = pending[c:c + step]
                 if first:
-                    sub = scores
-                else:
-                    sub = scores.index_select(0, rows)
-                    sub.masked_fill_((sub > ceiling) & (sub < t_r[rows, None] - 2 * eps), float("-inf"))
-                vals, idx = largest(sub, k)
+                    sub = costs
+                else:  # -cost > ceiling and -cost < t_r - 2 eps (both exact: negation is)
+                    sub = costs.index_select(0, rows)
+                    sub.masked_fill_((sub < -ceiling) & (sub > -(t_r[rows, None] - 2 * eps)), float("inf"))
+                vals, idx = smallest(sub, k)
                 del sub
+                vals = vals.neg_()  # scores, descending
                 ids = idx.masked_fill(vals == float("-inf"), -1)  # masked out: not returned
                 out = resolve(vals, ids, q_sids[rows], sids, lo, hi, pool_size, k >= self.n, skip_top, eps,
                               lambda r, i, rows=rows: self.exact(q, rows[r], i))

@@ -1,6 +1,7 @@
 """Tensor helpers of the torch band search (pipeline/search/torch_exact.py): TF32 matmuls for one call, the CPU's
-simulation of TF32 / bf16 inputs (`rounded`), top-k in the total order (-score, column) (`top_k`) and the
-batch-independent float64 dot product (`tree_dot`). torch only; no FAISS.
+simulation of TF32 / bf16 inputs (`rounded`), top-k in the total order (-score, column) (`top_k`), the band search's
+k smallest per row without a top-k over the whole row (`smallest`) and the batch-independent float64 dot product
+(`tree_dot`). torch only; no FAISS.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from contextlib import contextmanager
 import torch
 
 SORT_SHARE = 8  # k >= n / SORT_SHARE: one stable sort of each row instead of topk + the tie fix-up
+FANOUT = 8  # smallest(): columns a group (its minimum stands for it one level up)
 
 
 @contextmanager
@@ -63,6 +65,37 @@ def top_k(scores, k: int):
     idx, vals = idx.gather(1, by_col), vals.gather(1, by_col)
     order = torch.sort(vals, dim=1, descending=True, stable=True).indices
     return vals.gather(1, order), idx.gather(1, order)
+
+
+def smallest(costs, k: int):
+    """(values, columns) of the k smallest entries of each row of `costs` (2-d float, k <= its width), ascending,
+    ties in any order, without a top-k over whole rows: column c belongs to group c % G (G = ceil(width / FANOUT),
+    so a group's FANOUT members are G apart and its minimum is FANOUT - 1 elementwise minimums of contiguous
+    slices: one pass over the row, vectorised on a CPU, coalesced on a GPU), the k groups with the smallest minima
+    are found the same way one level up (recursively, until a row is short enough for one top-k), and the k
+    smallest of their k x FANOUT members are the answer. Exact: the k chosen groups hold k entries no larger than
+    the k-th smallest group minimum m, and every entry outside them is >= its group's minimum >= m, so the k
+    smallest values (as a multiset) are among the chosen groups' members. An entry of +inf may come back with a
+    column past the row (where fewer than k entries are finite): the caller treats +inf as none."""
+    import torch
+
+    n = costs.shape[1]
+    if k * SORT_SHARE >= n:  # short rows (and wide k): one sort beats topk
+        vals, idx = torch.sort(costs, dim=1)
+        return vals[:, :k], idx[:, :k]
+    if 2 * k * FANOUT > n:
+        return torch.topk(costs, k, dim=1, largest=False, sorted=True)
+    groups = -(-n // FANOUT)
+    minima = costs[:, :groups].clone()
+    for j in range(1, FANOUT):  # the last slice is shorter where FANOUT does not divide n
+        width = min(groups, n - j * groups)
+        torch.minimum(minima[:, :width], costs[:, j * groups:j * groups + width], out=minima[:, :width])
+    chosen = smallest(minima, k)[1]
+    chosen = chosen.masked_fill_(chosen >= groups, n)  # a place past the row one level up: members past this row
+    cols = (chosen[:, :, None] + groups * torch.arange(FANOUT, device=costs.device)).flatten(1)
+    members = costs.gather(1, cols.clamp(max=n - 1)).masked_fill_(cols >= n, float("inf"))  # past the row: never
+    vals, pick = torch.topk(members, k, dim=1, largest=False, sorted=True)
+    return vals, cols.gather(1, pick)
 
 
 def tree_dot(a, b):
