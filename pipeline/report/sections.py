@@ -9,6 +9,7 @@ import matplotlib
 import numpy as np
 
 from contramine.pipeline.storage.atomic import atomic_file
+from contramine.pipeline.report.timeline import caption, draw_gantt, run_timeline
 from contramine.pipeline.markdown import cell, table
 from contramine.pipeline.report.queries import (Run, backtranslation_flags, candidate_sample, chosen_cos,
                                                 chosen_examples, negation_outcomes, overlap_by_source, overlap_stats,
@@ -28,7 +29,7 @@ PUBLISHED_OVERLAP = [("supervised NLI (published)", 0.38, 0.28), ("dropout-SimCS
                      ("DebCSE (published)", 0.56, 0.21)]
 
 
-FIGURES = ("rejected", "cosine_hist", "mer_vs_cos", "triplet_mer", "ipw_peakedness", "stage_seconds")
+FIGURES = ("rejected", "cosine_hist", "mer_vs_cos", "triplet_mer", "ipw_peakedness", "stage_seconds", "timeline")
 PLOTS = re.compile("|".join(rf"{re.escape(f)}\.png" for f in FIGURES))  # what a rerun may remove from report/
 
 
@@ -284,4 +285,11 @@ def section_timings(run: Run, out: Path) -> list[str]:
     md += [_figure(out, "stage_seconds", "Wall-clock seconds per stage", "seconds", "stage",
                    lambda ax: ax.barh(names[::-1], [stages[n]["seconds"] for n in names][::-1])), "",
            "Seconds each stage recorded in its `_manifest.json` (a cached stage records the time of the run that made it).", ""]
+    timeline = run_timeline(run.dir)
+    if timeline.spans:
+        md += [_figure(out, "timeline", "When each stage's jobs ran", "seconds from the first job", "stage",
+                       lambda ax: draw_gantt(ax, timeline)), "",
+               f"The last run of each stage (its manifest's `timeline`): a bar per job, its colour the worker, "
+               f"hatched while it held the device; {caption(timeline)}. Stages that do not read each other "
+               f"overlap (the mine is a graph: docs/scale-and-clusters.md).", ""]
     return md

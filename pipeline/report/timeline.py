@@ -33,16 +33,12 @@ def run_timeline(run_dir: Path) -> Timeline:
     return Timeline(sorted(spans, key=lambda s: (s.began, s.stage, s.job)))
 
 
-def draw_timeline(timeline: Timeline, out: Path, title: str) -> Path:
-    """A Gantt chart: a row per stage, a bar per job (hatched where it held the device), the device's busy share
-    from its first job to its last in the title."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def draw_gantt(ax, timeline: Timeline) -> None:
+    """A Gantt chart on `ax`: a row per stage, a bar per job (its colour the worker; hatched where it held the
+    device)."""
+    import matplotlib.pyplot as plt  # matplotlib: only where a picture is drawn
 
     stages = list(dict.fromkeys(s.stage for s in timeline.spans))
-    fig, ax = plt.subplots(figsize=(10, 0.45 * len(stages) + 1.5))
     colours = plt.get_cmap("tab20")
     for s in timeline.spans:
         y = stages.index(s.stage)
@@ -50,13 +46,29 @@ def draw_timeline(timeline: Timeline, out: Path, title: str) -> Path:
                 edgecolor="black" if s.device else "none", hatch="//" if s.device else None, linewidth=0.5)
     ax.set_yticks(range(len(stages)), labels=stages)
     ax.invert_yaxis()
-    ax.set_xlabel("seconds from the first job (bar colour: worker; hatched: the job held the device)")
+
+
+def caption(timeline: Timeline) -> str:
     busy = timeline.busy_share()
-    ax.set_title(f"{title}: wall {timeline.wall:,.1f} s, device busy {timeline.device_busy:,.1f} s"
-                 + (f" ({busy:.0%} of its window)" if busy else ""), fontsize=10, usetex=False,
-                 parse_math=False)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    return (f"wall {timeline.wall:,.1f} s, device busy {timeline.device_busy:,.1f} s"
+            + (f" ({busy:.0%} of the window from its first job to its last)" if busy else ""))
+
+
+def draw_timeline(timeline: Timeline, out: Path, title: str) -> Path:
+    """The Gantt chart as a PNG, its caption in the title."""
+    import matplotlib  # matplotlib: only where a picture is drawn
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len({s.stage for s in timeline.spans})
+    with matplotlib.rc_context({"text.parse_math": False}):  # stage names as written, never TeX
+        fig, ax = plt.subplots(figsize=(10, 0.45 * n + 1.5))
+        draw_gantt(ax, timeline)
+        ax.set_xlabel("seconds from the first job (bar colour: worker; hatched: the job held the device)")
+        ax.set_title(f"{title}\n{caption(timeline)}", fontsize=10)
+        fig.tight_layout()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110)
+        plt.close(fig)
     return out
