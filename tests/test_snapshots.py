@@ -64,12 +64,14 @@ def _wait_paused(proc, marker: Path, log: str, timeout: float = 300) -> None:
 
 def test_a_rerun_killed_after_a_shard_leaves_the_old_table_whole_then_finishes(mean_run, corpus, tmp_path):
     """The issue's case: embeddings finished with pooler mean, a rerun with pooler cls killed with SIGKILL after its
-    first shard. Every reader serves the mean table whole; the next run reuses the cls shard the killed one wrote."""
+    first shard (one job at a time: shard 0 is written before shard 1 starts). Every reader serves the mean table
+    whole; the next run reuses the cls shard the killed one wrote."""
     cfg, want = mean_run
     root = tmp_path / "runs"
     run_dir = _copy(cfg.run.dir, root / "r")
     old_manifest = Store(run_dir).manifest("embeddings")
-    proc, marker, log = _start(["stage", "embeddings", "--corpus", str(corpus), "--set", "encoder.pooler=cls"],
+    proc, marker, log = _start(["stage", "embeddings", "--corpus", str(corpus), "--set", "encoder.pooler=cls",
+                                "runner.workers=1"],
                                root, tmp_path, pause_at="compute:embeddings:1")
     _wait_paused(proc, marker, log)
     os.kill(proc.pid, signal.SIGKILL)
