@@ -100,15 +100,34 @@ def project_1m(host: Timeline, n: int, rates: dict, workers: int) -> tuple[Timel
     return project(device_s, PATH_1M["train_steps"] / rates["train"], workers, measured)
 
 
+def project_only(rates: dict, workers: int) -> dict:
+    """The 1M projection from make scale's host work at 1M and the card's rates; its picture beside the results."""
+    from bench.gpu.projection import project
+
+    device_s = {"embeddings": PATH_1M["embedded"] / rates["encode"], "scores": PATH_1M["scored"] / rates["encode"],
+                "backtranslate": PATH_1M["target_tokens"] / rates["translate"], "neighbours": rates["search_1m"]}
+    timeline, facts = project(device_s, PATH_1M["train_steps"] / rates["train"], workers)
+    draw_timeline(timeline, OUT / f"projection-1m-{workers}-workers.png",
+                  f"1M DebCSE path simulated: {workers} workers, one card at {rates['card']}'s rates")
+    return {"workers": workers, "card": rates["card"], "hours": round(timeline.wall / 3600, 3),
+            "device_busy_hours": round(timeline.device_busy / 3600, 3),
+            "wall_over_device_busy": round(facts["wall_over_device_busy"], 3), "device_s": device_s}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--n", type=int, default=100_000, help="sentences (default 100,000)")
     ap.add_argument("--rates", type=Path, default=RATES, help="the lent card's check results (docs/gpu/*.json)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="runner.workers of the two mines")
     ap.add_argument("--project-workers", type=int, default=16, help="workers of the 1M projection (default 16)")
+    ap.add_argument("--project-only", action="store_true", help="only the 1M projection, with make scale's host "
+                    "work at 1M (bench/gpu/projection.py): no mine")
     args = ap.parse_args(argv)
     rates = card_rates(args.rates)
     OUT.mkdir(parents=True, exist_ok=True)
+    if args.project_only:
+        print(json.dumps(project_only(rates, args.project_workers), indent=1))
+        return
     corpus = synthetic_corpus(args.n, OUT / f"corpus-{args.n}.txt")
     common = ["runner.memo=off", f"runner.workers={args.workers}", "runner.leased_devices=[\"cuda\",\"cpu\"]"]
     root = OUT / "runs"
