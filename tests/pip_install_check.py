@@ -70,7 +70,10 @@ def venv(tmp_path_factory) -> Path:
     src = work / "src"
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     for name in files:
-        if (ROOT / name).is_file():
+        if (ROOT / name).is_symlink():  # contramine/pipeline -> ../pipeline and the like: links, as git keeps them
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            (src / name).symlink_to(os.readlink(ROOT / name))
+        elif (ROOT / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
     env = {k: v for k, v in os.environ.items() if k not in DROPS}
