@@ -114,6 +114,14 @@ class RowLengthLimit(LogitsProcessor):
         """The limits of score rows `rows` only, in order (the decode loop drops finished rows)."""
         return RowLengthLimit([-self.negated[r] for r in rows], self.eos_id)
 
+    def force(self, tokens: torch.Tensor, cur_len: int) -> None:
+        """__call__ after the argmax (the decode loop's greedy path, at `cur_len` tokens so far): the done rows'
+        chosen tokens set to eos in place, the argmax of the scores __call__ leaves them, without a pass over the
+        scores."""
+        live = bisect.bisect_left(self.negated, -(cur_len - 1))
+        if live < len(self.negated):
+            tokens.narrow(0, live, len(self.negated) - live).fill_(self.eos_id)
+
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         live = bisect.bisect_left(self.negated, -(input_ids.shape[1] - 1))  # rows whose limit is above the step
         if live < len(self.negated):  # (input_ids holds the decoder start token too)
