@@ -250,7 +250,8 @@ def test_a_gpus_batches_are_queued_without_reading_the_device(threaded, monkeypa
     texts = WIKI[:300] + ODD
     checks = []
     check = masking._ignore_bidirectional_mask_sdpa
-    monkeypatch.setattr(masking, "_ignore_bidirectional_mask_sdpa", lambda *a, **k: checks.append(1) or check(*a, **k))
+    monkeypatch.setattr(masking, "_ignore_bidirectional_mask_sdpa",  # a mask to check: a read of the device
+                        lambda mask, *a, **k: (mask is None or checks.append(1), check(mask, *a, **k))[1])
     with torch.inference_mode(), HostReads() as reads:
         queued = enc._encode(texts, 128, True, False, None, 256, "cuda")
     assert checks == [] and reads.count <= 2, reads.where  # the flush: .cpu() and .numpy()
