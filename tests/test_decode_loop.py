@@ -191,3 +191,73 @@ def test_marian_texts_through_sentencepieces_batch_call_equal_the_tokenizers(tmp
         rows = input_ids(tok, lines, 256) + [[rng.randrange(n) for _ in range(rng.randrange(24))] for _ in range(400)]
         rows += [[], [tok.eos_token_id], [tok.pad_token_id, 5, tok.eos_token_id, tok.pad_token_id]]
         assert texts(tok, rows) == tok.batch_decode(rows, skip_special_tokens=True), type(tok).__name__
+
+
+def test_banned_tokens_in_the_output_bias_score_as_the_ban_processor_scores_them(tiny):
+    """The greedy loop's bans are -inf in the batch's copy of the output bias (one addmm, no pass over the scores):
+    each step's logits equal the unbanned step's with BannedTokens applied, for Marian (final_logits_bias) and
+    FSMT (no bias of its own); the model's bias is left as it was; the cross-attention bias stays aligned to 8
+    columns when rows are dropped."""
+    from contramine.pipeline.models.translate.decode.steps import Seq2SeqSteps
+    from contramine.pipeline.models.translate.engines.hf import BannedTokens
+
+    for name in ("marian-en-xx", "fsmt-en-de"):
+        tr = load_translator(tiny[name], cfg())
+        ids = torch.tensor([[5, 9, 11, 7, -2], [6, 8, -2, -1, -1], [12, -2, -1, -1, -1]])  # -1: pad, -2: eos
+        ids = torch.where(ids == -1, tr.pad_id, torch.where(ids == -2, tr.eos_id, ids))
+        mask = (ids != tr.pad_id).long()
+        steps, banned = Seq2SeqSteps(tr.model), [3, tr.pad_id]
+        before = [b.clone() for b in tr.model.buffers()]
+        plain, folded = steps.start(ids, mask, 6), steps.start(ids, mask, 6, banned)
+        tokens = torch.full((3,), tr.pad_id)
+        for t in range(4):
+            want = BannedTokens(banned)(None, steps.step(plain, tokens, t).clone())
+            got = steps.step(folded, tokens, t)
+            assert torch.equal(got, want) and bool(got[:, banned].eq(float("-inf")).all())
+            tokens = got.argmax(-1)
+        assert all(torch.equal(a, b) for a, b in zip(before, tr.model.buffers()))
+        if folded.enc_bias is not None:
+            folded.select(torch.tensor([2, 0]))
+            assert folded.cross_mask.stride(0) % 8 == 0 and folded.cross_mask.shape[-1] == ids.shape[1]
+
+
+def test_forcing_after_the_argmax_picks_the_forced_scores_argmax():
+    """Forced bos, forced eos (several eos ids: the first) and each row's length limit, written into the argmax's
+    result, give the token the argmax of the processors' scores gives, at every step, a banned or broken eos too."""
+    from transformers import ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, GenerationConfig
+
+    from contramine.pipeline.models.translate.decode.loop import greedy_plan
+    from contramine.pipeline.models.translate.engines.hf import BannedTokens, GumbelSampler, RowLengthLimit
+
+    limits, eos = [6, 5, 5, 2, 1], 3
+    procs = [ForcedBOSTokenLogitsProcessor(4), ForcedEOSTokenLogitsProcessor(8, [eos, 9]), BannedTokens([0]),
+             GumbelSampler([row_seed(5, "test", r) for r in range(5)]), RowLengthLimit(limits, eos)]
+    banned, forcings, rest = greedy_plan(procs, GenerationConfig(forced_eos_token_id=[eos, 9]))
+    assert banned == [0] and len(forcings) == 3 and [type(p) for p in rest] == [GumbelSampler]
+    g = torch.Generator().manual_seed(0)
+    for cur_len in range(1, 8):
+        ids = torch.zeros((5, cur_len), dtype=torch.long)
+        scores = torch.randn((5, 12), generator=g)
+        scores[1, eos], scores[4, eos] = float("-inf"), float("nan")
+        want = scores.clone()
+        for p in procs:
+            want = p(ids, want)
+        biased = scores.clone()
+        biased[:, banned] = float("-inf")
+        got = rest(ids, biased).argmax(-1)
+        for f in forcings:
+            f.force(got, cur_len)
+        assert torch.equal(got, want.argmax(-1)), cur_len
+    assert greedy_plan(procs[:2] + [BannedTokens([eos])], GenerationConfig(forced_eos_token_id=eos)) is None
+
+
+def test_a_processor_the_loop_cannot_fold_runs_as_generate_runs_it(tiny):
+    """A setting whose processor the greedy plan does not know (a repetition penalty) keeps transformers'
+    processors on float32 scores: still generate's tokens."""
+    generate, loop = translators(tiny["marian-en-xx"], "greedy", batch_size=8)
+    for tr in (generate, loop):
+        tr.gen.repetition_penalty = 1.5
+    theirs, _ = sequences(generate, LINES[:20], None, "generate")
+    ours, _ = sequences(loop, LINES[:20], None, "loop")
+    for a, b in zip(ours, theirs):
+        assert_same_tokens(a, b, loop.pad_id)

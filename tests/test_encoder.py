@@ -234,3 +234,28 @@ def test_tokenising_errors_reach_the_caller_and_stop_the_threads(threaded, monke
         enc.encode(WIKI * 10)
     time.sleep(0.2)
     assert len(calls) <= 1 + 2 * 2 + 1  # the chunk that failed, the ones in flight: not all 81 chunks
+
+
+def test_a_gpus_batches_are_queued_without_reading_the_device(threaded, monkeypatch):
+    """Under a GPU's rules (merged lengths, padded batches) the model gets its attention mask as the host decided
+    it (none for a batch without padding, else the 4-D mask): transformers' check of the mask, a device read per
+    batch, never runs, so the host queues the next batch while the card runs this one; the only reads left are the
+    vectors' copy back (one per FLUSH_ROWS rows). The vectors are those of the 2-D mask's path, bit for bit."""
+    import transformers.masking_utils as masking
+
+    from tests.host_reads import HostReads
+    from tiny_bert import tiny_encoder
+
+    enc = tiny_encoder(pooler="mean", max_length=32).eval()
+    texts = WIKI[:300] + ODD
+    checks = []
+    check = masking._ignore_bidirectional_mask_sdpa
+    monkeypatch.setattr(masking, "_ignore_bidirectional_mask_sdpa",  # a mask to check: a read of the device
+                        lambda mask, *a, **k: (mask is None or checks.append(1), check(mask, *a, **k))[1])
+    with torch.inference_mode(), HostReads() as reads:
+        queued = enc._encode(texts, 128, True, False, None, 256, "cuda")
+    assert checks == [] and reads.count <= 2, reads.where  # the flush: .cpu() and .numpy()
+    monkeypatch.setattr("contramine.pipeline.models.encode.encoder.HOST_MASKED_TYPES", frozenset())
+    with torch.inference_mode():
+        checked = enc._encode(texts, 128, True, False, None, 256, "cuda")
+    assert len(checks) > 5 and np.array_equal(queued, checked)

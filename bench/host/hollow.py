@@ -79,8 +79,8 @@ def hollow_steps(model):
     from contramine.pipeline.models.translate.decode.steps import Seq2SeqSteps, StepState
 
     class HollowSteps(Seq2SeqSteps):
-        def start(self, input_ids, attention_mask, n_tokens):
-            self.thin = super().start(input_ids[:1], attention_mask[:1], n_tokens)  # one row's layers and caches
+        def start(self, input_ids, attention_mask, n_tokens, *banned):  # (banned: a checkout whose loop passes it)
+            self.thin = super().start(input_ids[:1], attention_mask[:1], n_tokens, *banned)  # one row's layers, caches
             return StepState(attention_mask.bool()[:, None, None, :1], [], [], [], [],
                              {"due": target_lengths(attention_mask.sum(1)) - 1})  # the step whose token is eos
 

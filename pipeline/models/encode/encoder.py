@@ -31,6 +31,9 @@ BATCH_TOKENS = 32768  # a GPU batch: rows x padded length (~1,300 rows of 25 tok
 FLUSH_ROWS = 32768  # vectors kept on the device before one copy back to the host
 _LOCK = threading.Lock()  # encoders' caches, shared HF tokenizers (not an attribute: copy.deepcopy(encoder) works)
 DEFAULT_PROMPT = 'This sentence : "{s}" means [MASK] .'  # PromptBERT's template, OssCSE's T1
+# models whose forward makes its SDPA mask with transformers' create_bidirectional_mask: given a 2-D mask it asks the
+# device whether any token is padding (a host sync per batch), given a 4-D one it uses it as it is
+HOST_MASKED_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra"})
 
 
 def resolve_precision(setting: str, device: str) -> str:
@@ -142,6 +145,7 @@ class Encoder(torch.nn.Module):
         """`forward` through `model`: this encoder's own, or its weights held in bf16 / fp16 (`_held`)."""
         batch = dict(batch)
         mask_positions = batch.pop("mask_positions", None)
+        model_mask = batch.pop("model_attention_mask", batch.get("attention_mask"))
         # unpad.LAYOUT_KEYS, spelt out: importing unpad registers its attention with transformers, only where used
         layout = {k: batch.pop(k) for k in ("unpad_index", "unpad_positions") if k in batch} or None
         hidden = self.pooler == "avg_first_last"
@@ -157,7 +161,7 @@ class Encoder(torch.nn.Module):
             out = unpadded_forward(model, batch, output_hidden_states=hidden, output_pooler=self.pooler == "cls",
                                    layout=layout)
         else:
-            out = model(**batch, output_hidden_states=hidden, return_dict=True)
+            out = model(**{**batch, "attention_mask": model_mask}, output_hidden_states=hidden, return_dict=True)
         return pool(out, batch["attention_mask"], self.pooler, mask_positions)
 
     def _prompted(self, texts: list[str], template: str | None, max_length: int) -> tuple[list[str], int]:
@@ -285,13 +289,26 @@ class Encoder(torch.nn.Module):
 
     def _device_batch(self, batch: Tokens) -> dict:
         """A batch as the model's tensors on its device: from numpy without a copy, through pinned memory and a
-        copy that does not wait (non_blocking) to a GPU."""
-        arrays = {"input_ids": batch.ids, "attention_mask": batch.attention_mask()}
+        copy that does not wait (non_blocking) to a GPU. Where the model is one of HOST_MASKED_TYPES under SDPA,
+        the mask it is given is decided here from the host's lengths (`model_attention_mask`): none for a batch
+        without padding (what transformers' check would find), else the 4-D boolean mask its SDPA mask is
+        (rows, 1, 1, length; True = a real token), so the forward asks the device nothing and the next batch is
+        queued while this one runs."""
+        mask = batch.attention_mask()
+        arrays = {"input_ids": batch.ids, "attention_mask": mask}
         if batch.types is not None:
             arrays["token_type_ids"] = batch.types
+        config = self.model.config
+        host_masked = config.model_type in HOST_MASKED_TYPES and config._attn_implementation == "sdpa"
+        padded = bool(len(batch.lengths)) and int(batch.lengths.min()) < batch.ids.shape[1]
+        if host_masked and padded:
+            arrays["model_attention_mask"] = mask.astype(bool)[:, None, None, :]
         tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+        if host_masked and not padded:
+            tensors["model_attention_mask"] = None
         if self.device.type == "cuda":
-            tensors = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in tensors.items()}
+            tensors = {k: v if v is None else v.pin_memory().to(self.device, non_blocking=True)
+                       for k, v in tensors.items()}
         if self.pooler == "mask":
             tensors["mask_positions"] = (tensors["input_ids"] == self.tokenizer.mask_token_id).int().argmax(1)
         return tensors

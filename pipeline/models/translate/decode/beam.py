@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from contramine.pipeline.models.translate.decode.steps import DoneFlags, subset_processors, token_ids
+from contramine.pipeline.models.translate.decode.steps import (DoneFlags, device_rows, subset_processors,
+                                                               token_ids)
 
 
 def beam_search(loop, input_ids: torch.Tensor, attention_mask: torch.Tensor, gen, processors) -> torch.Tensor:
@@ -46,7 +47,7 @@ def beam_search(loop, input_ids: torch.Tensor, attention_mask: torch.Tensor, gen
     for cur in range(1, length):
         n = running.shape[0]
         flat = running[:, :, :cur].reshape(n * beams, cur)
-        log_probs = torch.nn.functional.log_softmax(steps.step(state, flat[:, -1], cur - 1), dim=-1)
+        log_probs = torch.nn.functional.log_softmax(steps.step(state, flat[:, -1], cur - 1).float(), dim=-1)
         loop.steps += 1
         log_probs = processors(flat, log_probs).view(n, beams, -1) + running_scores[:, :, None]
         top_scores, top_seqs, top_idx = model._get_top_k_continuations(
@@ -76,15 +77,14 @@ def beam_search(loop, input_ids: torch.Tensor, attention_mask: torch.Tensor, gen
             kept = subset_processors(processors, rows) if len(live) < n else processors
             if kept is not None and len(live) < n:
                 alive = set(live)
-                gone = torch.tensor([i for i in range(n) if i not in alive], device=dev)
+                keep, gone, beam_rows = device_rows([live, [i for i in range(n) if i not in alive], rows], dev)
                 out.index_copy_(0, origin.index_select(0, gone), sequences.index_select(0, gone)[:, :k])
                 if not live:
                     return out.reshape(batch * k, length)
-                keep = torch.tensor(live, device=dev)
                 running, running_scores, sequences, scores, finished, improvable, running_idx, beam_idx, origin = (
                     x.index_select(0, keep) for x in (running, running_scores, sequences, scores, finished,
                                                       improvable, running_idx, beam_idx, origin))
-                state.select(torch.tensor(rows, device=dev))
+                state.select(beam_rows)
                 processors = kept
         if cur % loop.check_every == 0:
             settled = ~improvable[:, 0] | (finished.all(-1) if early is True else False)

@@ -11,6 +11,13 @@ bos / eos, then ours), then decodes greedily (engines/hf.py samples as greedy ov
 beam search (decode/beam.py, transformers' vectorised beam search step by step). Per batch (decode/steps.py) the
 encoder and cross-attention K/V are computed once and the self-attention K/V are preallocated.
 
+Greedy's logits (decode/steps.py): where every processor is one this loop can express (greedy_plan), the banned
+tokens are -inf in the output bias, the argmax runs over the model's dtype (no float32 copy of rows x vocabulary),
+and forced tokens (forced bos / eos, each row's length limit) are written into the argmax's result afterwards: the
+same token as the argmax of the forced scores (-inf but for the forced token), without a pass over them. Sampling's
+Gumbel noise still runs on float32 scores, as in generate; beam search keeps every processor (its scores are
+log-probabilities: a ban before the softmax would change the others).
+
 Host reads: the next token is chosen on the device; the "which rows are done" flags are copied back (non-blocking
 into pinned memory on a GPU) every `check_every` steps and read one step later, when the device already has the
 next step queued. Finished rows (greedy) or inputs whose beams are settled (beam) are then dropped from the batch:
@@ -22,12 +29,12 @@ measured them on a GPU yet.
 from __future__ import annotations
 
 import torch
-from transformers import (LogitsProcessorList,
+from transformers import (ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, LogitsProcessorList,
                           NoBadWordsLogitsProcessor)
 
 from contramine.pipeline.models.translate.decode.beam import beam_search
 from contramine.pipeline.models.translate.decode.steps import (KNOWN_TYPES, CheckedProcessors, DoneFlags, Seq2SeqSteps,
-                                                     subset_processors, supports, token_ids)
+                                                               device_rows, subset_processors, supports, token_ids)
 
 __all__ = ["DecodeLoop", "KNOWN_TYPES", "supports"]
 
@@ -47,6 +54,46 @@ def prepared(model, gen, input_ids: torch.Tensor, ours: LogitsProcessorList):
     banned = {t for p in ours if type(p).__name__ == "BannedTokens" for t in p.token_ids}
     return gen, CheckedProcessors(p for p in processors if not (
         isinstance(p, NoBadWordsLogitsProcessor) and all(len(w) == 1 and w[0] in banned for w in p.bad_word_ids)))
+
+
+class ForcedToken:
+    """transformers' forced bos / eos processor after the argmax: at its decoding length every row takes its token
+    (the argmax of scores that are -inf but for that token's 0; several forced eos ids: the first)."""
+
+    def __init__(self, cur_len: int, token: int):
+        self.cur_len, self.token = cur_len, token
+
+    def force(self, tokens: torch.Tensor, cur_len: int) -> None:
+        if cur_len == self.cur_len:
+            tokens.fill_(self.token)
+
+    def subset(self, rows: list[int]) -> "ForcedToken":
+        return self
+
+
+def greedy_plan(processors, gen):
+    """(banned tokens for the output bias, forcings run after the argmax in the processors' order, the processors
+    left to run on float32 scores) where each processor is our BannedTokens, transformers' forced bos / eos, one of
+    ours with `force` (RowLengthLimit) or our GumbelSampler (it adds finite noise: a forced row's other scores stay
+    -inf, so forcing after it is forcing before it); None where another processor is there, or a forced token is
+    also banned (the processors then run as generate runs them)."""
+    banned, forcings, rest = [], [], []
+    for p in processors:
+        name = type(p).__name__
+        if name == "BannedTokens":
+            banned += p.token_ids
+        elif isinstance(p, ForcedBOSTokenLogitsProcessor):
+            forcings.append(ForcedToken(1, p.bos_token_id))
+        elif isinstance(p, ForcedEOSTokenLogitsProcessor):
+            forcings.append(ForcedToken(p.max_length - 1, min(token_ids(gen.forced_eos_token_id))))
+        elif hasattr(p, "force") and hasattr(p, "subset"):
+            forcings.append(p)
+        elif name == "GumbelSampler":
+            rest.append(p)
+        else:
+            return None
+    forced = {getattr(f, "token", getattr(f, "eos_id", None)) for f in forcings}
+    return None if forced & set(banned) else (banned, forcings, CheckedProcessors(rest, checked=True))
 
 
 class DecodeLoop:
@@ -78,7 +125,9 @@ class DecodeLoop:
         pad = token_ids(gen.pad_token_id)[0]
         eos_ids = token_ids(gen.eos_token_id)
         eos = eos_ids[0] if len(eos_ids) == 1 else torch.tensor(eos_ids, device=dev)  # one id: a comparison
-        state = self.steps_model.start(input_ids, attention_mask, length)
+        plan = greedy_plan(processors, gen)
+        banned, forcings, rest = plan if plan is not None else ((), [], processors)
+        state = self.steps_model.start(input_ids, attention_mask, length, *([banned] if banned else []))
         tokens = torch.full((rows, length), pad, dtype=torch.long, device=dev)
         tokens[:, 0] = self.start_token(gen)
         out = tokens.clone()  # rows land here when dropped, the rest at the end
@@ -87,26 +136,30 @@ class DecodeLoop:
         flags = DoneFlags()
         pad_token = torch.tensor(pad, device=dev)  # a 0-d tensor: where() wraps a Python number every step
         for t in range(length - 1):
-            scores = processors(tokens.narrow(1, 0, t + 1), self.steps_model.step(state, tokens.select(1, t), t))
+            scores = self.steps_model.step(state, tokens.select(1, t), t)
+            if rest:
+                scores = rest(tokens.narrow(1, 0, t + 1), scores.float())
             self.steps += 1
-            nxt = torch.where(unfinished, scores.argmax(-1), pad_token)  # a finished row takes pad, as in generate
+            nxt = scores.argmax(-1)
+            for forcing in forcings:
+                forcing.force(nxt, t + 1)
+            nxt = torch.where(unfinished, nxt, pad_token)  # a finished row takes pad, as in generate
             tokens.select(1, t + 1).copy_(nxt)
             unfinished &= nxt.ne(eos) if isinstance(eos, int) else ~torch.isin(nxt, eos)
             if flags.pending:  # sent a step ago: drop the rows finished by then
                 live = [r for r, u in enumerate(flags.receive()) if u]
                 self.checks += 1
                 if len(live) < tokens.shape[0]:
-                    kept = subset_processors(processors, live)
+                    kept = subset_processors(rest, live)
                     if kept is not None or not live:
                         alive = set(live)
-                        gone = torch.tensor([r for r in range(tokens.shape[0]) if r not in alive], device=dev)
+                        keep, gone = device_rows([live, [r for r in range(tokens.shape[0]) if r not in alive]], dev)
                         out.index_copy_(0, origin.index_select(0, gone), tokens.index_select(0, gone))
                         if not live:
                             return out
-                        keep = torch.tensor(live, device=dev)
                         tokens, unfinished, origin = (x.index_select(0, keep) for x in (tokens, unfinished, origin))
                         state.select(keep)
-                        processors = kept
+                        rest, forcings = kept, [f.subset(live) for f in forcings]
             if (t + 1) % self.check_every == 0 and t + 2 < length:
                 flags.send(unfinished)
         out.index_copy_(0, origin, tokens)

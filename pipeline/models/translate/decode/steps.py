@@ -1,8 +1,8 @@
 """One decoding step of a Marian or FSMT model over caches preallocated for the batch (decode/loop.py drives it).
 
     steps = Seq2SeqSteps(model)                       # model: MarianMTModel or FSMTForConditionalGeneration
-    state = steps.start(input_ids, attention_mask, n_tokens)   # encoder once; cross-attention K/V once
-    logits = steps.step(state, tokens, t)             # (rows, vocab) float32 for decoder position t
+    state = steps.start(input_ids, attention_mask, n_tokens, banned)   # encoder once; cross-attention K/V once
+    logits = steps.step(state, tokens, t)             # (rows, vocab) in the model's dtype for decoder position t
     state.select(index)                               # keep / reorder rows (dropped rows, beams)
 
 The encoder runs once per batch and the cross-attention keys and values of every decoder layer are computed once
@@ -14,6 +14,13 @@ the same kernels on the same tensors: a projection is the addmm / mm that F.line
 with the layers' tensors read once a batch, LayerWeights, so a step's host work is its ops and not ~12 module
 calls a layer), with the attention HF uses for that model: SDPA for Marian (its default), FSMT's eager form (q
 scaled first, padding filled with the dtype's minimum). Both are post-norm transformers, the layer order below.
+
+Memory traffic per step (a GPU's thousands of rows: the logits are the step's largest tensor): the output bias goes
+into the output projection's addmm (one pass over rows x vocabulary, not a product and then a sum), with the
+batch's banned tokens as -inf in its own copy of that bias (`start(..., banned)`: no processor pass), and the
+logits stay in the model's dtype (the greedy loop's argmax needs no float32 copy: the cast is exact). SDPA's
+cross-attention bias is allocated with its last dim padded to a multiple of 8 and narrowed: the memory-efficient
+kernel otherwise pads an unaligned bias itself, in every layer of every step.
 """
 from __future__ import annotations
 
@@ -47,17 +54,23 @@ class StepState:
     layers: list | None = None  # the decoder layers' tensors (Seq2SeqSteps.layers), read once a batch
     ends: tuple | None = None  # (token embeddings, output projection, its bias or None), read once a batch
     enc_bias: torch.Tensor | None = None  # SDPA's additive form of enc_keep (0 / -inf), made once a batch
+    cross_mask: torch.Tensor | None = None  # what the cross-attention gets: enc_bias's real columns, else enc_keep
 
-    @property
-    def cross_mask(self) -> torch.Tensor:
-        """The cross-attention mask: enc_bias where made (SDPA would convert enc_keep into it every call)."""
-        return self.enc_keep if self.enc_bias is None else self.enc_bias
+    def __post_init__(self):
+        self._narrow()
+
+    def _narrow(self) -> None:
+        """cross_mask: enc_bias (its last dim padded to a multiple of 8) narrowed to the encoder's positions, a view
+        of the aligned tensor (SDPA would convert enc_keep into such a bias every call)."""
+        width = self.enc_keep.shape[-1]
+        self.cross_mask = self.enc_keep if self.enc_bias is None else self.enc_bias.narrow(-1, 0, width)
 
     def select(self, index: torch.Tensor) -> None:
         """Keep rows `index` (a device tensor of row numbers, in their new order)."""
         self.enc_keep = self.enc_keep.index_select(0, index)
         if self.enc_bias is not None:
-            self.enc_bias = self.enc_bias.index_select(0, index)
+            self.enc_bias = self.enc_bias.index_select(0, index)  # the padded tensor: its rows stay aligned
+        self._narrow()
         self.rows = {k: v.index_select(0, index) for k, v in self.rows.items()}
         for group in (self.cross_k, self.cross_v, self.self_k, self.self_v):
             group[:] = [x.index_select(0, index) for x in group]
@@ -97,7 +110,9 @@ class Seq2SeqSteps:
         return x.view(x.shape[0], x.shape[1], self.heads, self.head_dim).transpose(1, 2)
 
     @torch.inference_mode()
-    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_tokens: int) -> StepState:
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_tokens: int,
+              banned: tuple[int, ...] | list[int] = ()) -> StepState:
+        """The batch's state; `banned`: tokens whose logits are -inf at every step (in the output bias)."""
         positions = self.decoder.embed_positions
         if self.fsmt and self.pad + 1 + n_tokens > positions.weight.shape[0]:  # as FSMT's own forward grows it
             positions.make_weight(self.pad + 1 + n_tokens, positions.embedding_dim, positions.padding_idx)
@@ -111,18 +126,26 @@ class Seq2SeqSteps:
             self_k.append(torch.empty((rows, self.heads, n_tokens, self.head_dim), dtype=dtype, device=dev))
             self_v.append(torch.empty_like(self_k[-1]))
         keep = attention_mask.bool()[:, None, None, :]
-        bias = None if self.eager else \
-            torch.zeros(keep.shape, dtype=dtype, device=dev).masked_fill_(~keep, float("-inf"))
-        return StepState(keep, cross_k, cross_v, self_k, self_v, layers=self.layers(), enc_bias=bias, ends=self.ends())
+        bias = None if self.eager else aligned_bias(keep, dtype)
+        return StepState(keep, cross_k, cross_v, self_k, self_v, layers=self.layers(), enc_bias=bias,
+                         ends=self.ends(banned))
 
-    def ends(self) -> tuple:
+    def ends(self, banned=()) -> tuple:
         """(token embedding table, output projection transposed, its bias): the step calls F.embedding and
-        `linear` on them as nn.Embedding and nn.Linear do (the bias: Marian's final_logits_bias, added after the
-        product as its forward does; FSMT has none)."""
+        `linear` on them as nn.Embedding and nn.Linear do. The bias (Marian's final_logits_bias, which its forward
+        adds after the product; FSMT has none) is the product's addmm bias, a vector; with `banned` tokens a copy
+        of it (zeros where the model has none) holds -inf in their columns."""
         d = self.decoder
         if self.fsmt:
-            return d.embed_tokens.weight, d.output_projection.weight.t(), None
-        return d.embed_tokens.weight, self.model.lm_head.weight.t(), self.model.final_logits_bias
+            embed, project, bias = d.embed_tokens.weight, d.output_projection.weight.t(), None
+        else:
+            embed, project, bias = d.embed_tokens.weight, self.model.lm_head.weight.t(), self.model.final_logits_bias
+            bias = bias.reshape(-1)  # (1, vocab) -> (vocab,): addmm's bias as cuBLAS' epilogue takes it
+        if banned:
+            bias = torch.zeros(project.shape[1], dtype=project.dtype, device=project.device) if bias is None \
+                else bias.clone()
+            bias[list(banned)] = float("-inf")
+        return embed, project, bias
 
     def _attend(self, q, k, v, keep) -> torch.Tensor:
         if self.eager:  # FSMT's arithmetic (modeling_fsmt.Attention): q scaled before the product
@@ -134,7 +157,8 @@ class Seq2SeqSteps:
 
     @torch.inference_mode()
     def step(self, state: StepState, tokens: torch.Tensor, t: int) -> torch.Tensor:
-        """Logits (rows, vocab), float32, for the next token after `tokens` (rows,) at decoder position t.
+        """Logits (rows, vocab), in the model's dtype, for the next token after `tokens` (rows,) at decoder
+        position t (the banned tokens of `start` at -inf).
 
         Each layer's arithmetic is its modules' (the same addmm / layer_norm / activation kernels on the same
         tensors, in the same order), called directly: the host's work a step is the ops themselves, which a GPU
@@ -166,8 +190,16 @@ class Seq2SeqSteps:
                                  (width,), w.norm2, w.norm2_bias, w.norm2_eps)
             x = torch.layer_norm(x + linear(w.activation(linear(x, w.fc1, w.fc1_bias)), w.fc2, w.fc2_bias),
                                  (width,), w.norm3, w.norm3_bias, w.norm3_eps)
-        logits = linear(x, project, None)
-        return (logits if project_bias is None else logits + project_bias).float()
+        return linear(x, project, project_bias)
+
+
+def aligned_bias(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """SDPA's additive mask of `keep` (rows, 1, 1, S) (0 where True, -inf where False), allocated (rows, 1, 1, S
+    rounded up to a multiple of 8), the padding 0 (StepState.cross_mask reads the first S columns)."""
+    width = keep.shape[-1]
+    full = torch.zeros((*keep.shape[:-1], -(-width // 8) * 8), dtype=dtype, device=keep.device)
+    full.narrow(-1, 0, width).masked_fill_(~keep, float("-inf"))
+    return full
 
 
 def linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -286,3 +318,10 @@ class DoneFlags:
 
 def token_ids(value) -> list[int]:
     return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def device_rows(groups: list[list[int]], device: torch.device) -> list[torch.Tensor]:
+    """Lists of row numbers as index tensors on `device`, through one host tensor: on a GPU pinned and copied
+    without waiting (torch.tensor(rows, device=...) copies from pageable memory, which waits for the device)."""
+    host = torch.tensor([r for g in groups for r in g], dtype=torch.long, pin_memory=device.type == "cuda")
+    return list(host.to(device, non_blocking=True).split([len(g) for g in groups]))

@@ -14,7 +14,8 @@ that input's cap), or `batch_size` rows where it is 0; "auto" is thousands of ro
 8,192 tokens on a CPU (what measured best there: docs/backtranslation.md).
 The decoding loop keeps its work on the device: the length limits are decided from the host's list (no device read
 per step), sampling's noise is computed where the scores are (decode/mt19937.py), and a banned token (opus-mt's <pad>) is
-one column set in place, not a bias tensor added to every score (tests/test_translate_device.py: no processor of
+one column set in place, not a bias tensor added to every score (our loop's greedy decoding: -inf in the output
+projection's bias, decode/steps.py) (tests/test_translate_device.py: no processor of
 ours reads a value back). What transformers still reads per step: "is every row done" (its DeferredStopCheck, which
 avoids the wait, is used on mps only in transformers 5.23) and, in Marian's forward, two SDPA mask-skip checks that a
 compiled step skips. `kv_cache = "static"` preallocates the cache for max_length + 2 tokens (the same length for every
@@ -115,6 +116,14 @@ class RowLengthLimit(LogitsProcessor):
     def subset(self, rows: list[int]) -> "RowLengthLimit":
         """The limits of score rows `rows` only, in order (the decode loop drops finished rows)."""
         return RowLengthLimit([-self.negated[r] for r in rows], self.eos_id)
+
+    def force(self, tokens: torch.Tensor, cur_len: int) -> None:
+        """__call__ after the argmax (the decode loop's greedy path, at `cur_len` tokens so far): the done rows'
+        chosen tokens set to eos in place, the argmax of the scores __call__ leaves them, without a pass over the
+        scores."""
+        live = bisect.bisect_left(self.negated, -(cur_len - 1))
+        if live < len(self.negated):
+            tokens.narrow(0, live, len(self.negated) - live).fill_(self.eos_id)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         live = bisect.bisect_left(self.negated, -(input_ids.shape[1] - 1))  # rows whose limit is above the step
