@@ -84,10 +84,10 @@ def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: b
     if not force and all(cached):
         return [{"stage": name, "shard": c.index, "table": c.table, "cached": True, "rows": c.rows, "seconds": 0.0,
                  "entry": c.entry()} for c in cached if c is not None]  # all are (all(cached))
-    began = time.time()
     # the device's lease first, then a worker slot: a job waiting for the card holds no worker a CPU stage could use
     with device_lease(leased_device(plan, cfg.runner.leased_devices), cfg.runner.device_leases) as (waited, held_since), \
             job_slot(cfg), resources.running(name):
+        began = time.time()  # the job runs from here: its lease and its slot are held (what it waited: lease_wait_s)
         share_cores(cfg.runner.workers)  # torch's and FAISS' threads: the cores shared by the jobs running at once
         release_indexes(keep=resources.running_stages())  # other stages' memo lookup indexes: not needed here now
         t0 = time.perf_counter()
