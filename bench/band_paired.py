@@ -48,7 +48,7 @@ def run_once(root: Path, n: int, threads: int | None) -> dict:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--before", type=Path, required=True, help="the other checkout's root (today's code)")
     ap.add_argument("--n", type=int, default=50_000)
     ap.add_argument("--rounds", type=int, default=3)

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from contramine.pipeline.config import configure
     from contramine.pipeline.engine.runner import load_stages
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     for side in ("base", "new"):
         ap.add_argument(f"--{side}", type=Path, required=True, help=f"the {side} checkout")
         ap.add_argument(f"--{side}-out", type=Path, required=True, help=f"its copy of the kept `bench.scale` output")

@@ -36,7 +36,7 @@ def test_code_version_follows_every_module_a_stage_imports(tmp_path):
     changed = {s for s in STAGES if before[s] != after[s]}
     assert {"noise", "ipw", "backtranslate"} <= changed  # the stages that draw per-row random numbers
     assert not changed & {"sentences", "embeddings", "neighbours", "negate", "pairs", "triplets"}
-    (src / "models" / "encode" / "encode/unpad.py").write_text((src / "models" / "encode" / "encode/unpad.py").read_text() + "\n# the forward\n")
+    (src / "models" / "encode" / "unpad.py").write_text((src / "models" / "encode" / "unpad.py").read_text() + "\n# the forward\n")
     code_version.cache_clear()
     again = versions()
     assert {s for s in STAGES if again[s] != after[s]} == {"embeddings", "pool_embeddings", "scores"}  # they embed
@@ -61,7 +61,7 @@ def test_code_version_covers_the_code_that_ran_and_no_other(tmp_path):
     assert moved == {e.module for e in chains.ENGINES.values()}  # ... the engines' do, and a run's plan names only its own
     plan = chains.chains_plan(load_config("default", BERGAMOT))
     assert set(plan["code"]) == {"bergamot"} and plan["code"]["bergamot"] == code_version("contramine.pipeline.models.translate.engines.bergamot")
-    encoder_py = src / "models" / "encode" / "encode/encoder.py"
+    encoder_py = src / "models" / "encode" / "encoder.py"
     encoder_py.write_text(encoder_py.read_text() + "\n\ndef added():\n    pass\n")
     code_version.cache_clear()
     after = versions()

@@ -59,10 +59,10 @@ EXPECTED = ["check_encoder_cpu_vs_cpu", "check_batch_float32", "check_band_pools
             *(f"{name}_{what}" for name in TRAIN_ROWS for what in ("steps_per_s", "peak_memory")),
             "profile_encode_busy", "profile_generate_busy", "profile_loop_busy", *COMPILED,
             *(f"vs_peer_{name}" for name in PEERS),
-            *(f"vs_limit_{name}" for name in SPEEDS), "projection_1m_hours",
+            *(f"vs_limit_{name}" for name in SPEEDS), "projection_1m_hours", "projection_1m_wall_over_device_busy",
             "goal_encode_30k_per_s", "goal_encode_vs_st_1_5x", "goal_search_1m_15s", "goal_generate_150k_per_s",
             *(["goal_generate_vs_hf_3x"] if not UNMEASURED else []), "goal_train_debcse_15_per_s",
-            "goal_projection_1h"]
+            "goal_projection_1h", "goal_projection_45min"]
 
 
 @pytest.fixture(scope="module")
@@ -138,11 +138,12 @@ def test_twin_sets_each_job_against_its_peer_and_its_limit_and_writes_the_profil
 
 
 def test_summary_projects_the_1m_path_from_the_measured_rates():
-    """projection_1m_hours = the path's work over each measured rate (bench/gpu/limits.py's PATH_1M): the search at
-    d = 768 scaled from its size to 1M x 1M, the CPU stages on runner.workers cores (not every core), translation at
-    our loop's rate, else at the old path's (said so); no projection, and one line saying why, when a rate is
-    missing."""
+    """projection_1m_hours = the mine's graph and training simulated on `workers` workers and one card
+    (bench/gpu/projection.py): each device stage's work over its measured rate (the search at d = 768 scaled from its
+    size to 1M x 1M), every stage's host work, translation at our loop's rate, else at the old path's (said so); more
+    workers never make it longer; no projection, and one line saying why, when a rate is missing."""
     from bench.gpu.limits import PATH_1M, summary
+    from bench.gpu.projection import project
     from bench.gpu.sections import row
 
     rows = [row("encode_bf16", "cuda", 5000.0, "sentences/s"),
@@ -153,20 +154,23 @@ def test_summary_projects_the_1m_path_from_the_measured_rates():
             row("train_debcse_steps_per_s", "cuda", 20.0, "steps/s")]
     p = PATH_1M
 
-    def seconds(generate: float, workers: int) -> float:
-        return ((p["embedded"] + p["scored"]) / 5000 + 10.0 * 10 + p["target_tokens"] / generate
-                + p["cpu_core_seconds"] / workers + p["train_steps"] / 20)
+    def hours(generate: float, workers: int) -> float:
+        device = {"embeddings": p["embedded"] / 5000, "scores": p["scored"] / 5000, "neighbours": 10.0 * 10,
+                  "backtranslate": p["target_tokens"] / generate}
+        return project(device, p["train_steps"] / 20, workers)[0].wall / 3600
 
     got = {r["name"]: r for r in summary(rows, "cuda", {"cpus": 16, "workers": 1})}
-    assert got["projection_1m_hours"]["value"] == pytest.approx(seconds(100_000, 1) / 3600, rel=1e-3)
+    assert got["projection_1m_hours"]["value"] == pytest.approx(hours(100_000, 1), rel=1e-3)
     assert got["goal_search_1m_15s"]["value"] == pytest.approx(15 / 100.0, rel=1e-3)
     note = got["projection_1m_hours"]["note"]
-    assert "neighbours 1.7 min" in note and "CPU stages on 1 worker " in note and "old path" not in note
+    assert "on 1 worker and one card" in note and "backtranslate " in note and "old path" not in note
     four = {r["name"]: r for r in summary(rows, "cuda", {"cpus": 16, "workers": 4})}
-    assert four["projection_1m_hours"]["value"] == pytest.approx(seconds(100_000, 4) / 3600, rel=1e-3)
+    assert four["projection_1m_hours"]["value"] == pytest.approx(hours(100_000, 4), rel=1e-3)
+    assert four["projection_1m_hours"]["value"] < got["projection_1m_hours"]["value"]
+    assert 1.0 <= four["projection_1m_wall_over_device_busy"]["value"] < got["projection_1m_wall_over_device_busy"]["value"]
     no_loop = [r for r in rows if r["name"] != "generate_default_tokens_per_s"]
     old = {r["name"]: r for r in summary(no_loop, "cuda", {"cpus": 16})}  # workers: 1 by default
-    assert old["projection_1m_hours"]["value"] == pytest.approx(seconds(20_000, 1) / 3600, rel=1e-3)
+    assert old["projection_1m_hours"]["value"] == pytest.approx(hours(20_000, 1), rel=1e-3)
     assert "translation at generate_old_tokens_per_s" in old["projection_1m_hours"]["note"]
     # what a search pays once (the base to the device, the precision check) is not scaled with the queries
     setup = [dict(r, setup_seconds=2.0) if r["name"] == "band_search_d768_seconds" else r for r in rows]

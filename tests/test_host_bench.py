@@ -96,7 +96,7 @@ def test_the_hollow_bert_takes_the_padding_free_path_and_trains_every_weight(tok
 
 def test_the_base_is_a_git_export_and_a_setting_reaches_its_side(tmp_path):
     base = export_base("HEAD", tmp_path)
-    assert (base / "pipeline" / "models" / "encode" / "encode/encoder.py").is_file() and not (base / ".git").exists()
+    assert (base / "pipeline" / "models" / "encode" / "encoder.py").is_file() and not (base / ".git").exists()
     with pytest.raises(SystemExit, match="cannot export commit 'no-such-commit'"):
         export_base("no-such-commit", tmp_path / "x")
     items = ["new:generate.batch_size=64", "encode.batch_size=256", "base:train.unpad=false"]

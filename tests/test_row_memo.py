@@ -158,20 +158,20 @@ def _cfg(*sets):
 
 
 def _namespaces(cfg, root=None) -> dict[str, str]:
-    from contramine.pipeline import codeversion
+    from contramine.pipeline.memo import run as memo_run
 
     plan = {"encoder": {"model": "m", "device": "cpu"}, "spacy": {"model": "s"},
             "chains": {"device": "cpu", "dtype": None, "code": {}, "versions": "", "models": {}, "engines": {}}}
     out = {}
-    original = codeversion.code_version
+    original = memo_run.code_version  # the name the memo's namespace facts call
     try:
         if root is not None:
-            codeversion.code_version = lambda module, r=root: original.__wrapped__(module, r)  # uncached
+            memo_run.code_version = lambda module, r=root: original.__wrapped__(module, r)  # uncached
         for stage in load_stages().values():
             for spec in stage.memos:
                 out[f"{stage.name}/{spec.name}"] = namespace_hash(namespace_facts(stage, spec, cfg, plan))
     finally:
-        codeversion.code_version = original
+        memo_run.code_version = original
     return out
 
 

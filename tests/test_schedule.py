@@ -31,7 +31,8 @@ def test_one_lease_serialises_the_device_jobs_and_the_cpu_jobs_fill_the_gaps():
     assert device == [(0.0, 2.0), (2.0, 4.0), (4.0, 6.0), (6.0, 8.0)]  # never two at once, never idle
     assert t.device_busy == 8.0 and t.busy_share() == 1.0 and t.wall == 8.0
     cpu = sorted(s.began for s in t.spans if s.stage == "cpu")
-    assert cpu == [0.0, 0.0, 0.0, 1.0]  # three workers free at once, the fourth job on the first one freed
+    assert cpu == [0.0, 0.0, 0.0, 0.0]  # a device job takes no worker: the four CPU jobs start at once
+    assert simulate(stages, workers=1, leases=1).wall == 8.0  # one worker: the CPU jobs run beside the card
     assert simulate(stages, workers=4, leases=2).wall == 4.0
 
 

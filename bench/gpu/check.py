@@ -180,8 +180,9 @@ SECTION_NAMES = ("checks", "gemm", "encode", "search", "generate", "stages", "tr
 
 def _where(exc: BaseException) -> str:
     """The project file whose import failed (`pipeline/stages/negate.py`), for the one-line reason."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(str(ROOT))]
-    return str(Path(frames[-1].filename).relative_to(ROOT)) if frames else "?"
+    files = [Path(f.filename).resolve() for f in traceback.extract_tb(exc.__traceback__)]  # the file, not the link
+    files = [f for f in files if f.is_relative_to(ROOT)]
+    return str(files[-1].relative_to(ROOT)) if files else "?"
 
 
 def run_section(name: str, fn, models: Models, device: str, sizes: dict) -> tuple[list[dict], float, list[str]]:

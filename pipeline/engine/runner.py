@@ -84,9 +84,11 @@ def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: b
     if not force and all(cached):
         return [{"stage": name, "shard": c.index, "table": c.table, "cached": True, "rows": c.rows, "seconds": 0.0,
                  "entry": c.entry()} for c in cached if c is not None]  # all are (all(cached))
-    # the device's lease first, then a worker slot: a job waiting for the card holds no worker a CPU stage could use
-    with device_lease(leased_device(plan, cfg.runner.leased_devices), cfg.runner.device_leases) as (waited, held_since), \
-            job_slot(cfg), resources.running(name):
+    # a job on a leased device holds the device's lease and no worker slot (it waits on the card; the slots stay with
+    # the CPU stages, so the card is never idle for want of a slot); any other job holds one of the slots
+    device = leased_device(plan, cfg.runner.leased_devices)
+    with device_lease(device, cfg.runner.device_leases) as (waited, held_since), \
+            (job_slot(cfg) if device is None else nullcontext()), resources.running(name):
         began = time.time()  # the job runs from here: its lease and its slot are held (what it waited: lease_wait_s)
         share_cores(cfg.runner.workers)  # torch's and FAISS' threads: the cores shared by the jobs running at once
         release_indexes(keep=resources.running_stages())  # other stages' memo lookup indexes: not needed here now

@@ -11,13 +11,17 @@ What it is for: the 1M path's timeline on a machine we do not have (16 cores, on
 measured here (the host work, from a rehearsal's manifests) and the card's measured rates (the device work); the
 rehearsal (bench/rehearsal.py) runs the same schedule for real on this machine and checks the simulation against it.
 The rule it replays is list scheduling, as the runner's pools do: whenever a worker is free, the first job (stage
-in run order, then job number) whose stage is ready and whose lease is free starts. A job holds its lease for its
-whole duration, host work included, as the runner's lease does.
+in run order, then job number) whose stage is ready starts; a job on the device needs a free lease and no worker
+slot (the runner's rule: a job that holds the card is mostly waiting on it). A job holds its lease for its whole
+duration, host work included, as the runner's lease does.
 """
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+
+
+DEVICE_LANE = -1  # the worker number of a job that holds the device (it takes no worker slot)
 
 
 @dataclass(frozen=True)
@@ -115,16 +119,18 @@ def simulate(stages: dict[str, StageCost], workers: int, leases: int = 1) -> Tim
     release_ready(0.0)
     while True:
         started = True
-        while started and free_workers:  # start the first startable job, again and again
+        while started:  # start the first startable job, again and again
             started = False
             for name in order:
                 if name not in ready_at or ready_at[name] > now or next_job[name] >= len(stages[name].jobs):
                     continue
                 job = stages[name].jobs[next_job[name]]
                 device = job.device_s > 0
-                if device and free_leases == 0:
+                # a device job needs a lease, and no worker slot (the runner's rule: it waits on the card, and the
+                # slots stay with the CPU stages); any other job needs a worker
+                if (device and free_leases == 0) or (not device and not free_workers):
                     continue
-                worker = free_workers.pop(0)
+                worker = DEVICE_LANE if device else free_workers.pop(0)
                 free_leases -= device
                 heapq.heappush(running, (now + job.seconds, worker, name, next_job[name], device))
                 timeline.spans.append(Span(name, next_job[name], worker, now, now + job.seconds, device))
@@ -138,8 +144,9 @@ def simulate(stages: dict[str, StageCost], workers: int, leases: int = 1) -> Tim
         if running and (not pending or running[0][0] <= min(pending)):
             ends, worker, name, job_i, device = heapq.heappop(running)
             now = ends
-            free_workers.append(worker)
-            free_workers.sort()
+            if worker != DEVICE_LANE:
+                free_workers.append(worker)
+                free_workers.sort()
             free_leases += device
             done_jobs[name] += 1
             release_ready(now)

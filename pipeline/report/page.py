@@ -71,7 +71,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None, seed: int = 0) -> P
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m contramine.pipeline.report", description=DESCRIPTION)
+    ap = argparse.ArgumentParser(prog="python -m contramine.pipeline.report", description=DESCRIPTION, allow_abbrev=False)
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--out", type=Path, default=None, help="output folder (default RUN_DIR/report)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random-pair and example samples")
