@@ -17,7 +17,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from contramine.pipeline.config import Config, configure  # noqa: F401  (configure: what flow callers build a config with)
 from contramine.pipeline.storage.lock import run_lock
-from contramine.pipeline.engine.discovery import stages_for
+from contramine.pipeline.engine.discovery import stages_for, upstream
 from contramine.pipeline.engine.maps import cluster_security, local_cluster
 from contramine.pipeline.engine.runner import load_stages, run_job_json, run_stage
 from contramine.pipeline.hints import command
@@ -108,10 +108,10 @@ def stages_to_mine(cfg: Config) -> list[str]:
 
 
 @task(name="stage", cache_policy=NO_CACHE, task_run_name="{stage}")
-def stage_task(stage: str, cfg: Config, params: dict, plan: dict, upstream: list[dict]) -> dict:
-    """One stage flow (a subflow of `mine`), started once the stages it reads from have committed: `upstream` are
+def stage_task(stage: str, cfg: Config, params: dict, plan: dict, writers: list[dict]) -> dict:
+    """One stage flow (a subflow of `mine`), started once the stages it reads from have committed: `writers` are
     their results, whose plans it inherits (so every stage of the run sees one decision, e.g. which chains run)."""
-    for done in upstream:
+    for done in writers:
         plan = {**plan, **done["plan"]}
     manifest = run_stage_flow(stage, cfg, **params, plan=plan)
     return {"rows": manifest["rows"], "plan": {**plan, **manifest["resources"]}}
@@ -131,6 +131,7 @@ def mine_flow(profile: str = "default", run: str | None = None, corpus: str | No
     only = stages_to_mine(cfg) if only is None else only
     overrides, plan, rows = list(overrides or []), dict(plan or {}), {}
     stages = load_stages()
+    after = upstream(stages)  # stage -> the stages that write what it reads
     with ExitStack() as stack:
         stack.enter_context(run_lock(cfg.run.dir, command("mine")))  # one writer per run folder, the whole run long
         if cfg.runner.kind == "dask-local":  # one local cluster for all stages, not one per stage
@@ -140,16 +141,16 @@ def mine_flow(profile: str = "default", run: str | None = None, corpus: str | No
         params = dict(profile=profile, run=run, corpus=corpus, overrides=overrides)
         futures: dict = {}
         for s in [s for s in stages if s in only]:  # run order: every writer of what `s` reads comes before it
-            upstream = [futures[w] for w in _writers(stages, s) if w in futures]
+            writers = [futures[w] for w in after[s] if w in futures]
             futures[s] = stage_task.with_options(task_run_name=s).submit(
-                s, cfg, {**params, "force": s in (force or [])}, plan, upstream, wait_for=upstream)
+                s, cfg, {**params, "force": s in (force or [])}, plan, writers, wait_for=writers)
         failed, not_done = [], set[str]()
         for s, future in futures.items():
             future.wait()
             if future.state.is_completed():
                 rows[s] = future.result()["rows"]
                 continue
-            if not not_done & set(_writers(stages, s)):  # the root cause, not a stage that waited on it
+            if not not_done & set(after[s]):  # the root cause, not a stage that waited on it
                 failed.append(s)
             not_done.add(s)
         if failed:
@@ -160,8 +161,3 @@ def mine_flow(profile: str = "default", run: str | None = None, corpus: str | No
     create_markdown_artifact(key=artifact_key(cfg.run.name, "mine"), markdown=headline(cfg.run.dir),
                              description=f"what run `{cfg.run.name}` mined")
     return rows
-
-
-def _writers(stages: dict, name: str) -> list[str]:
-    """The stages that write what stage `name` reads."""
-    return [w for w, other in stages.items() if set(other.writes) & set(stages[name].inputs) and w != name]

@@ -21,11 +21,9 @@ SHARDS_1M = 64
 
 def stage_graph() -> dict[str, tuple[str, ...]]:
     """stage -> the stages that write what it reads, in run order (the pipeline's own declarations)."""
-    from contramine.pipeline.engine.discovery import load_stages
+    from contramine.pipeline.engine.discovery import load_stages, upstream
 
-    stages = load_stages()
-    return {s: tuple(w for w, o in stages.items() if w != s and set(o.writes) & set(st.inputs))
-            for s, st in stages.items()}
+    return upstream(load_stages())
 
 
 def project(device_s: dict[str, float], train_s: float, workers: int, host_core_s: dict[str, float] | None = None,

@@ -100,6 +100,12 @@ def writer(table: str) -> str | None:
     return next((s.name for s in load_stages().values() if table in s.writes), None)
 
 
+def upstream(stages: dict[str, Stage]) -> dict[str, tuple[str, ...]]:
+    """stage -> the stages that write what it reads (its edges in the mine's graph), in run order."""
+    return {name: tuple(w for w, other in stages.items() if w != name and set(other.writes) & set(stage.inputs))
+            for name, stage in stages.items()}
+
+
 def stages_for(tables: Iterable[str]) -> list[str]:
     """The stages that write `tables` and every stage whose tables those read, in run order: all that a mine must
     run to have `tables` (`mine --for <objective>`: the tables that objective trains on and exports)."""
