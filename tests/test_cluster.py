@@ -222,8 +222,10 @@ def test_make_mine_on_the_cluster_equals_threads(cluster, corpus30, threads_run,
 
 
 def test_a_worker_killed_mid_stage_leaves_the_tables_whole(cluster, corpus30, threads_run, tmp_path):
-    """SIGKILL to a worker while it runs a `negate` shard: the scheduler gives the shard to another worker (the other
-    one, or the one the killed worker's nanny starts), the run completes and its tables equal the threads run's."""
+    """SIGKILL to a worker while it runs a shard, before `negate` has committed (the graph runs negate beside
+    embeddings and noise: the shard may be any of theirs): the scheduler gives the shard to another worker (the
+    other one, or the one the killed worker's nanny starts), the run completes and its tables equal the threads
+    run's."""
     sets = SMALL + [f"run.root={tmp_path}", "runner.kind=dask", f"runner.address={cluster.address}"]
     cfg = configure("default", "k", str(corpus30), sets)
     done: dict = {}
@@ -232,7 +234,7 @@ def test_a_worker_killed_mid_stage_leaves_the_tables_whole(cluster, corpus30, th
     run.start()
     store, killed, t0 = Store(cfg.run.dir), None, time.monotonic()
     while killed is None and run.is_alive() and time.monotonic() - t0 < 300:
-        if store.exists("embeddings") and not store.exists("negations"):  # negate (next in the order) is running
+        if store.exists("sentences") and not store.exists("negations"):  # negate and its siblings are running
             busy = [w for w, keys in cluster.processing().items() if keys]
             if busy:
                 pid = cluster.worker_pids()[busy[0]]
