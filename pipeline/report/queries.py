@@ -24,11 +24,12 @@ class Run:
         self.manifests = {name: m for name in SCHEMAS if (m := tables.manifest(name))}
         self.present: dict[str, bool] = {}
         for name in SCHEMAS:
-            # a listed table is served whole and checked (RunTables.files), or the report stops in its one line
-            files = tables.files(name) if name in self.manifests and tables.shards(name) else []
-            self.present[name] = bool(files) or name in self.manifests
-            if files:
-                self.con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM {tables.sql_source(name)}')
+            # a listed table is served whole and checked, from the descriptors checked, which this connection
+            # holds (RunTables.sql_source), or the report stops in its one line
+            listed = name in self.manifests and tables.shards(name) > 0
+            self.present[name] = listed or name in self.manifests
+            if listed:
+                self.con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM {tables.sql_source(name, self.con)}')
             elif self.present[name]:  # a stage that wrote a manifest but zero rows: an empty table, not absent
                 self.con.register(name, SCHEMAS[name].empty_table())
 

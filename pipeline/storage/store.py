@@ -31,6 +31,7 @@ from contramine.pipeline.errors import json_loads
 from contramine.pipeline.storage.grace import collect
 from contramine.pipeline.storage.manifest import MANIFEST, SIDECAR_MAX, TableCorrupt, committed_files, read_manifest
 from contramine.pipeline.storage.safe_paths import UnsafePath, open_regular, read_regular
+from contramine.pipeline.storage.served import read_checked
 from contramine.pipeline.storage.shard_names import PART, shard_file
 from contramine.pipeline.storage.verify import Verified, content_hash, damaged_line, first_damaged
 from contramine.pipeline.schema import SCHEMAS
@@ -127,23 +128,24 @@ class Store:
         return combine(*(self.shard_hash(table, i, n) for i in range(n)))
 
     def read_shard(self, table: str, i: int, n: int) -> pa.Table:
-        """Shard i of a committed table, its bytes checked against the hash its commit records (verify.py) and its
+        """Shard i of a committed table, its bytes checked against the hash its commit records (verify.py) and
+        read from the descriptor that was checked (served.py: a file renamed over it since is not read), its
         Parquet pages against their checksums: a damaged one is TableCorrupt, one line naming it and the fix."""
 
         path = self.shard_path(table, i, n)
         if self._verified is None:
             self._verified = Verified(self.root)
         entry = self._entry(table, i, n)
-        why = self._verified.check(table, path, entry.get("hash"), entry.get("bytes"))
-        if why is None:
+        fd, why = self._verified.open_checked(table, path, entry.get("hash"), entry.get("bytes"))
+        if fd is not None:
             try:
-                self._verified.save()  # (what passed: the Parquet read below checks the pages as a second line)
-                return pq.read_table(path, page_checksum_verification=True)
-            except FileNotFoundError:
-                why = "is missing"
+                self._verified.save()
+                return read_checked(fd)
             except (pa.ArrowInvalid, OSError) as e:
                 why = f"is not readable Parquet ({' '.join(str(e).split())[:120]})"
-        raise TableCorrupt(damaged_line(self.dir(table), path.name, why))
+            finally:
+                os.close(fd)
+        raise TableCorrupt(damaged_line(self.dir(table), path.name, why or "changed"))
 
     def read(self, table: str, n: int | None = None) -> pa.Table:
         """Whole table: every shard in order (sorted by sid for per-sentence tables)."""

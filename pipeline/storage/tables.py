@@ -10,8 +10,11 @@ and did not commit (it was killed, or is still running) are never read, and the 
 whole until the next commit. Readers take no lock. A commit keeps the files the previous manifest named for
 runner.keep_replaced_s (grace.py), so a read that listed them finishes; one that finds a file gone all the same
 reads the new manifest once more. Every listed file is checked against the hash its manifest records before it
-is served (verify.py): a damaged one is one line naming it and the stage run that rewrites it. Imports neither torch nor
-Prefect, and discovers no stage (a missing table's error names its writer: that path alone looks the stages up).
+is served (verify.py): a damaged one is one line naming it and the stage run that rewrites it. What is served is read
+from the very descriptors that were checked (served.py): by pyarrow (`read`, `dataset`), and by DuckDB through
+/proc/self/fd paths of descriptors each connection holds until it goes, so a shard renamed over a checked one is not
+served, not even by a connection that was open before. Imports neither torch nor Prefect, and discovers no stage (a
+missing table's error names its writer: that path alone looks the stages up).
 
 Folder names become SQL view names only when they are plain identifiers (`[A-Za-z0-9_]+`), and are quoted: a run
 folder received from someone else is data, never SQL. A manifest is data too: its shape is checked
@@ -21,13 +24,13 @@ the `make stage ... FORCE=1` that rewrites it (TableUnreadable).
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 
 from contramine.pipeline.storage.atomic import atomic_dir, recover
 from contramine.pipeline.storage.lock import run_lock
@@ -35,6 +38,7 @@ from contramine.pipeline.storage.safe_paths import UnsafePath, read_regular
 from contramine.pipeline.storage.manifest import MANIFEST, MANIFEST_MAX, TableCorrupt, committed_files, parse_manifest, read_manifest
 from contramine.pipeline.storage.verify import WRITERS, Verified, damaged_line, table_line
 from contramine.pipeline.storage.reuse_files import NotBrought, link_or_copy as _link_or_copy, owned_here
+from contramine.pipeline.storage.served import close_all, dataset_of, fd_path, hold_for, read_checked, room_for
 from contramine.pipeline.errors import ExpectedError
 from contramine.pipeline.hints import command, via_make
 from contramine.pipeline.schema import SCHEMAS
@@ -102,28 +106,53 @@ class RunTables:
             raise TableMissing(table)  # (files() says more)
         return len(files)
 
+    def _count(self, table: str) -> int:
+        return len(self._committed(table) or [])
+
     def _committed(self, table: str) -> list[dict] | None:
         try:
             return committed_files(self.dir / table)
         except TableCorrupt as e:
             raise TableUnreadable(str(e)) from None
 
-    def _listed(self, table: str) -> tuple[list[Path], list[tuple[str, str]]]:
-        """(the paths the last commit lists, [(name, why)] of those missing, not plain files, or whose bytes do not
-        hash to what the commit records: verify.py)."""
+    def _listed(self, table: str, keep: bool = False) -> tuple[list[Path], list[int], list[tuple[str, str]]]:
+        """(the paths the last commit lists, with `keep` their checked descriptors (open: the caller serves from
+        them and closes them), [(name, why)] of those missing, not plain files, or whose bytes do not hash to what
+        the commit records: verify.py). A listed file gone at its check (a commit removed it after its grace)
+        reads the new manifest once more."""
 
-        entries = self._committed(table) or []
         if self._verified is None:
             self._verified = Verified(self.dir)
-        paths, bad = [], []
-        for e in entries:
-            path = self.dir / table / e["file"]
-            paths.append(path)
-            why = self._verified.check(table, path, e.get("hash"), e.get("bytes"))
-            if why is not None:
-                bad.append((path.name, why))
-        self._verified.save()
-        return paths, bad
+        for attempt in range(2):
+            paths, fds, bad = [], [], []
+            try:
+                for e in self._committed(table) or []:
+                    path = self.dir / table / e["file"]
+                    paths.append(path)
+                    fd, why = self._verified.open_checked(table, path, e.get("hash"), e.get("bytes"))
+                    if why is not None:
+                        bad.append((path.name, why))
+                    elif keep:
+                        fds.append(fd)
+                    else:
+                        close_all([fd])  # type: ignore[list-item]  # checked: open
+            except BaseException:
+                close_all(fds)  # type: ignore[arg-type]  # checked: open
+                raise
+            self._verified.save()
+            if bad and keep:
+                close_all(fds)
+                fds = []
+            if attempt or not any(why == "is missing" for _, why in bad):
+                return paths, fds, bad
+        raise AssertionError("unreachable")  # (the second attempt returns)
+
+    def _refuse(self, table: str, paths: list[Path], bad: list[tuple[str, str]]) -> None:
+        if not paths:
+            raise self.missing(table)
+        if bad:
+            more = f" ({len(bad) - 1} more shard(s) of it too)" if len(bad) > 1 else ""
+            raise TableUnreadable(damaged_line(self.dir / table, bad[0][0], bad[0][1] + more))
 
     def files(self, table: str) -> list[Path]:
         """The files the table's last commit lists, in shard (= sid) order, each checked against the hash the commit
@@ -131,18 +160,20 @@ class RunTables:
         TableUnreadable (one line naming the shard and the command that rewrites it) when a listed file is gone,
         a link or damaged."""
 
-        paths, bad = self._listed(table)
-        if not paths:
-            raise self.missing(table)
-        if bad:
-            more = f" ({len(bad) - 1} more shard(s) of it too)" if len(bad) > 1 else ""
-            raise TableUnreadable(damaged_line(self.dir / table, bad[0][0], bad[0][1] + more))
+        paths, _, bad = self._listed(table)
+        self._refuse(table, paths, bad)
         return paths
+
+    def held(self, table: str) -> tuple[list[Path], list[int]]:
+        """`files`, and each file's checked descriptor, open: the caller reads from those and closes them."""
+        paths, fds, bad = self._listed(table, keep=True)
+        self._refuse(table, paths, bad)
+        return paths, fds
 
     def files_if_any(self, table: str) -> list[Path]:
         """Like `files`, but [] for a table the run does not have or cannot serve whole (no error, no stage lookup)."""
         try:
-            paths, bad = self._listed(table)
+            paths, _, bad = self._listed(table)
         except TableUnreadable:
             return []
         return [] if bad else paths
@@ -162,40 +193,66 @@ class RunTables:
         return TableMissing(f"mined table {table!r} not found at {tdir}/ ({what}): it is written by {by}")
 
     def dataset(self, table: str) -> pads.Dataset:
-        """The table's checked files as a pyarrow dataset that also verifies each Parquet page's checksum."""
-        fmt = pads.ParquetFileFormat(default_fragment_scan_options=pads.ParquetFragmentScanOptions(
-            page_checksum_verification=True))
-        return pads.dataset([str(f) for f in self.files(table)], format=fmt)
+        """The table's checked files as a pyarrow dataset that reads the files that were checked, for as long as
+        it lives (served.py), and verifies each Parquet page's checksum; in memory where the process may not hold
+        that many files open."""
+        if not room_for(2 * self._count(table)):  # our descriptors, and pyarrow's own of the same files
+            return pads.dataset(self._in_memory(table))
+        _, fds = self.held(table)
+        try:
+            return dataset_of(fds)
+        finally:
+            close_all(fds)
+
+    def _in_memory(self, table: str) -> pa.Table:
+        """The table read shard by shard, each from its checked descriptor, one open at a time."""
+        self.files(table)  # every shard checked first: a damaged one is the line files() says
+        parts = []
+        for e in self._committed(table) or []:
+            path = self.dir / table / e["file"]
+            fd, why = self._verified.open_checked(table, path, e.get("hash"), e.get("bytes"))  # type: ignore[union-attr]  # made by files()
+            if fd is None:  # changed since files() checked it
+                raise TableUnreadable(damaged_line(self.dir / table, path.name, why or "changed"))
+            try:
+                parts.append(read_checked(fd))
+            finally:
+                close_all([fd])
+        return pa.concat_tables(parts)
 
     def read(self, table: str, columns: list[str] | None = None) -> pa.Table:
         try:
-            try:
-                return self.dataset(table).to_table(columns=columns)
-            except FileNotFoundError:  # a commit between listing and reading removed a listed file: the new snapshot
-                return self.dataset(table).to_table(columns=columns)
-        except (pa.ArrowInvalid, OSError) as e:  # changed after its check (a page checksum, a vanished file)
-
+            return self.dataset(table).to_table(columns=columns)
+        except (pa.ArrowInvalid, OSError) as e:  # not what Parquet readers read (a page checksum)
             raise TableUnreadable(table_line(self.dir / table, f"cannot be read ({' '.join(str(e).split())[:160]})")
                                   ) from None
 
-    def sql_source(self, table: str) -> str:
-        """A DuckDB expression for the table: its current layout's files; `emb` back to FLOAT[d]."""
-        files = ", ".join("'" + str(f).replace("'", "''") + "'" for f in self.files(table))
-        source = f"read_parquet([{files}])"
-        if table == "embeddings":  # Parquet has no fixed-size list: restore FLOAT[d]
-            dim = self.dataset(table).schema.field("emb").type
-            d = dim.list_size if pa.types.is_fixed_size_list(dim) else None
+    def sql_source(self, table: str, con) -> str:
+        """A DuckDB expression for the table in connection `con`: its checked files through /proc/self/fd paths of
+        descriptors held as long as `con` lives (DuckDB opens them again at every query: the file checked, whatever
+        was renamed over its path since; without /proc, the paths themselves); where the process may not hold that
+        many open, the table read into memory from its checked descriptors and registered. `emb` back to FLOAT[d]."""
+        if room_for(self._count(table)):
+            paths, fds = self.held(table)
+            hold_for(con, fds)
+            named = [fd_path(fd, p) for p, fd in zip(paths, fds)]
+            source = "read_parquet([" + ", ".join("'" + f.replace("'", "''") + "'" for f in named) + "])"
+            emb = pq.read_schema(named[0]).field("emb").type if table == "embeddings" else None
+        else:
+            data = self._in_memory(table)
+            con.register(f"_served_{table}", data)  # the connection keeps the Arrow table
+            source, emb = f'"_served_{table}"', data.schema.field("emb").type if table == "embeddings" else None
+        if emb is not None:  # Parquet has no fixed-size list: restore FLOAT[d]
+            d = emb.list_size if pa.types.is_fixed_size_list(emb) else None
             if d is None:
-                import duckdb  # duckdb: only the SQL views need it; stages and the trainer read with pyarrow
-
-                d = duckdb.sql(f"SELECT max(len(emb)) FROM {source}").fetchall()[0][0] or 1
+                d = con.execute(f"SELECT max(len(emb)) FROM {source}").fetchall()[0][0] or 1
             source = f"(SELECT sid, emb::FLOAT[{d}] AS emb FROM {source})"
         return source
 
     def connect(self, con=None, say: bool = True):
-        """A DuckDB connection with every finished table of the run as a view named after it. A table that cannot
-        be served whole (a manifest of the wrong shape, a listed file missing) gets no view: its one line is in
-        `self.refused` ({table: line}) and, with `say`, in the log once."""
+        """A DuckDB connection with every finished table of the run as a view named after it, over the files
+        checked now, held open until the connection goes (sql_source). A table that cannot be served whole (a
+        manifest of the wrong shape, a listed file missing) gets no view: its one line is in `self.refused`
+        ({table: line}) and, with `say`, in the log once."""
         import duckdb  # duckdb: only the SQL views need it; stages and the trainer read with pyarrow
 
         if not self.dir.is_dir():
@@ -204,13 +261,13 @@ class RunTables:
         self.refused: dict[str, str] = {}
         for table in self.names():  # names(): plain identifiers only, and quoted all the same
             try:
-                self.files(table)
+                source = self.sql_source(table, con)
             except ExpectedError as e:
                 self.refused[table] = " ".join(str(e).splitlines())
                 if say:
                     _say_once(self.dir, table, self.refused[table])
                 continue
-            con.execute(f'CREATE VIEW "{table}" AS SELECT * FROM {self.sql_source(table)}')
+            con.execute(f'CREATE VIEW "{table}" AS SELECT * FROM {source}')
         return con
 
 

@@ -10,9 +10,13 @@ flipped in place (mtime; and ctime, which no user can set back: an in-place rewr
 new commit (hash) hashes the file again. The manifest also records each shard's size, compared (fstat) before the
 file is hashed: a shard grown to 8 GiB is one line at once. The cache is written atomically, 0600 (only its user
 writes it), and read only when it is its user's own and no one else may write it; a run folder that cannot be
-written (read-only) is checked all the same, only not remembered. Parquet page checksums (written by
-store.write_shard, verified by the pyarrow readers) are a second line for a pyarrow reader; DuckDB does not check
-them.
+written (read-only) is checked all the same, only not remembered.
+
+The check is of an open file, and what is served is read from that same descriptor (open_checked; served.py), never
+by the path again: a shard renamed over the original after its check is not served, by pyarrow or by a `sql`
+connection that is already open. So every byte any reader serves, DuckDB's `sql` and the report included, is a byte
+of a file whose whole hash matched. DuckDB does not check Parquet page checksums and does not need to: the file hash
+covers them. (pyarrow's readers verify them all the same; store.write_shard writes them.)
 
     verified = Verified(run_dir)
     why = verified.check("triplets", path, expected_hash, size)   # None: intact; else why ("missing", "damaged ...")
@@ -107,33 +111,53 @@ class Verified:
     def check(self, table: str, path: Path, expected: str | None, size: int | None = None) -> str | None:
         """None when `path` (a shard of `table`) is a plain file of `size` bytes (when the manifest records it)
         whose bytes hash to `expected`; else why not, as a few words for the one line. A shard whose manifest
-        records no hash (the oldest layout) is not checked. The file is opened without following a link and without
-        blocking on a FIFO, its size compared before a byte is hashed, and what is remembered is the stat of the
-        very file hashed."""
+        records no hash (the oldest layout) is not checked."""
+        fd, why = self.open_checked(table, path, expected, size)
+        if fd is not None:
+            os.close(fd)
+        return why
+
+    def open_checked(self, table: str, path: Path, expected: str | None,
+                     size: int | None = None) -> tuple[int | None, str | None]:
+        """(an open descriptor of the file checked, None), or (None, why not), as `check`. The file is opened
+        first, without following a link and without blocking on a FIFO; its size (fstat) is compared before a byte
+        is hashed; what is hashed, and what is remembered, is that open file. The caller serves the bytes from
+        this descriptor (served.py) and closes it: a file renamed over `path` since is not what it reads."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
-            return "is missing"
+            return None, "is missing"
         except OSError as e:
-            return "is not a plain file" if e.errno == errno.ELOOP else f"cannot be read ({e.strerror})"
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return "is not a plain file"
-            if not expected:
+            return None, "is not a plain file" if e.errno == errno.ELOOP else f"cannot be read ({e.strerror})"
+        try:
+            why = self._check_open(fd, table, path, expected, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        if why is not None:
+            os.close(fd)
+            return None, why
+        return fd, None
+
+    def _check_open(self, fd: int, table: str, path: Path, expected: str | None, size: int | None) -> str | None:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "is not a plain file"
+        if not expected:
+            return None
+        if size is not None and st.st_size != size:
+            return (f"is damaged: {st.st_size:,} bytes where its manifest records {size:,} (grown, truncated "
+                    f"or replaced; not hashed)")
+        key = f"{table}/{Path(path).name}"
+        now = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, expected]
+        with self._lock:
+            if self._seen.get(key) == now:
                 return None
-            if size is not None and st.st_size != size:
-                return (f"is damaged: {st.st_size:,} bytes where its manifest records {size:,} (grown, truncated "
-                        f"or replaced; not hashed)")
-            key = f"{table}/{Path(path).name}"
-            now = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, expected]
-            with self._lock:
-                if self._seen.get(key) == now:
-                    return None
-            try:
+        try:
+            with open(fd, "rb", closefd=False) as f:
                 got = content_hash(f)
-            except OSError as e:
-                return f"cannot be read ({e.strerror})"
+        except OSError as e:
+            return f"cannot be read ({e.strerror})"
         if got != expected:
             return (f"is damaged: its {st.st_size:,} bytes do not hash to the {expected[:16]}… its manifest records "
                     f"(a flipped byte or a truncation)")

@@ -1,0 +1,98 @@
+"""What is served is the bytes that were checked: a shard is read from the descriptor that was hashed (verify.py),
+never by its path again, so a file renamed over the shard after its check is not what a reader gets.
+
+On Linux a held descriptor has a path, /proc/self/fd/<fd>, that names the open file whatever happens to its folder
+entry since (a rename over it, an unlink): pyarrow opens that path once (an OSFile the dataset keeps, so the dataset
+reads the checked file for as long as it lives), and DuckDB, which opens the files of a view again at every query,
+is given those paths of descriptors that live as long as its connection (weakref.finalize closes them when the
+connection goes: no descriptor outlives it, however many connections a process makes). Elsewhere (no /proc/self/fd)
+pyarrow reads the held file object and DuckDB reads the path, as it did before: there a rename between a `sql`
+connection's check and its query is served.
+
+Each held shard is one open descriptor (two while pyarrow opens its own), and a run of many shards x tables can
+pass the soft RLIMIT_NOFILE (1024 by default): `room_for` raises the soft limit towards the hard one, and where even
+that is short the caller reads the table into memory shard by shard, each from its checked descriptor.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+try:
+    import resource
+except ImportError:  # not on Windows: there the limit is the C runtime's, and room_for cannot raise it
+    resource = None  # type: ignore[assignment]
+
+PROC = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else None
+SPARE = 128  # descriptors left free for everything else (DuckDB's own opens, logs, sockets)
+# pyarrow's readers also check each Parquet page's checksum (store.write_shard writes them)
+FORMAT = pads.ParquetFileFormat(default_fragment_scan_options=pads.ParquetFragmentScanOptions(
+    page_checksum_verification=True))
+
+
+def fd_path(fd: int, path: Path) -> str:
+    """The path that names the checked file behind `fd` (/proc/self/fd/<fd>); `path` where there is none."""
+    return f"{PROC}/{fd}" if PROC else str(path)
+
+
+def open_source(fd: int) -> pa.NativeFile:
+    """A pyarrow file of its own reading the file behind `fd` (the caller still closes `fd`)."""
+    if PROC:
+        return pa.OSFile(f"{PROC}/{fd}")
+    return pa.PythonFile(os.fdopen(os.dup(fd), "rb"), mode="r")
+
+
+def read_checked(fd: int, columns: list[str] | None = None) -> pa.Table:
+    """The Parquet table in the checked file behind `fd`, its page checksums verified."""
+    with open_source(fd) as source:
+        return pq.read_table(source, columns=columns, page_checksum_verification=True)
+
+
+def dataset_of(fds: list[int]) -> pads.Dataset:
+    """The checked files behind `fds` (in shard order) as one dataset, each opened once here and kept open by the
+    dataset (the caller closes `fds`); its schema is the first file's, as pyarrow.dataset.dataset infers it."""
+    fragments = [FORMAT.make_fragment(open_source(fd)) for fd in fds]
+    return pads.FileSystemDataset(fragments, fragments[0].physical_schema, FORMAT)
+
+
+def close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def hold_for(owner: object, fds: list[int]) -> None:
+    """Keep `fds` open as long as `owner` (a DuckDB connection) lives, and close them when it goes."""
+    import weakref
+
+    weakref.finalize(owner, close_all, list(fds))
+
+
+def _in_use() -> int:
+    try:
+        return len(os.listdir(PROC)) if PROC else 0
+    except OSError:
+        return 0
+
+
+def room_for(n: int) -> bool:
+    """Whether `n` more descriptors can be held open, the soft RLIMIT_NOFILE raised (towards the hard one) where
+    that makes room; False when even the hard limit is short (the caller reads into memory instead)."""
+    if resource is None:
+        return True
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = _in_use() + n + SPARE
+    if soft == resource.RLIM_INFINITY or want <= soft:
+        return True
+    raised = want if hard == resource.RLIM_INFINITY else min(hard, want)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    except (ValueError, OSError):
+        return False
+    return raised >= want
