@@ -10,6 +10,8 @@ atomic writes (atomic.py), writes that never follow a link (safe_paths.py) and t
   no lock: they read the committed snapshot (store.py), which a writer only ever replaces whole.
 - safe_paths.py: Writing into folders someone else made: no write, rename or delete goes through a symbolic link below
   a root.
+- served.py: What is served is the bytes that were checked: a shard is read from the descriptor that was hashed
+  (verify.py), never by its path again.
 - shard_names.py: The names a table folder holds: its manifest, its shards (part-<i>-of-<n>.<key16>.parquet,
   store.py), and the names its writers make (shards, sidecars, their temp files). Here apart so that the modules the
   store calls (grace.py) need not import the store.

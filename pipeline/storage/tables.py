@@ -106,9 +106,6 @@ class RunTables:
             raise TableMissing(table)  # (files() says more)
         return len(files)
 
-    def _count(self, table: str) -> int:
-        return len(self._committed(table) or [])
-
     def _committed(self, table: str) -> list[dict] | None:
         try:
             return committed_files(self.dir / table)
@@ -120,32 +117,35 @@ class RunTables:
         them and closes them), [(name, why)] of those missing, not plain files, or whose bytes do not hash to what
         the commit records: verify.py). A listed file gone at its check (a commit removed it after its grace)
         reads the new manifest once more."""
-
         if self._verified is None:
             self._verified = Verified(self.dir)
-        for attempt in range(2):
-            paths, fds, bad = [], [], []
-            try:
-                for e in self._committed(table) or []:
-                    path = self.dir / table / e["file"]
-                    paths.append(path)
-                    fd, why = self._verified.open_checked(table, path, e.get("hash"), e.get("bytes"))
-                    if why is not None:
-                        bad.append((path.name, why))
-                    elif keep:
-                        fds.append(fd)
-                    else:
-                        close_all([fd])  # type: ignore[list-item]  # checked: open
-            except BaseException:
-                close_all(fds)  # type: ignore[arg-type]  # checked: open
-                raise
-            self._verified.save()
-            if bad and keep:
-                close_all(fds)
-                fds = []
-            if attempt or not any(why == "is missing" for _, why in bad):
-                return paths, fds, bad
-        raise AssertionError("unreachable")  # (the second attempt returns)
+        found = self._check_each(table, self._verified, keep)
+        if any(why == "is missing" for _, why in found[2]):
+            found = self._check_each(table, self._verified, keep)
+        return found
+
+    def _check_each(self, table: str, verified: Verified, keep: bool
+                    ) -> tuple[list[Path], list[int], list[tuple[str, str]]]:
+        paths, fds, bad = [], [], []  # type: tuple[list[Path], list[int], list[tuple[str, str]]]
+        try:
+            for e in self._committed(table) or []:
+                path = self.dir / table / e["file"]
+                paths.append(path)
+                fd, why = verified.open_checked(table, path, e.get("hash"), e.get("bytes"))
+                if fd is None:
+                    bad.append((path.name, why or "cannot be read"))
+                elif keep:
+                    fds.append(fd)
+                else:
+                    close_all([fd])
+        except BaseException:
+            close_all(fds)
+            raise
+        verified.save()
+        if bad:  # nothing of the table is served: no descriptor kept
+            close_all(fds)
+            fds = []
+        return paths, fds, bad
 
     def _refuse(self, table: str, paths: list[Path], bad: list[tuple[str, str]]) -> None:
         if not paths:
@@ -159,7 +159,6 @@ class RunTables:
         records; TableMissing (one line naming the stage that writes it) when the run has not got it,
         TableUnreadable (one line naming the shard and the command that rewrites it) when a listed file is gone,
         a link or damaged."""
-
         paths, _, bad = self._listed(table)
         self._refuse(table, paths, bad)
         return paths
@@ -196,7 +195,7 @@ class RunTables:
         """The table's checked files as a pyarrow dataset that reads the files that were checked, for as long as
         it lives (served.py), and verifies each Parquet page's checksum; in memory where the process may not hold
         that many files open."""
-        if not room_for(2 * self._count(table)):  # our descriptors, and pyarrow's own of the same files
+        if not room_for(2 * len(self._committed(table) or [])):  # our descriptors, and pyarrow's own of the same files
             return pads.dataset(self._in_memory(table))
         _, fds = self.held(table)
         try:
@@ -207,10 +206,10 @@ class RunTables:
     def _in_memory(self, table: str) -> pa.Table:
         """The table read shard by shard, each from its checked descriptor, one open at a time."""
         self.files(table)  # every shard checked first: a damaged one is the line files() says
-        parts = []
+        parts, verified = [], self._verified or Verified(self.dir)
         for e in self._committed(table) or []:
             path = self.dir / table / e["file"]
-            fd, why = self._verified.open_checked(table, path, e.get("hash"), e.get("bytes"))  # type: ignore[union-attr]  # made by files()
+            fd, why = verified.open_checked(table, path, e.get("hash"), e.get("bytes"))
             if fd is None:  # changed since files() checked it
                 raise TableUnreadable(damaged_line(self.dir / table, path.name, why or "changed"))
             try:
@@ -231,7 +230,7 @@ class RunTables:
         descriptors held as long as `con` lives (DuckDB opens them again at every query: the file checked, whatever
         was renamed over its path since; without /proc, the paths themselves); where the process may not hold that
         many open, the table read into memory from its checked descriptors and registered. `emb` back to FLOAT[d]."""
-        if room_for(self._count(table)):
+        if room_for(len(self._committed(table) or [])):
             paths, fds = self.held(table)
             hold_for(con, fds)
             named = [fd_path(fd, p) for p, fd in zip(paths, fds)]
