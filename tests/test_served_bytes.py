@@ -148,6 +148,7 @@ def test_short_of_descriptors_the_checked_bytes_are_served_from_memory(tmp_path,
     limits = resource.getrlimit(resource.RLIMIT_NOFILE)
     monkeypatch.setattr(served, "SPARE", 1 << 40)  # no hard limit leaves that many free
     try:
+        assert RunTables(run).read("sentences").equals(want) and RunTables(run).dataset("sentences").count_rows() == 12
         con = RunTables(run).connect(say=False)
         original = con.sql(FIRST).fetchall()
         _swap(_shard(run))
@@ -159,7 +160,15 @@ def test_short_of_descriptors_the_checked_bytes_are_served_from_memory(tmp_path,
             RunTables(run).read("sentences")
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, limits)
-    assert want.num_rows == 12
+
+
+def test_without_proc_pyarrow_reads_the_held_file_object(tmp_path, monkeypatch):
+    """Where there is no /proc/self/fd (not Linux), pyarrow reads the checked descriptor through a file object."""
+    run = _mined(tmp_path / "runs")
+    want = RunTables(run).read("sentences")
+    monkeypatch.setattr(served, "PROC", None)
+    _swap_after_the_check(monkeypatch, _shard(run))
+    assert RunTables(run).read("sentences").equals(want)
 
 
 def test_embeddings_are_float_arrays_in_sql_whether_held_or_in_memory(tmp_path, monkeypatch):
