@@ -43,6 +43,6 @@ def sentences(ctx: Ctx) -> dict[str, list[pa.Table]]:
     """One pass over the corpus; both tables split into the run's contiguous sid ranges."""
     c = ctx.cfg.sentences
     kept, rejected = split_sentences(corpus_of(ctx.cfg.data, ctx.cfg.data.corpus), c.min_words, c.max_words,
-                                     c.max_chars, c.rejected_chars)
+                                     c.max_chars, c.rejected_chars, c.rejected_rows)
     return {"sentences": [kept.slice(a, b - a) for a, b in shard_bounds(kept.num_rows, ctx.n)],
             "rejected": [rejected.slice(a, b - a) for a, b in shard_bounds(rejected.num_rows, ctx.n)]}
