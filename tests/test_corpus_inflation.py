@@ -77,15 +77,15 @@ def test_lines_repeated_in_any_order_count_in_their_row_past_the_cap(tmp_path):
 
 
 def test_alternating_lines_are_a_bounded_table_at_default_settings(tmp_path):
-    """300,000 lines of `a` and `b` in turn: the default 100,000 rows, not 300,000; all lines accounted for."""
+    """150,000 lines of `a` and `b` in turn: the default 50,000 rows, not 150,000; all lines accounted for."""
     path = tmp_path / "alt.txt.gz"
     with pa.CompressedOutputStream(str(path), "gzip") as out:
-        out.write(b"a\nb\n" * 150_000)
+        out.write(b"a\nb\n" * 75_000)
     kept, rejected = split_sentences(Corpus(str(path)), 3, 128, 2000)
-    assert kept.num_rows == 0 and rejected.num_rows == 100_000
-    assert sum(rejected.column("lines").to_pylist()) == 300_000
-    assert rejected.slice(99_998).select(["line_no", "text", "lines"]).to_pylist() == [
-        {"line_no": 99_999, "text": "a", "lines": 100_001}, {"line_no": 100_000, "text": "b", "lines": 100_001}]
+    assert kept.num_rows == 0 and rejected.num_rows == 50_000
+    assert sum(rejected.column("lines").to_pylist()) == 150_000
+    assert rejected.slice(49_998).select(["line_no", "text", "lines"]).to_pylist() == [
+        {"line_no": 49_999, "text": "a", "lines": 50_001}, {"line_no": 50_000, "text": "b", "lines": 50_001}]
 
 
 def test_a_json_line_over_the_limit_is_rejected_unparsed(tmp_path, monkeypatch):

@@ -149,7 +149,7 @@ class SentencesCfg(Section):
     rejected_chars: int = Field(2000, ge=0, description="characters of a rejected record kept in `rejected.text` "
                                 "(its full length and hash are kept whatever this is): bounds what a corpus of long "
                                 "paragraphs costs in memory")
-    rejected_rows: int = Field(100_000, ge=0, description="rows of `rejected` each standing for one record or a "
+    rejected_rows: int = Field(50_000, ge=0, description="rows of `rejected` each standing for one record or a "
                                "run of it back to back; past them, a record rejected again in the same part is "
                                "counted in its last row (`lines`) wherever it repeats, so lines repeated in any "
                                "order cost a row a distinct line, not a row an occurrence (bounds memory and the "

@@ -43,7 +43,7 @@ from contramine.pipeline.identity import normalise, sentence_id
 from contramine.pipeline.schema import SCHEMAS
 
 KEEP = 2000  # sentences.rejected_chars' default: characters of a rejected record kept in `rejected.text`
-ROWS = 100_000  # sentences.rejected_rows' default: rejected rows before repeats in any order fold (~40 MB of them)
+ROWS = 50_000  # sentences.rejected_rows' default: rejected rows before repeats in any order fold (~20 MB of them)
 
 
 def as_corpus(corpus: Corpus | Path | str) -> Corpus:
