@@ -19,6 +19,7 @@ import pytest
 
 import contramine.pipeline.corpus.jsonl as jsonl
 from contramine.pipeline.corpus import Corpus, CorpusError, count_lines, split_sentences
+from contramine.pipeline.corpus.pages import chunk_pages
 
 from child_env import CHILD_PYTHONPATH, ROOT
 
@@ -159,3 +160,25 @@ def test_a_broken_parquet_page_header_is_one_line(tmp_path):
     with pytest.raises(CorpusError, match=r"c.parquet: row group 0, column `text`: the page header at byte 4 does "
                                           r"not parse"):
         split_sentences(Corpus(str(path)), 3, 20, 200)
+
+
+def test_parquet_pages_garbled_at_random_are_one_line(tmp_path):
+    """Random bytes over a page header or inside a page: the headers' reader or the page's decoding says so in one
+    line naming the file; nothing else escapes, and nothing hangs."""
+    clean = tmp_path / "clean.parquet"
+    pq.write_table(pa.table({"text": [f"sentence number {i} of the file" for i in range(3000)]}), clean,
+                   data_page_size=4096, write_batch_size=100, use_dictionary=False)
+    chunk = pq.read_metadata(clean).row_group(0).column(0)
+    with open(clean, "rb") as f:
+        headers = [page.offset for page in chunk_pages(f, chunk, "clean")]
+    assert len(headers) > 10
+    rng, data = random.Random(62), clean.read_bytes()
+    for trial in range(40):  # half over a header, half anywhere in the chunk
+        at = rng.choice(headers) + rng.randrange(8) if trial % 2 else \
+            rng.randrange(chunk.data_page_offset, chunk.data_page_offset + chunk.total_compressed_size - 16)
+        path = tmp_path / f"c{trial}.parquet"
+        path.write_bytes(data[:at] + rng.randbytes(16) + data[at + 16:])
+        try:
+            split_sentences(Corpus(str(path)), 3, 20, 200)
+        except CorpusError as e:
+            assert f"c{trial}.parquet" in str(e) and "\n" not in str(e)

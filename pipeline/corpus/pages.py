@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from contramine.pipeline.corpus.records import CorpusError
 
-FIRST_READ = 1 << 10    # bytes read for a header at first (grown x8 while it runs past them)
+FIRST_READ = 1 << 10    # bytes read for a header at first (grown x8, up to MAX_HEADER, while it runs past them)
 MAX_HEADER = 16 << 20   # a header over this is refused (Arrow's own reader stops at 16 MiB too)
-DEPTH = 32              # structs nested deeper are refused (a page header nests two)
+DEPTH = 32              # structs and lists nested deeper are refused (a page header nests three)
 PAGE_HEADERS = {5: "data", 7: "dictionary", 8: "data"}  # PageHeader's fields that hold a page kind's header
 
 
@@ -60,6 +60,8 @@ class _Compact:
 
     def skip(self, kind: int, depth: int) -> int | dict | None:
         """A value of compact type `kind`: an integer or a struct's fields; anything else skipped (None)."""
+        if depth > DEPTH:
+            raise ValueError(f"structs or lists nested over {DEPTH} deep")
         if kind in (1, 2):       # a bool in a field header: no bytes of its own
             return None
         if kind == 3:
@@ -74,13 +76,13 @@ class _Compact:
             head = self.byte()
             n, elem = head >> 4, head & 0x0F
             for _ in range(self.varint() if n == 15 else n):
-                self.skip(3 if elem in (1, 2) else elem, depth)  # a bool element is one byte
+                self.skip(3 if elem in (1, 2) else elem, depth + 1)  # a bool element is one byte
         elif kind == 11:
             n = self.varint()
             types = self.byte() if n else 0
             for _ in range(n):
-                self.skip(3 if types >> 4 in (1, 2) else types >> 4, depth)
-                self.skip(3 if types & 0x0F in (1, 2) else types & 0x0F, depth)
+                self.skip(3 if types >> 4 in (1, 2) else types >> 4, depth + 1)
+                self.skip(3 if types & 0x0F in (1, 2) else types & 0x0F, depth + 1)
         elif kind == 12:
             return self.struct(depth + 1)
         else:
@@ -93,8 +95,6 @@ class _Compact:
         self.at += n
 
     def struct(self, depth: int = 0) -> dict:
-        if depth > DEPTH:
-            raise ValueError(f"structs nested over {DEPTH} deep")
         fields: dict[int, int | dict | None] = {}
         last = 0
         while (head := self.byte()) != 0:
@@ -117,7 +117,7 @@ def _header(f, offset: int, end: int, where: str) -> tuple[dict, int]:
             if len(buf) < want or want >= MAX_HEADER:  # the chunk (or the file) ends first, or a giant header
                 raise CorpusError(f"{where}: a page header at byte {offset} runs past its column chunk or over "
                                   f"{MAX_HEADER} bytes (a broken Parquet file)") from None
-            want *= 8
+            want = min(want * 8, MAX_HEADER)
         except (ValueError, RecursionError) as e:
             raise CorpusError(f"{where}: the page header at byte {offset} does not parse ({e})") from None
 

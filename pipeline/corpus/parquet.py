@@ -117,7 +117,15 @@ class ParquetReader:
                           or [1])
             rows = int(min(BATCH_ROWS, max(1, BATCH_BYTES // per_row)))
             parquet = pq.ParquetFile(f, read_dictionary=[self.field] if dictionary else None)
-            for batch in parquet.iter_batches(batch_size=rows, columns=[self.field]):
+            batches = parquet.iter_batches(batch_size=rows, columns=[self.field])
+            while True:
+                try:
+                    batch = next(batches, None)
+                except (OSError, pa.ArrowInvalid) as e:  # a page its header vouched for that does not decode
+                    raise CorpusError(f"corpus {self.part.path}: cannot read column `{self.field}` "
+                                      f"({' '.join(str(e).split())[:300]})") from None
+                if batch is None:
+                    return
                 yield from _values(batch.column(0), long_bytes, keep)
 
 
