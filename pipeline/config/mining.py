@@ -124,7 +124,7 @@ class DataCfg(Section):
                                  "at most this many times its size, and a Parquet file hold at most this many rows a "
                                  "byte; past it the corpus is refused in one line (a decompression bomb); 0 = no cap")
     json_line_bytes: int = Field(4 << 20, ge=1, description="a JSON line over this many bytes is rejected "
-                                 "`too_long` unparsed (read through in pieces, never held: a line of `{}`s takes ~25 "
+                                 "`too_long` unparsed (read through in pieces, never held: a line of `{}`s takes ~28 "
                                  "times its bytes once parsed)")
     parquet_page_bytes: int = Field(64 << 20, ge=1, description="a Parquet page (and so a value) of the text column "
                                     "may decompress to at most this many bytes, checked from its page headers before "

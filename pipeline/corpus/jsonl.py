@@ -1,7 +1,7 @@
 """The JSON Lines form (.jsonl, .ndjson, .json): one object a line, its string field `data.text_field` the record.
 Lines as the text form reads them; a line is parsed whole up to `data.json_line_bytes` (4 MiB; its other fields can
 outweigh its text, and an escaped character takes up to 12 bytes), a longer one is read through in pieces, never
-held or parsed (parsed, a line of `{}`s takes ~25 times its bytes: 63 KB of gzip took 1.8 GB), and rejected
+held or parsed (parsed, a line of `{}`s takes ~28 times its bytes: 63 KB of gzip took 1.8 GB), and rejected
 `too_long`, its `source` and `source_line` naming the file and line. The limit decides which lines are parsed, so it
 is in the part's identity (the cache key). A line that gives no text is `Refused`: `not_json` (it does not parse or
 is no object), `no_field`, `not_text`.
