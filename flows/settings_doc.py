@@ -37,7 +37,7 @@ def _cell(text: str) -> str:
 KEYED_ELSEWHERE = {"run.seed": "yes (every stage)", "run.shards": "yes (the layout)",
                    "data.corpus": "yes (its content hash)", "data.candidates": "yes (its content hash)",
                    **{f"data.{k}": "yes (the corpus' identity)" for k in ("text_field", "hf_split", "hf_config",
-                                                                          "hf_revision")}}
+                                                                          "hf_revision", "json_line_bytes")}}
 
 
 def comments(cls) -> dict[str, str]:

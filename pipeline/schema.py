@@ -16,7 +16,8 @@ SCHEMAS: dict[str, pa.Schema] = {
     # source, source_line: the corpus part (its path below the folder or glob, a single file's name, hf:<id>:<split>)
     # and the record's line (or row) in it, from 1 (line_no counts records across the whole corpus); lines: the
     # records the row stands for, 1, or a run of that same record repeated right after it (line_no .. line_no +
-    # lines - 1, all in `source`): 5M empty lines are one row, and sentences + sum(lines) is the corpus' records
+    # lines - 1, all in `source`): 5M empty lines are one row; past sentences.rejected_rows rows, also its later
+    # repeats in `source` wherever they are; sentences + sum(lines) is the corpus' records
     "rejected": pa.schema([("line_no", pa.int64()), ("text", pa.string()), ("reason", pa.string()),
                            ("n_chars", pa.int64()), ("n_bytes", pa.int64()), ("blake2b", pa.string()),
                            ("source", pa.string()), ("source_line", pa.int64()), ("lines", pa.int64())]),

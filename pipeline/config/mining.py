@@ -123,6 +123,13 @@ class DataCfg(Section):
     max_expansion: float = Field(1000, ge=0, description="a compressed corpus file (.gz, .zst) may decompress to "
                                  "at most this many times its size, and a Parquet file hold at most this many rows a "
                                  "byte; past it the corpus is refused in one line (a decompression bomb); 0 = no cap")
+    json_line_bytes: int = Field(4 << 20, ge=1, description="a JSON line over this many bytes is rejected "
+                                 "`too_long` unparsed (read through in pieces, never held: a line of `{}`s takes ~28 "
+                                 "times its bytes once parsed)")
+    parquet_page_bytes: int = Field(64 << 20, ge=1, description="a Parquet page (and so a value) of the text column "
+                                    "may decompress to at most this many bytes, checked from its page headers before "
+                                    "any is decoded; past it the file is refused in one line naming the row group "
+                                    "and the column (16 KB of zstd hold a 512 MB page)")
     outside_links: bool = Field(False, description="read files of a corpus folder or glob whose links lead outside "
                                 "it (refused by default: a received dataset's link to ~/.aws/credentials would put "
                                 "its lines into tables that exports share)")
@@ -142,6 +149,11 @@ class SentencesCfg(Section):
     rejected_chars: int = Field(2000, ge=0, description="characters of a rejected record kept in `rejected.text` "
                                 "(its full length and hash are kept whatever this is): bounds what a corpus of long "
                                 "paragraphs costs in memory")
+    rejected_rows: int = Field(50_000, ge=0, description="rows of `rejected` each standing for one record or a "
+                               "run of it back to back; past them, a record rejected again in the same part is "
+                               "counted in its last row (`lines`) wherever it repeats, so lines repeated in any "
+                               "order cost a row a distinct line, not a row an occurrence (bounds memory and the "
+                               "table); 0 = no cap")
 
     @model_validator(mode="after")
     def _range(self):

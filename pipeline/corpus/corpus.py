@@ -31,6 +31,8 @@ from contramine.pipeline.corpus.parts import find_parts
 from contramine.pipeline.corpus.records import Part, Value
 
 MAX_EXPANSION = 1000.0  # data.max_expansion's default
+JSON_LINE_BYTES = 4 << 20  # data.json_line_bytes' default: a JSON line is parsed whole up to this many bytes
+PAGE_BYTES = 64 << 20  # data.parquet_page_bytes' default: the most a Parquet page of the text column decompresses to
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class Corpus:
     revision: str | None = None
     max_expansion: float = MAX_EXPANSION
     outside_links: bool = False
+    json_line_bytes: int = JSON_LINE_BYTES
+    parquet_page_bytes: int = PAGE_BYTES
 
     def parts(self) -> list[Part]:
         """The files of a local corpus, in reading order."""

@@ -18,12 +18,15 @@ part, as its reader names it) and `source_line` (its line, or row, there), and k
 
 A run of identical records (the same bytes, one part, one after another: 5M empty lines, a line repeated) is one
 `rejected` row: `lines` says how many records it stands for, from its `line_no` (and `source_line`) on; each of them
-is the record that row describes, rejected for the same reason. Every other row has `lines` 1, so
-`sentences` rows + sum(rejected.lines) is the corpus' records.
+is the record that row describes, rejected for the same reason. Repeats in any order are bounded too: once
+`rejected` has `sentences.rejected_rows` rows (ROWS), a record rejected again in the same part, for the same
+reason, is counted in its last row (`lines`) wherever it repeats, and only a record not seen in the part since the
+cap adds a row (alternating `a`/`b` lines are ROWS rows, however many there are). Every row's `lines` is still the
+records it stands for, so `sentences` rows + sum(rejected.lines) is the corpus' records.
 
 Memory: what grows with the corpus is the output, the kept sentences and the rejected rows (rejected_chars
-characters at most each; a run of repeats is one row), built whole because the stage hands every shard over at
-once (one_job).
+characters at most each; a run of repeats is one row; past ROWS rows, one row a distinct record of a part), built
+whole because the stage hands every shard over at once (one_job).
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from contramine.pipeline.identity import normalise, sentence_id
 from contramine.pipeline.schema import SCHEMAS
 
 KEEP = 2000  # sentences.rejected_chars' default: characters of a rejected record kept in `rejected.text`
+ROWS = 50_000  # sentences.rejected_rows' default: rejected rows before repeats in any order fold (~20 MB of them)
 
 
 def as_corpus(corpus: Corpus | Path | str) -> Corpus:
@@ -52,7 +56,7 @@ def corpus_of(data, spec) -> Corpus:
         raise CorpusError("no corpus: give one with --corpus (a file, a folder, a glob or hf:<dataset id>) or set "
                           "data.corpus")
     return Corpus(str(spec), data.text_field, data.hf_split, data.hf_config, data.hf_revision, data.max_expansion,
-                  data.outside_links)
+                  data.outside_links, data.json_line_bytes, data.parquet_page_bytes)
 
 
 def check_corpus(corpus: Corpus | Path | str) -> None:
@@ -71,31 +75,57 @@ def count_lines(corpus: Corpus | Path | str) -> int:
 
 class _Rejected:
     """The `rejected` rows in record order: the text cut at `keep` characters, the record's full lengths and hash,
-    where it came from, and how many identical records in a row it stands for."""
+    where it came from, and how many identical records it stands for (a run of them; past `cap` rows, also its later
+    repeats in its part, wherever they are)."""
 
-    def __init__(self, keep: int):
+    def __init__(self, keep: int, cap: int = ROWS):
         self.cols: dict[str, list] = {name: [] for name in SCHEMAS["rejected"].names}
-        self.keep = keep
+        self.keep, self.cap = keep, cap
         self.runs = self.cols["lines"]
-        self.last: tuple | None = None  # (source, reason, n_bytes, digest) of the last row
-        self.next_no = 0                # the line_no a repeat of the last row's record would have
+        self.last: tuple | None = None  # (source, reason, n_bytes, digest) of the last record
+        self.next_no = 0                # the line_no a repeat of the last record would have
+        self.row = -1                   # the row the last record was counted in
+        # past the cap: each record of the current part -> its last row (only that part's: a row names one part)
+        self.rows_of: dict[tuple, int] | None = None
+        self.part: str | None = None
 
     def add(self, no: int, source: str, line: int, raw: bytes | LongLine, text: str, reason: str) -> None:
         if isinstance(raw, LongLine):
             n_chars, n_bytes, digest = raw.n_chars, raw.n_bytes, raw.hash.hexdigest()
         else:
             n_chars, n_bytes, digest = len(text), len(raw), hashlib.blake2b(raw, digest_size=16).hexdigest()
-        if no == self.next_no and self.last == (source, reason, n_bytes, digest):  # the same record again: one row
+        record = (source, reason, n_bytes, digest)
+        if no == self.next_no and self.last == record:  # the same record again: one row
             self.repeat()
             return
+        self.last, self.next_no = record, no + 1
+        if self.rows_of is not None:
+            if source != self.part:
+                self.rows_of, self.part = {}, source
+            if (at := self.rows_of.get(record)) is not None:  # seen in this part: counted in its last row
+                self.runs[at] += 1
+                self.row = at
+                return
         row = (no, text[:self.keep], reason, n_chars, n_bytes, digest, source, line, 1)
         for name, v in zip(self.cols, row):
             self.cols[name].append(v)
-        self.last, self.next_no = (source, reason, n_bytes, digest), no + 1
+        self.row = len(self.runs) - 1
+        if self.rows_of is not None:
+            self.rows_of[record] = self.row
+        elif self.cap and len(self.runs) >= self.cap:
+            self._fold_from_here(source)
+
+    def _fold_from_here(self, source: str) -> None:
+        """The cap is reached: index the current part's rows, each record at its last row."""
+        c, self.rows_of, self.part = self.cols, {}, source
+        at = len(self.runs) - 1
+        while at >= 0 and c["source"][at] == source:
+            self.rows_of.setdefault((source, c["reason"][at], c["n_bytes"][at], c["blake2b"][at]), at)
+            at -= 1
 
     def repeat(self) -> None:
-        """The record of the last row once more, right after it."""
-        self.runs[-1] += 1
+        """The last record once more, right after it."""
+        self.runs[self.row] += 1
         self.next_no += 1
 
     def table(self) -> pa.Table:
@@ -103,11 +133,11 @@ class _Rejected:
 
 
 def split_sentences(corpus: Corpus | Path | str, min_words: int, max_words: int, max_chars: int,
-                    rejected_chars: int = KEEP) -> tuple[pa.Table, pa.Table]:
+                    rejected_chars: int = KEEP, rejected_rows: int = ROWS) -> tuple[pa.Table, pa.Table]:
     """Read and filter the corpus: (sentences sorted by sid, rejected in record order)."""
     corpus = as_corpus(corpus)
     kept: dict[int, tuple[str, int, int]] = {}
-    rejected = _Rejected(rejected_chars)
+    rejected = _Rejected(rejected_chars, rejected_rows)
     # over 4 x max_chars bytes a line has over max_chars characters: too long whatever it holds, never held whole
     records = corpus.records(long_bytes=max(LONG, 4 * max_chars), keep=rejected_chars)
     before: tuple = (None, None, False)  # (source, raw bytes, rejected) of the record before

@@ -3,7 +3,10 @@ read in record batches of about BATCH_BYTES of text, a dictionary-encoded column
 expand it into every row), a value over the long bound read as a LongLine from Arrow's buffer.
 
 Bounded: a file's rows may number at most `data.max_expansion` times its bytes (a row read as text is at least its
-line end; 1 GB of null rows fits in a few KB of Parquet), checked from its footer before a row is read. A compressed
+line end; 1 GB of null rows fits in a few KB of Parquet), checked from its footer before a row is read. Each page of
+the text column may decompress to at most `data.parquet_page_bytes` (64 MiB; a value lies in one page), checked from
+its header (pages.py) before any page is decoded: 16 KB of zstd hold a 512 MB page. The batch's rows follow the
+densest page (its bytes a value), so a batch holds about BATCH_BYTES plus the pages it starts and ends in. A compressed
 Parquet file (rare: its pages are compressed already) is decompressed to a temporary file, since Parquet is read
 from its end: its first 4 bytes must be Parquet's magic `PAR1` before anything is written, and the copy is capped
 as any decompression is.
@@ -22,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from contramine.pipeline.corpus.forms import form
+from contramine.pipeline.corpus.pages import Page, chunk_pages
 from contramine.pipeline.corpus.records import CorpusError, LongLine, Part, Value
 from contramine.pipeline.corpus.streams import CHUNK, open_file, open_part
 from contramine.pipeline.corpus.text import file_identity
@@ -35,6 +39,7 @@ MAGIC = b"PAR1"
 class ParquetReader:
     def __init__(self, part: Part, corpus):
         self.part, self.name, self.field, self.max_expansion = part, part.name, corpus.field, corpus.max_expansion
+        self.page_bytes = corpus.parquet_page_bytes
 
     @contextlib.contextmanager
     def _file(self):
@@ -75,9 +80,24 @@ class ParquetReader:
                               f"set it to 0, to read it")
         return meta
 
+    def _pages(self, f, meta: pq.FileMetaData) -> list[list[Page]]:
+        """Each row group's pages of the text column, from their headers; a page over the limit is one line."""
+        leaf = [meta.schema.column(j).path for j in range(meta.num_columns)].index(self.field)
+        groups = []
+        for r in range(meta.num_row_groups):
+            where = f"corpus {self.part.path}: row group {r}, column `{self.field}`"
+            pages = list(chunk_pages(f, meta.row_group(r).column(leaf), where))
+            for page in pages:
+                if page.size > self.page_bytes:
+                    raise CorpusError(f"{where}: a {page.kind} page at byte {page.offset} decompresses to "
+                                      f"{page.size} bytes, over data.parquet_page_bytes={self.page_bytes}; raise "
+                                      f"data.parquet_page_bytes to read it")
+            groups.append(pages)
+        return groups
+
     def check(self) -> None:
         with self._file() as f:
-            self._meta(f)
+            self._pages(f, self._meta(f))
 
     def count(self) -> int:
         with self._file() as f:  # (the rows only: the column is checked where it is read)
@@ -89,15 +109,23 @@ class ParquetReader:
     def records(self, long_bytes: int, keep: int) -> Iterator[Value]:
         with self._file() as f:
             meta = self._meta(f)
-            leaf = [meta.schema.column(j).path for j in range(meta.num_columns)].index(self.field)
-            chunks = [meta.row_group(r).column(leaf) for r in range(meta.num_row_groups)]
+            groups = self._pages(f, meta)
             # a dictionary-encoded column is read as its dictionary; the batch size follows the bytes of plain text
-            # per row, so a batch holds about BATCH_BYTES
-            dictionary = bool(chunks) and all(c.has_dictionary_page for c in chunks)
-            per_row = max([c.total_uncompressed_size / max(1, c.num_values) for c in chunks if not dictionary] or [1])
+            # per row in the densest page, so a batch holds about BATCH_BYTES
+            dictionary = bool(groups) and all(any(p.kind == "dictionary" for p in g) for g in groups)
+            per_row = max([p.size / max(1, p.values) for g in groups for p in g if p.kind == "data" and not dictionary]
+                          or [1])
             rows = int(min(BATCH_ROWS, max(1, BATCH_BYTES // per_row)))
             parquet = pq.ParquetFile(f, read_dictionary=[self.field] if dictionary else None)
-            for batch in parquet.iter_batches(batch_size=rows, columns=[self.field]):
+            batches = parquet.iter_batches(batch_size=rows, columns=[self.field])
+            while True:
+                try:
+                    batch = next(batches, None)
+                except (OSError, pa.ArrowInvalid) as e:  # a page its header vouched for that does not decode
+                    raise CorpusError(f"corpus {self.part.path}: cannot read column `{self.field}` "
+                                      f"({' '.join(str(e).split())[:300]})") from None
+                if batch is None:
+                    return
                 yield from _values(batch.column(0), long_bytes, keep)
 
 

@@ -158,7 +158,7 @@ def pool_peakedness(run: Run) -> pa.Table:
 
 
 def _rejected_weight(run: Run) -> str:
-    # a rejected row stands for `lines` records (a run of one record repeated, pipeline/corpus/filter.py); a run mined
+    # a rejected row stands for `lines` records (a record's repeats, pipeline/corpus/filter.py); a run mined
     # before that column existed has one record a row
     if run.rows("SELECT count(*) FROM information_schema.columns WHERE "
                 "table_name = 'rejected' AND column_name = 'lines'")[0][0]:

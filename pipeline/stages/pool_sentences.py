@@ -32,7 +32,7 @@ def read_pool(data, sentences_cfg) -> tuple[pa.Table, pa.Table]:
     c = sentences_cfg
     try:
         return split_sentences(corpus_of(data, data.candidates), c.min_words, c.max_words, c.max_chars,
-                               c.rejected_chars)
+                               c.rejected_chars, c.rejected_rows)
     except CorpusError as e:
         raise CorpusError(f"data.candidates: {e}") from None
 

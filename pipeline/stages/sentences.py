@@ -20,7 +20,7 @@ def corpus_facts(cfg) -> str:
 def corpus_manifest(cfg, store, n: int, plan=None) -> dict:
     """The corpus, its records, and each part's records in reading order: a sentence's `line_no` L is in the part
     whose range holds it, at line L - first_line_no + 1."""
-    # a rejected row stands for `lines` records (a run of one record repeated)
+    # a rejected row stands for `lines` records (a run of one record repeated, or its repeats past the row cap)
     lines = sum(store.cached_rows("sentences", i, n) for i in range(n)) + \
         int(pc.sum(store.read("rejected", n).column("lines")).as_py() or 0)
     sources = corpus_of(cfg.data, cfg.data.corpus).sources()
@@ -43,6 +43,6 @@ def sentences(ctx: Ctx) -> dict[str, list[pa.Table]]:
     """One pass over the corpus; both tables split into the run's contiguous sid ranges."""
     c = ctx.cfg.sentences
     kept, rejected = split_sentences(corpus_of(ctx.cfg.data, ctx.cfg.data.corpus), c.min_words, c.max_words,
-                                     c.max_chars, c.rejected_chars)
+                                     c.max_chars, c.rejected_chars, c.rejected_rows)
     return {"sentences": [kept.slice(a, b - a) for a, b in shard_bounds(kept.num_rows, ctx.n)],
             "rejected": [rejected.slice(a, b - a) for a, b in shard_bounds(rejected.num_rows, ctx.n)]}
