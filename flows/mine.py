@@ -7,7 +7,7 @@ pipeline/. Tasks pass paths and settings, never tables, so they run the same on 
 from __future__ import annotations
 
 import re
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 
 from . import env  # noqa: F401  (Prefect settings before Prefect)
 from prefect import flow, get_run_logger, task, unmapped
@@ -18,7 +18,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from contramine.pipeline.config import Config, configure  # noqa: F401  (configure: what flow callers build a config with)
 from contramine.pipeline.storage.lock import run_lock
 from contramine.pipeline.engine.discovery import stages_for, upstream
-from contramine.pipeline.engine.maps import cluster_security, local_cluster
+from contramine.pipeline.engine.maps import cluster_security, job_resources, local_cluster, runner_cluster
 from contramine.pipeline.engine.runner import load_stages, run_job_json, run_stage
 from contramine.pipeline.hints import command
 
@@ -29,9 +29,19 @@ def shard_task(name: str, cfg_json: str, i: int, force: bool, progress: bool, pl
 
 
 def prefect_map(jobs: list[dict]) -> list[list[dict]]:
-    """The stage's jobs as Prefect task runs, on the flow's task runner (threads or Dask)."""
+    """The stage's jobs as Prefect task runs, on the flow's task runner (threads or Dask). On Dask each asks for its
+    worker resources (maps.job_resources: the card's, or a local cluster's CPU slot), by Dask's annotation, which
+    prefect-dask's runner passes on (a context variable: the stage flows that run at once on other threads keep
+    their own)."""
     keys = ("name", "cfg_json", "force", "progress", "plan")
-    futures = shard_task.map(**{k: unmapped(jobs[0][k]) for k in keys}, i=[j["i"] for j in jobs])
+    cfg = Config.model_validate_json(jobs[0]["cfg_json"])
+    annotations = nullcontext()
+    if cfg.runner.kind != "threads" and (resources := job_resources(cfg, jobs[0]["plan"], cfg.runner.address)):
+        import dask  # dask: optional (the dask extra); a Dask runner only
+
+        annotations = dask.annotate(resources=resources)
+    with annotations:
+        futures = shard_task.map(**{k: unmapped(jobs[0][k]) for k in keys}, i=[j["i"] for j in jobs])
     return [f.result() for f in futures]
 
 
@@ -43,7 +53,8 @@ def task_runner(cfg: Config):
     if cfg.runner.kind == "dask":  # the local cluster mine_flow started (TLS, its certificate in memory), or the user's
         security = cluster_security(cfg.runner.address)
         return DaskTaskRunner(address=cfg.runner.address, client_kwargs={"security": security} if security else None)
-    return DaskTaskRunner(cluster_class=local_cluster, cluster_kwargs={"workers": cfg.runner.workers})
+    return DaskTaskRunner(cluster_class=local_cluster, cluster_kwargs={
+        "workers": cfg.runner.workers, "leased": cfg.runner.leased_devices, "leases": cfg.runner.device_leases})
 
 
 def execute_stage(stage: str, cfg: Config, force: bool = False, plan: dict | None = None) -> dict:
@@ -135,7 +146,7 @@ def mine_flow(profile: str = "default", run: str | None = None, corpus: str | No
     with ExitStack() as stack:
         stack.enter_context(run_lock(cfg.run.dir, command("mine")))  # one writer per run folder, the whole run long
         if cfg.runner.kind == "dask-local":  # one local cluster for all stages, not one per stage
-            cluster = stack.enter_context(local_cluster(cfg.runner.workers))
+            cluster = stack.enter_context(runner_cluster(cfg.runner))
             overrides += ["runner.kind=dask", f"runner.address={cluster.scheduler_address}"]
             cfg = configure(profile, run, corpus, overrides)
         params = dict(profile=profile, run=run, corpus=corpus, overrides=overrides)
