@@ -81,14 +81,13 @@ def require_resource(stage: str, cfg, plan: dict) -> None:
                 f"--nthreads 1 --resources \"{device}=1\"` (docs/scale-and-clusters.md)")
 
 
-def dask_map(address: str, call: Callable) -> Callable[[list[dict]], list]:
+def dask_map(address: str, call: Callable, cfg=None) -> Callable[[list[dict]], list]:
+    """`call(**job)` of each job on the cluster at `address`; with the run's `cfg`, each job asks for its worker
+    resources (`job_resources`: a stage's jobs share one plan)."""
     def run(jobs: list[dict]) -> list:
         from distributed import Client  # distributed: optional (the dask extra); runner.kind = dask only
 
-        from contramine.pipeline.config import Config  # the jobs carry the config as JSON
-
-        cfg = Config.model_validate_json(jobs[0]["cfg_json"]) if jobs else None
-        resources = job_resources(cfg, jobs[0]["plan"], address) if jobs else None  # a stage's jobs share one plan
+        resources = job_resources(cfg, jobs[0]["plan"], address) if cfg is not None and jobs else None
         with Client(address, security=cluster_security(address)) as client:
             return client.gather(client.map(_apply, [call] * len(jobs), jobs, pure=False, resources=resources))
     return run
@@ -131,9 +130,9 @@ def default_map(cfg, call: Callable) -> Callable[[list[dict]], list]:
     if cfg.runner.kind == "threads":
         return thread_map(cfg.runner.workers, call)
     if cfg.runner.kind == "dask":
-        return dask_map(cfg.runner.address, call)
+        return dask_map(cfg.runner.address, call, cfg)
 
     def run(jobs: list[dict]) -> list:
         with runner_cluster(cfg.runner) as cluster:
-            return dask_map(cluster.scheduler_address, call)(jobs)
+            return dask_map(cluster.scheduler_address, call, cfg)(jobs)
     return run
