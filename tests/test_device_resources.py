@@ -37,8 +37,8 @@ def test_on_dask_local_the_device_worker_runs_the_device_jobs_one_at_a_time(smal
     # Dask's scheduler sent every device job to the one worker that offers the resource, and no CPU job there
     assert all(j["worker"].startswith("dask worker device ") for j in device), device
     assert not any(j["worker"].startswith("dask worker device ") for j in cpu), cpu
-    held = sorted(tuple(j["device_held"]) for j in device)
-    assert all(a[1] <= b[0] + 1e-3 for a, b in zip(held, held[1:])), held  # one lease: never two at once
+    for spans in (sorted(tuple(j["device_held"]) for j in device), sorted((j["began"], j["ended"]) for j in device)):
+        assert all(a[1] <= b[0] + 1e-3 for a, b in zip(spans, spans[1:])), spans  # one lease: never two at once
 
 
 def test_a_cluster_without_a_worker_offering_the_device_is_one_line(small_corpus, tmp_path):
