@@ -6,7 +6,6 @@ pipeline/. Tasks pass paths and settings, never tables, so they run the same on 
 """
 from __future__ import annotations
 
-import inspect
 import re
 from contextlib import ExitStack, nullcontext
 from typing import Annotated, Any
@@ -32,9 +31,10 @@ from contramine.pipeline.hints import command
 # A flow's overrides are its run's parameters: Prefect keeps them in its database, shows them in its UI and sends
 # them to its API server. So a secret setting (runner.memo_key) in them is refused, each way in: the parameter's
 # schema makes Prefect's server refuse a deployment's run before it is stored (Prefect enforces deployments'
-# parameter schemas by default); SecretsStayOut refuses a call or a deployment before Prefect sees it; the flow's
-# body refuses what came another way (a deployment that does not enforce its schema). The secret travels in the
-# environment of the process that runs the flow (pipeline/config/loading.py: secrets_to_environment).
+# parameter schemas by default); SecretsStayOut refuses a deployment and masks a call's before Prefect records
+# them; the flow's body refuses the run in one line (and clears the record of a run that came another way: a
+# deployment that does not enforce its schema). The secret travels in the environment of the process that runs the
+# flow (pipeline/config/loading.py: secrets_to_environment).
 SECRET_ADVICE = (f"a secret setting: set {', '.join('$' + v for v in secret_settings().values())} in the "
                  f"environment of the worker that runs the flow instead")
 Override = Annotated[str, Field(json_schema_extra={"not": {"pattern": secret_pattern(), "description": SECRET_ADVICE}})]
