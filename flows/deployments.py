@@ -12,7 +12,8 @@ HEADER = """\
 #
 #   prefect server start --host 127.0.0.1                     # or point PREFECT_API_URL at your server
 #   prefect work-pool create contramine-process --type process
-#   prefect worker start --pool contramine-process             # in the project root, with .venv active
+#   prefect worker start --pool contramine-process             # in the project root, with .venv active (and a
+#                                                              # team's memo key, if any, in CONTRAMINE_MEMO_KEY)
 #   prefect --no-prompt deploy --all                           # or: prefect deploy -n sentences-default
 #   prefect deployment run 'sentences/sentences-default' -p run=myrun -p 'overrides=["run.shards=8"]'
 #
@@ -20,7 +21,10 @@ HEADER = """\
 # null = the profile's), overrides (list of "key=value", e.g. "runner.kind=dask", "runner.address=tcp://h:8786"),
 # force (stage flows: bool; mine: list of stage names). The worker runs each flow run as a subprocess in the
 # project root, so `flows/` and `pipeline/` import as they do locally. The hub is whatever the worker's
-# environment says (HF_ENDPOINT, HF_HUB_OFFLINE): nothing here switches it off.
+# environment says (HF_ENDPOINT, HF_HUB_OFFLINE): nothing here switches it off. A secret setting (runner.memo_key)
+# travels in the worker's environment only (CONTRAMINE_MEMO_KEY), never in parameters or job_variables,
+# which Prefect keeps in its database: a flow's `overrides` refuse it (its schema at the server, its flow on a call,
+# `to_deployment` on a deployment), and so must a deployment's parameters here (`prefect deploy` does not check).
 name: contramine
 prefect-version: 3.8.8
 

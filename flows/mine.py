@@ -7,20 +7,84 @@ pipeline/. Tasks pass paths and settings, never tables, so they run the same on 
 from __future__ import annotations
 
 import re
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
+from typing import Annotated, Any
 
 from . import env  # noqa: F401  (Prefect settings before Prefect)
-from prefect import flow, get_run_logger, task, unmapped
+from prefect import Flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from pydantic import Field
+
 from contramine.pipeline.config import Config, configure  # noqa: F401  (configure: what flow callers build a config with)
+from contramine.pipeline.config import refuse_secrets, secret_pattern
+from contramine.pipeline.config.loading import secret_settings, secrets_given
 from contramine.pipeline.storage.lock import run_lock
 from contramine.pipeline.engine.discovery import stages_for, upstream
-from contramine.pipeline.engine.maps import cluster_security, local_cluster
+from contramine.pipeline.engine.maps import cluster_security, job_resources, local_cluster, runner_cluster
 from contramine.pipeline.engine.runner import load_stages, run_job_json, run_stage
 from contramine.pipeline.hints import command
+
+
+# A flow's overrides are its run's parameters: Prefect keeps them in its database, shows them in its UI and sends
+# them to its API server. So a secret setting (runner.memo_key) in them is refused, each way in: the parameter's
+# schema makes Prefect's server refuse a deployment's run before it is stored (Prefect enforces deployments'
+# parameter schemas by default); SecretsStayOut refuses a deployment and masks a call's before Prefect records
+# them; the flow's body refuses the run in one line (and clears the record of a run that came another way: a
+# deployment that does not enforce its schema). The secret travels in the environment of the process that runs the
+# flow (pipeline/config/loading.py: secrets_to_environment).
+SECRET_ADVICE = (f"a secret setting: set {', '.join('$' + v for v in secret_settings().values())} in the "
+                 f"environment of the worker that runs the flow instead")
+Override = Annotated[str, Field(json_schema_extra={"not": {"pattern": secret_pattern(), "description": SECRET_ADVICE}})]
+
+
+class SecretsStayOut(Flow):
+    """A flow whose `overrides` never carry a secret setting into Prefect: the run the engine starts for a call (or
+    a copy's call) is recorded with the secret's value masked, before its body refuses it; a deployment
+    (`to_deployment`, and `serve` and `deploy` through it) refuses one in one line."""
+
+    def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        overrides = parameters.get("overrides")
+        if isinstance(overrides, list) and secrets_given(overrides):  # the body refuses it: the record never holds it
+            masked = [o.partition("=")[0] + "=**********" if secrets_given([o]) else o for o in overrides]
+            parameters = {**parameters, "overrides": masked}
+        return super().serialize_parameters(parameters)
+
+    def with_options(self, **options):  # type: ignore[override]  # Prefect's own options, passed on as they are
+        copy = super().with_options(**options)
+        copy.__class__ = SecretsStayOut  # Prefect builds a plain Flow: the copy refuses as this one does
+        return copy
+
+    def to_deployment(self, *args, **kwargs):  # type: ignore[override]
+        refuse_secrets((kwargs.get("parameters") or {}).get("overrides"), "the deployment's parameters")
+        return super().to_deployment(*args, **kwargs)
+
+    async def ato_deployment(self, *args, **kwargs):  # type: ignore[override]
+        refuse_secrets((kwargs.get("parameters") or {}).get("overrides"), "the deployment's parameters")
+        return await super().ato_deployment(*args, **kwargs)
+
+
+def secrets_stay_out(**options: Any):
+    """`@flow(**options)`, as a SecretsStayOut."""
+    return lambda fn: SecretsStayOut(fn, **options)
+
+
+def refuse_secrets_in_run(overrides: list[str] | None) -> None:
+    """The flow body's check: a run whose parameters carry a secret setting stops in one line, never naming its
+    value, and its record keeps its parameters without it (what Prefect's API and UI show from then on)."""
+    if secrets_given(overrides):
+        from prefect.client.orchestration import get_client
+        from prefect.context import FlowRunContext
+
+        context = FlowRunContext.get()
+        if context is not None and context.flow_run is not None:
+            kept = [o for o in overrides or [] if not secrets_given([o])]
+            with get_client(sync_client=True) as client:
+                client.update_flow_run(context.flow_run.id, parameters={**context.flow_run.parameters,
+                                                                        "overrides": kept})
+    refuse_secrets(overrides, "the flow run's parameters")
 
 
 @task(name="shard", cache_policy=NO_CACHE, task_run_name="{name}[{i}]")
@@ -29,9 +93,19 @@ def shard_task(name: str, cfg_json: str, i: int, force: bool, progress: bool, pl
 
 
 def prefect_map(jobs: list[dict]) -> list[list[dict]]:
-    """The stage's jobs as Prefect task runs, on the flow's task runner (threads or Dask)."""
+    """The stage's jobs as Prefect task runs, on the flow's task runner (threads or Dask). On Dask each asks for its
+    worker resources (maps.job_resources: the card's, or a local cluster's CPU slot), by Dask's annotation, which
+    prefect-dask's runner passes on (a context variable: the stage flows that run at once on other threads keep
+    their own)."""
     keys = ("name", "cfg_json", "force", "progress", "plan")
-    futures = shard_task.map(**{k: unmapped(jobs[0][k]) for k in keys}, i=[j["i"] for j in jobs])
+    cfg = Config.model_validate_json(jobs[0]["cfg_json"])
+    annotations = nullcontext()
+    if cfg.runner.kind != "threads" and (resources := job_resources(cfg, jobs[0]["plan"], cfg.runner.address)):
+        import dask  # dask: optional (the dask extra); a Dask runner only
+
+        annotations = dask.annotate(resources=resources)
+    with annotations:
+        futures = shard_task.map(**{k: unmapped(jobs[0][k]) for k in keys}, i=[j["i"] for j in jobs])
     return [f.result() for f in futures]
 
 
@@ -43,7 +117,8 @@ def task_runner(cfg: Config):
     if cfg.runner.kind == "dask":  # the local cluster mine_flow started (TLS, its certificate in memory), or the user's
         security = cluster_security(cfg.runner.address)
         return DaskTaskRunner(address=cfg.runner.address, client_kwargs={"security": security} if security else None)
-    return DaskTaskRunner(cluster_class=local_cluster, cluster_kwargs={"workers": cfg.runner.workers})
+    return DaskTaskRunner(cluster_class=local_cluster, cluster_kwargs={
+        "workers": cfg.runner.workers, "leased": cfg.runner.leased_devices, "leases": cfg.runner.device_leases})
 
 
 def execute_stage(stage: str, cfg: Config, force: bool = False, plan: dict | None = None) -> dict:
@@ -71,9 +146,10 @@ def publish_stage(stage: str, cfg: Config, manifest: dict) -> None:
 
 
 def make_stage_flow(stage: str):
-    @flow(name=stage, log_prints=True)
+    @secrets_stay_out(name=stage, log_prints=True)
     def stage_flow(profile: str = "default", run: str | None = None, corpus: str | None = None,
-                   overrides: list[str] | None = None, force: bool = False, plan: dict | None = None) -> dict:
+                   overrides: list[Override] | None = None, force: bool = False, plan: dict | None = None) -> dict:
+        refuse_secrets_in_run(overrides)
         cfg = configure(profile, run, corpus, overrides)
         return execute_stage(stage, cfg, force, plan)
 
@@ -117,9 +193,9 @@ def stage_task(stage: str, cfg: Config, params: dict, plan: dict, writers: list[
     return {"rows": manifest["rows"], "plan": {**plan, **manifest["resources"]}}
 
 
-@flow(name="mine", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=STAGE_THREADS))
+@secrets_stay_out(name="mine", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=STAGE_THREADS))
 def mine_flow(profile: str = "default", run: str | None = None, corpus: str | None = None,
-              overrides: list[str] | None = None, force: list[str] | None = None, plan: dict | None = None,
+              overrides: list[Override] | None = None, force: list[str] | None = None, plan: dict | None = None,
               only: list[str] | None = None) -> dict:
     """The stages (`only` those, else `stages_to_mine`) as a graph: a stage starts as soon as the stages that write
     what it reads have committed, and stages with no path between them run at the same time (Prefect task futures
@@ -127,6 +203,7 @@ def mine_flow(profile: str = "default", run: str | None = None, corpus: str | No
     `force` names stages to recompute even when their shards are intact. `plan`: the run's resources as resolved
     so far (the CLI's preflight). A failed stage is one error naming it; the stages that do not depend on it finish
     and keep their work."""
+    refuse_secrets_in_run(overrides)
     cfg = configure(profile, run, corpus, overrides)
     only = stages_to_mine(cfg) if only is None else only
     overrides, plan, rows = list(overrides or []), dict(plan or {}), {}
@@ -135,7 +212,7 @@ def mine_flow(profile: str = "default", run: str | None = None, corpus: str | No
     with ExitStack() as stack:
         stack.enter_context(run_lock(cfg.run.dir, command("mine")))  # one writer per run folder, the whole run long
         if cfg.runner.kind == "dask-local":  # one local cluster for all stages, not one per stage
-            cluster = stack.enter_context(local_cluster(cfg.runner.workers))
+            cluster = stack.enter_context(runner_cluster(cfg.runner))
             overrides += ["runner.kind=dask", f"runner.address={cluster.scheduler_address}"]
             cfg = configure(profile, run, corpus, overrides)
         params = dict(profile=profile, run=run, corpus=corpus, overrides=overrides)

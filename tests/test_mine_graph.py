@@ -125,7 +125,7 @@ def test_a_device_lease_admits_as_many_jobs_as_it_has_slots(tmp_path, monkeypatc
 
 def test_the_timeline_records_who_held_the_device(small_corpus, tmp_path, monkeypatch):
     """With the CPU leased (runner.leased_devices), every job of a stage with a model records when it held the
-    lease; the stages without one record none."""
+    lease; the stages without one record none; every job records the thread it ran on."""
     monkeypatch.setattr(leases.tempfile, "gettempdir", lambda: str(tmp_path))
     corpus = _corpus(small_corpus, tmp_path, 30)
     mine_flow(profile="default", run="lease", corpus=str(corpus),
@@ -136,3 +136,6 @@ def test_the_timeline_records_who_held_the_device(small_corpus, tmp_path, monkey
     assert not any(j["device_held"] for j in jobs["sentences"])
     held = sorted(tuple(j["device_held"]) for js in jobs.values() for j in js if j["device_held"])
     assert all(a[1] <= b[0] + 1e-3 for a, b in zip(held, held[1:])), held  # one lease: never two at once
+    # on threads each job names its thread, so the Gantt chart draws the workers apart
+    workers = {j["worker"] for js in jobs.values() for j in js}
+    assert all(", thread " in w for w in workers) and len(workers) >= 2, workers

@@ -19,8 +19,8 @@ from contramine.pipeline.config.backtranslation import (BacktranslateCfg, ChainC
                                              bergamot_greedy_problem, chain_name)
 from contramine.pipeline.config.base import (ARTIFACTS, CHECKOUT, CONFIG_DIR, ROOT, SHARED_DATA, ConfigError,  # noqa: F401
                                   Section, result_settings)
-from contramine.pipeline.config.loading import (configure, load_config, read_profile, secrets_to_environment,  # noqa: F401
-                                               shards_for, split_overrides)
+from contramine.pipeline.config.loading import (configure, load_config, read_profile, refuse_secrets,  # noqa: F401
+                                               secret_pattern, secrets_to_environment, shards_for, split_overrides)
 from contramine.pipeline.config.mining import (DataCfg, EmbeddingsCfg, EncoderCfg, IpwCfg, NegateCfg, NeighboursCfg,  # noqa: F401
                                     NoiseCfg, ParaphrasesCfg, Pooler, RunCfg, RunnerCfg, ScoresCfg, SentencesCfg)
 from contramine.pipeline.config.root import Config  # noqa: F401

@@ -158,6 +158,37 @@ def secrets_to_environment(overrides: list[str]) -> list[str]:
     return kept
 
 
+def _setting_it(key: str) -> str:
+    """A regular expression of an override that sets `key`: by its key (`runner.memo_key=...`) or inside its
+    section's table (`runner={memo_key=...}`)."""
+    section, _, leaf = key.rpartition(".")
+    ways = [re.escape(key) + r"\s*="] + ([re.escape(section) + r"\s*=.*\b" + re.escape(leaf) + r"\b"] if section else [])
+    return r"^\s*(" + "|".join(ways) + ")"
+
+
+def secret_pattern() -> str:
+    """A regular expression (JSON Schema's and Python's alike) of an override that sets any secret setting: what a
+    flow's `overrides` parameter refuses (flows/mine.py)."""
+    return "|".join(_setting_it(k) for k in secret_settings())
+
+
+def secrets_given(overrides: list[str] | None) -> list[str]:
+    """The secret settings (their keys, never their values) that `overrides` sets."""
+    return [k for k in secret_settings()
+            if any(isinstance(item, str) and re.match(_setting_it(k), item) for item in overrides or [])]
+
+
+def refuse_secrets(overrides: list[str] | None, where: str) -> None:
+    """One line, naming the key and never its value, when `overrides` (`where`: a flow run's parameters, a
+    deployment's) sets a secret setting: Prefect keeps parameters in its database and shows them in its UI."""
+    keys = secrets_given(overrides)
+    if keys:
+        variables = ", ".join(f"${secret_settings()[k]}" for k in keys)
+        raise ConfigError(f"{', '.join(keys)} given in {where}, which Prefect keeps in its database: refused; set "
+                          f"{variables} in the environment of the Prefect worker (or process) that runs the flow, "
+                          f"and leave it out of the parameters")
+
+
 def configure(profile: str = "default", run: str | None = None, corpus: str | None = None,
               overrides: list[str] | None = None) -> Config:
     """The config of a CLI call or flow run: a profile, the run name and corpus as given, per-key overrides."""

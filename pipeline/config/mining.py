@@ -58,11 +58,13 @@ class RunnerCfg(Section):
         return v
     address: str | None = None  # tcp://host:8786 for kind = "dask"
     leased_devices: list[Literal["cuda", "cpu"]] = Field(["cuda"], description="device kinds whose jobs run under a "
-                                                         "device lease (pipeline/engine/leases.py): a job whose plan "
-                                                         "puts a model there waits for one of the device's leases")
+                                                         "device lease (pipeline/engine/leases.py; on Dask, a worker "
+                                                         "resource of the kind's name: pipeline/engine/maps.py): a job "
+                                                         "whose plan puts a model there waits for one of the device's "
+                                                         "leases")
     device_leases: int = Field(1, ge=1, le=64, description="jobs that hold a model on one device at once (per "
-                               "machine and device kind): 1 = one at a time; more where the card's memory holds "
-                               "more")
+                               "machine and device kind; on dask-local, what its device worker offers): 1 = one at a "
+                               "time; more where the card's memory holds more")
     memo: Literal["auto", "on", "off"] = Field("auto", description="the row memo (docs/mining.md, \"What is "
                                               "reused\"): per-row model outputs reused across a grown corpus, shard "
                                               "layouts and runs; auto = on, but off for a stage whose model runs on "

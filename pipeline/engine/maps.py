@@ -1,12 +1,27 @@
 """How `run_stage` (runner.py) runs a stage's jobs without Prefect: on threads in this process, or on the Dask
 cluster of `runner.address` (a local one for `runner.kind = "dask-local"`). Each map takes `jobs_of`' keyword dicts
 and returns `call(**job)` of each, in order (`call`: the runner's `run_job_json`, handed in, so this module imports
-no runner). The Prefect flows pass their own map (flows/mine.py)."""
+no runner). The Prefect flows pass their own map (flows/mine.py).
+
+On Dask the card is a worker resource (Dask's own admission, in the scheduler): a job whose plan puts a model on a
+leased device kind asks for `{<kind>: 1}` (`job_resources`), so it waits in the scheduler, not on a worker's
+thread. A local cluster adds one device worker that offers `runner.device_leases` of each leased kind, and its
+CPU workers offer one `slot` each, which every other job asks for: a CPU job never takes the device worker's
+thread, and a device job never takes a CPU worker's. On a cluster of one's own, the card's worker is started with
+the resource (`dask worker tcp://scheduler:8786 --nthreads 1 --resources "cuda=1"`), and a stage whose jobs need a
+resource no worker offers stops in one line (`require_resource`) instead of waiting forever.
+"""
 from __future__ import annotations
 
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Callable, Sequence
+
+from contramine.pipeline.engine.leases import leased_device
+from contramine.pipeline.errors import ExpectedError
+
+CPU_SLOT = "slot"  # the resource a local cluster's CPU workers offer one of, and each job off the device asks for
+DEVICE_WORKER = "device"  # the local cluster's worker that offers the leased devices
 
 # scheduler address -> the local cluster this process started there: its TLS certificates live in this process'
 # memory only, so a client of this process finds them by address (runner.address is all a stage flow is handed)
@@ -33,30 +48,81 @@ def thread_map(workers: int, call: Callable) -> Callable[[list[dict]], list]:
     return run
 
 
-def dask_map(address: str, call: Callable) -> Callable[[list[dict]], list]:
+class MissingResource(ExpectedError):
+    """No worker of the Dask cluster offers the resource a stage's jobs ask for: they would wait forever."""
+
+
+def job_resources(cfg, plan: dict, address: str | None = None) -> dict | None:
+    """The Dask resources one job under `plan` asks for: {<device kind>: 1} on a leased device; else a CPU slot on
+    a local cluster of this process (its CPU workers offer them), nothing on a cluster of one's own (its workers
+    offer no slots)."""
+    device = leased_device(plan, cfg.runner.leased_devices)
+    if device is not None:
+        return {device: 1}
+    local = cfg.runner.kind == "dask-local" or (address is not None and address in _LOCAL_CLUSTERS)
+    return {CPU_SLOT: 1} if local else None
+
+
+def require_resource(stage: str, cfg, plan: dict) -> None:
+    """On a Dask cluster of one's own, one line when no worker offers the device resource the stage's jobs ask for
+    (the scheduler would hold them forever). A local cluster of this process always offers it."""
+    device = leased_device(plan, cfg.runner.leased_devices)
+    if cfg.runner.kind != "dask" or device is None or cfg.runner.address in _LOCAL_CLUSTERS:
+        return
+    from distributed import Client  # distributed: optional (the dask extra); runner.kind = dask only
+
+    with Client(cfg.runner.address, security=cluster_security(cfg.runner.address)) as client:
+        workers = client.scheduler_info(n_workers=-1)["workers"].values()
+        if not any(w.get("resources", {}).get(device, 0) >= 1 for w in workers):
+            raise MissingResource(
+                f"stage {stage}: no worker of the Dask cluster at {cfg.runner.address} offers the resource "
+                f"{device!r} its jobs ask for (the run's plan puts its model on {device}, a leased device: "
+                f"runner.leased_devices); start the card's worker with `dask worker {cfg.runner.address} "
+                f"--nthreads 1 --resources \"{device}=1\"` (docs/scale-and-clusters.md)")
+
+
+def dask_map(address: str, call: Callable, cfg=None) -> Callable[[list[dict]], list]:
+    """`call(**job)` of each job on the cluster at `address`; with the run's `cfg`, each job asks for its worker
+    resources (`job_resources`: a stage's jobs share one plan)."""
     def run(jobs: list[dict]) -> list:
         from distributed import Client  # distributed: optional (the dask extra); runner.kind = dask only
 
+        resources = job_resources(cfg, jobs[0]["plan"], address) if cfg is not None and jobs else None
         with Client(address, security=cluster_security(address)) as client:
-            return client.gather(client.map(_apply, [call] * len(jobs), jobs, pure=False))
+            return client.gather(client.map(_apply, [call] * len(jobs), jobs, pure=False, resources=resources))
     return run
 
 
-def local_cluster(workers: int, **_):
+def local_cluster(workers: int, leased: Sequence[str] = (), leases: int = 1, **_):
     """A LocalCluster of one-thread worker processes that may start processes of their own: spaCy's
     `negate.n_process` pool, which a daemonic Dask worker could not start. It speaks TLS only, with a certificate
     made for it (`Security.temporary()`, held in this process' memory and passed to its workers) that every peer
     must present: another account of this host can reach 127.0.0.1's ports, and a Dask client runs code on the
-    workers as the miner."""
+    workers as the miner.
+
+    Its `workers` CPU workers offer one CPU slot each; with `leased` device kinds, one more worker (named
+    "device") offers `leases` of each, with as many threads: the card's jobs run there, one process that loads
+    the model once, and never on a CPU worker's slot."""
     import dask  # dask, distributed: optional (the dask extra); runner.kind = dask-local only
     from distributed import LocalCluster
     from distributed.security import Security
 
     with dask.config.set({"distributed.worker.daemon": False}):
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                               host="127.0.0.1", security=Security.temporary())
+                               host="127.0.0.1", security=Security.temporary(), resources={CPU_SLOT: 1})
+        if leased:
+            options = {**cluster.new_spec["options"], "nthreads": leases * len(leased),
+                       "resources": {kind: leases for kind in leased}}
+            cluster.worker_spec[DEVICE_WORKER] = {"cls": cluster.new_spec["cls"], "options": options}
+            cluster.scale(len(cluster.worker_spec))  # starts the workers of the spec that are not running
+            cluster.wait_for_workers(len(cluster.worker_spec))
     _LOCAL_CLUSTERS[cluster.scheduler_address] = cluster
     return cluster
+
+
+def runner_cluster(runner):
+    """The local cluster `runner` (a config's runner section) asks for."""
+    return local_cluster(runner.workers, runner.leased_devices, runner.device_leases)
 
 
 def default_map(cfg, call: Callable) -> Callable[[list[dict]], list]:
@@ -64,9 +130,9 @@ def default_map(cfg, call: Callable) -> Callable[[list[dict]], list]:
     if cfg.runner.kind == "threads":
         return thread_map(cfg.runner.workers, call)
     if cfg.runner.kind == "dask":
-        return dask_map(cfg.runner.address, call)
+        return dask_map(cfg.runner.address, call, cfg)
 
     def run(jobs: list[dict]) -> list:
-        with local_cluster(cfg.runner.workers) as cluster:
-            return dask_map(cluster.scheduler_address, call)(jobs)
+        with runner_cluster(cfg.runner) as cluster:
+            return dask_map(cluster.scheduler_address, call, cfg)(jobs)
     return run

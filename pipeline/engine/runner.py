@@ -27,7 +27,7 @@ from contramine.pipeline.engine import resources
 from contramine.pipeline.codeversion import code_version
 from contramine.pipeline.engine.discovery import load_stages
 from contramine.pipeline.storage.lock import run_lock
-from contramine.pipeline.engine.maps import default_map
+from contramine.pipeline.engine.maps import default_map, require_resource
 from contramine.pipeline.cores import share_cores
 from contramine.pipeline.engine.leases import device_lease, leased_device
 from contramine.pipeline.memo.index import release_indexes
@@ -85,7 +85,11 @@ def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: b
         return [{"stage": name, "shard": c.index, "table": c.table, "cached": True, "rows": c.rows, "seconds": 0.0,
                  "entry": c.entry()} for c in cached if c is not None]  # all are (all(cached))
     # a job on a leased device holds the device's lease and no worker slot (it waits on the card; the slots stay with
-    # the CPU stages, so the card is never idle for want of a slot); any other job holds one of the slots
+    # the CPU stages, so the card is never idle for want of a slot); any other job holds one of the slots. On Dask
+    # the scheduler admits the device's jobs by its worker resource (maps.py) before they get here; the flock is
+    # kept there too, as the one rule across processes the scheduler does not see: two runs (two clusters, or a
+    # cluster and a threads run) on one machine, or several workers of one machine offering its one card. Where the
+    # scheduler is the only user of the card it never waits (lease_wait_s ~ 0 in the timeline).
     device = leased_device(plan, cfg.runner.leased_devices)
     with device_lease(device, cfg.runner.device_leases) as (waited, held_since), \
             (job_slot(cfg) if device is None else nullcontext()), resources.running(name):
@@ -100,7 +104,7 @@ def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: b
     memo = {m: (c.counts.computed, c.counts.reused, c.counts.audited)  # on the job's first row only
             for m, c in ctx.memos.items()}
     # when the job ran, where, and when it held the device: the manifest's timeline (`make report` draws it)
-    timeline = {"job": i, "began": round(began, 3), "ended": round(time.time(), 3), "worker": resources.process_name(),
+    timeline = {"job": i, "began": round(began, 3), "ended": round(time.time(), 3), "worker": job_worker(cfg),
                 "lease_wait_s": round(waited, 3), "device_held": held}
     out: list[dict] = []
     for t in stage.writes:
@@ -110,6 +114,13 @@ def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: b
                         "entry": info.entry(), "memo": {} if out else memo, "timeline": {} if out else timeline})
     timeline["ended"] = round(time.time(), 3)  # the shards are written too
     return out
+
+
+def job_worker(cfg: Config) -> str:
+    """Where a job ran, for the timeline: the Dask worker, or on threads the process and the thread (the Gantt chart
+    draws each apart)."""
+    where = resources.process_name()
+    return f"{where}, thread {threading.current_thread().name}" if cfg.runner.kind == "threads" else where
 
 
 _SLOTS: dict[int, threading.BoundedSemaphore] = {}
@@ -167,6 +178,7 @@ def run_stage(name: str, cfg: Config, force: bool = False, plan: dict | None = N
     t0 = time.perf_counter()
     with run_lock(cfg.run.dir, f"stage {name}"):  # one writer per run folder (its flow may hold it already)
         plan = resolve_plan(name, cfg, plan)
+        require_resource(name, cfg, plan)  # on a cluster of one's own: one line, not jobs waiting forever
         for resource, facts in plan.items():  # what this run decided for the stage (in the key and the manifest too)
             log(f"{name}: resource {resource} = {json.dumps(facts, sort_keys=True)}")
         jobs = jobs_of(name, cfg, force, plan)
