@@ -83,7 +83,7 @@ class Clock:
             return
         budget, left = self.budget(name), self.left()
         self._row = name
-        self._arm(min(budget, left), f"timed out after {budget:.0f} s (the row's budget)" if budget <= left
+        self._arm(min(budget, left), f"timed out after {budget:.3g} s (the row's budget)" if budget <= left
                   else DEADLINE)
         try:
             yield
@@ -101,7 +101,9 @@ CLOCK = Clock()  # the check sets its own (bench/gpu/check.py main); tests and b
 
 
 def use(clock: Clock) -> Clock:
+    """`clock` from now on, the timer of the one before it stopped."""
     global CLOCK
+    CLOCK.disarm()
     CLOCK = clock
     return clock
 
@@ -110,18 +112,19 @@ def clock() -> Clock:
     return CLOCK
 
 
-def settled(previous: dict, strict: bool, optional: frozenset[str]) -> tuple[list[dict], set[str]]:
-    """From an earlier results.json: (its rows that need no rerun, the sections that need none). A row needs a
-    rerun when it failed, did not run, or (strict) was skipped for a missing package; a section when it did not
-    finish or any of its rows needs a rerun. Summary rows are always made again."""
+def settled(previous: dict, strict: bool, optional: frozenset[str],
+            only: tuple[str, ...] | None = None) -> tuple[list[dict], set[str]]:
+    """From an earlier results.json: (its rows a rerun keeps, the sections it need not run). A row needs a rerun
+    when it failed, did not run, or (strict) was skipped for a missing package; a section when it did not finish
+    or any of its rows needs a rerun. A section outside `only` (the rerun's --only) keeps every row, failed or
+    not. Summary rows are always made again."""
     from bench.gpu.check import failures
 
     rows = [r for r in previous.get("rows", []) if r.get("section") != "summary"]
     bad = set(failures(rows, strict, optional)) | {r["name"] for r in rows if r.get("not_run")}
-    good = [r for r in rows if r["name"] not in bad]
+    kept = [r for r in rows if r["name"] not in bad or (only is not None and r.get("section") not in only)]
     broken = {r.get("section") for r in rows if r["name"] in bad}
-    done = set(previous.get("sections_done", [])) - broken
-    return good, done
+    return kept, set(previous.get("sections_done", [])) - broken
 
 
 def merged(kept: list[dict], new: list[dict]) -> list[dict]:

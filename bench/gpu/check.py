@@ -105,13 +105,13 @@ SIZES = {
                 train_batch=64, train_max_length=32, train_warmup=2, train_steps=10,
                 gen_n=8192, gen_batch=64, gen_fixed_n=1024, gen_src=32, gen_tokens=64, gen_compile_n=512,
                 check_n=2000, stage_lines=300, gemm_peak=8192, profile_batches=2,
-                deadline_s=330, row_s=90, compiled_s=100),
+                deadline_s=330.0, row_s=90.0, compiled_s=100.0),
     "twin": dict(bert="toy", marian="toy", encode_n=64, encode_batch=16, max_length=64,
                  search_n=2000, search_queries=2000, search_d=384,
                  train_batch=8, train_max_length=16, train_warmup=1, train_steps=2,
                  gen_n=8, gen_batch=4, gen_fixed_n=8, gen_src=8, gen_tokens=8, gen_compile_n=4,
                  check_n=400, stage_lines=120, gemm_peak=256, profile_batches=1,
-                 deadline_s=600, row_s=240, compiled_s=0),
+                 deadline_s=600.0, row_s=240.0, compiled_s=0.0),
 }
 TIME_KEYS = ("deadline_s", "row_s", "compiled_s")  # the time budget: a rerun's own, not the earlier run's
 TWIN_ROW_SCALE = 2.0  # the twin's ROW_S budgets (bench/gpu/budget.py) against a GPU's: a shared 2-core CPU
@@ -159,8 +159,9 @@ def run_section(name: str, fn, models: Models, device: str, sizes: dict,
                     f"skipped: missing module {e.name} (imported by {_where(e)})")]
     except OutOfTime as e:
         finished = False
+        what = f"{e} ({clock().deadline_s:.0f} s)" if e.what == DEADLINE else str(e)
         rows = [*(live or []), row(f"{name}_not_run", device, None, "-", None if e.what == DEADLINE else False,
-                                   f"not run to its end: {e} ({clock().deadline_s:.0f} s)", not_run=True)]
+                                   f"stopped before its end: {what}" if live else f"not run: {what}", not_run=True)]
     except Exception as e:
         traceback.print_exc()
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu-check ({'GPU' if mode == 'gpu' else 'CPU twin: no CUDA device' if not args.twin else 'CPU twin'}"
           f"{', rerunning what failed or did not run' if previous else ''}): {json.dumps(facts)}", flush=True)
     strict = args.strict or mode == "gpu"
-    kept, done = budget.settled(previous, strict, OPTIONAL) if previous else ([], set())
+    kept, done = budget.settled(previous, strict, OPTIONAL, args.only) if previous else ([], set())
     rows: list[dict] = []
     live: list[dict] = []  # the running section's rows as `guarded` emits them
     timings = dict((previous or {}).get("section_seconds", {}))
