@@ -30,6 +30,9 @@ ROW_S = {"generate_static_compile_tokens_per_s": 150.0, "generate_user_hf_tokens
 DEADLINE = "the check's deadline"  # OutOfTime.what when the deadline, not a row's budget, ran out
 
 
+OPTIONAL = frozenset({"compiled"})  # sections whose rows may go unmeasured for time without failing the check
+
+
 class OutOfTime(BaseException):
     """A row's budget or the check's deadline ran out (not an Exception: library code must not catch it)."""
 
@@ -118,13 +121,20 @@ def settled(previous: dict, strict: bool, optional: frozenset[str],
     when it failed, did not run, or (strict) was skipped for a missing package; a section when it did not finish
     or any of its rows needs a rerun. A section outside `only` (the rerun's --only) keeps every row, failed or
     not. Summary rows are always made again."""
-    from bench.gpu.check import failures
-
     rows = [r for r in previous.get("rows", []) if r.get("section") != "summary"]
     bad = set(failures(rows, strict, optional)) | {r["name"] for r in rows if r.get("not_run")}
     kept = [r for r in rows if r["name"] not in bad or (only is not None and r.get("section") not in only)]
     broken = {r.get("section") for r in rows if r["name"] in bad}
     return kept, set(previous.get("sections_done", [])) - broken
+
+
+def failures(rows: list[dict], strict: bool, optional: frozenset[str] = OPTIONAL) -> list[str]:
+    """The rows that fail the check: a false equality check, a row that failed or timed out, a section that stopped
+    with an error, a row or section the deadline left unrun (not in an `optional` section), and, when strict, a
+    section skipped for a missing package (`<section>_skipped`)."""
+    return [r["name"] for r in rows
+            if r["ok"] is False or (strict and r["name"].endswith("_skipped"))
+            or (r.get("not_run") and r.get("section") not in optional)]
 
 
 def merged(kept: list[dict], new: list[dict]) -> list[dict]:

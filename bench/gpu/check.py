@@ -93,6 +93,7 @@ import time
 import traceback
 from pathlib import Path
 
+from bench.gpu.budget import OPTIONAL, failures
 from bench.gpu.sections import Models, row
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +131,6 @@ def sections() -> list:
 
 
 SECTION_NAMES = ("checks", "gemm", "encode", "search", "generate", "train", "stages", "profile", "compiled")
-OPTIONAL = frozenset({"compiled"})  # sections whose rows may go unmeasured for time without failing the check
 
 
 def _where(exc: BaseException) -> str:
@@ -168,15 +168,6 @@ def run_section(name: str, fn, models: Models, device: str, sizes: dict,
         rows = [*(live or []), row(f"{name}_error", device, None, "-", False, f"{type(e).__name__}: {msg}")]
     heavy = sorted({m.split(".")[0] for m in sys.modules if m.split(".")[0] in HEAVY} - before)
     return rows, time.perf_counter() - t0, heavy, finished
-
-
-def failures(rows: list[dict], strict: bool, optional: frozenset[str] = OPTIONAL) -> list[str]:
-    """The rows that fail the check: a false equality check, a row that failed or timed out, a section that stopped
-    with an error, a row or section the deadline left unrun (not in an `optional` section), and, when strict, a
-    section skipped for a missing package (`<section>_skipped`)."""
-    return [r["name"] for r in rows
-            if r["ok"] is False or (strict and r["name"].endswith("_skipped"))
-            or (r.get("not_run") and r.get("section") not in optional)]
 
 
 def summarise(rows: list[dict], device: str, facts: dict) -> list[dict]:
