@@ -45,8 +45,9 @@ GENERATE_ROWS, COMPILED_ROWS in bench/gpu/generate.py; a variant is one line the
   pool 64, against `search_n` (1M) base vectors: on SimCSE-like vectors (sections.simcse_like_vectors: a shared mean
   direction and a low-rank part; ~93% of pairs in band, so rows widen) at the stage's precision on a quarter of the
   queries (the 1M x 1M goal's row, scaled), in float32 on a sixteenth, and on topic vectors (sparse bands, the
-  H200's 2026-11-28 vectors) on an eighth; gemm_search_d768_* at the block it took; profile_search_busy (two blocks
-  under torch.profiler).
+  H200's 2026-11-28 vectors) on an eighth; each row times one block first and takes as many of its queries as fit
+  `search_s` (30 s for the goal row, less for a smaller share), so rows that widen more than expected cost queries,
+  not the lease; gemm_search_d768_* at the block it took; profile_search_busy (two blocks under torch.profiler).
 - generate_*: translation on an opus-mt-shaped Marian: generate_hf (HF generate, fixed lengths), the stage's
   Translator on `gen_n` (8,192) real-length rows in the 1M path's batches (262,144-token budget): generate_default
   (the stage's defaults: our loop), generate_ours, generate_old (HF generate, dynamic cache), generate_static (its
@@ -102,13 +103,13 @@ HEAVY = ("faiss", "prefect", "duckdb", "spacy")  # never imported by a section (
 
 SIZES = {
     "gpu": dict(bert="base", marian="opus-mt", encode_n=40_960, encode_batch=256, max_length=128,
-                search_n=1_000_000, search_queries=1_000_000, search_d=384,
+                search_n=1_000_000, search_queries=1_000_000, search_d=384, search_s=30.0, search_block=0,
                 train_batch=64, train_max_length=32, train_warmup=2, train_steps=10,
                 gen_n=8192, gen_batch=64, gen_fixed_n=1024, gen_src=32, gen_tokens=64, gen_compile_n=512,
                 check_n=2000, stage_lines=300, gemm_peak=8192, profile_batches=2,
                 deadline_s=330.0, row_s=90.0, compiled_s=100.0),
     "twin": dict(bert="toy", marian="toy", encode_n=64, encode_batch=16, max_length=64,
-                 search_n=2000, search_queries=2000, search_d=384,
+                 search_n=2000, search_queries=2000, search_d=384, search_s=0.05, search_block=128,
                  train_batch=8, train_max_length=16, train_warmup=1, train_steps=2,
                  gen_n=8, gen_batch=4, gen_fixed_n=8, gen_src=8, gen_tokens=8, gen_compile_n=4,
                  check_n=400, stage_lines=120, gemm_peak=256, profile_batches=1,

@@ -150,6 +150,9 @@ def section_search(models: Models, device: str, sizes: dict) -> list[dict]:
         d, kind, share = settings.pop("d"), settings.pop("vectors"), settings.pop("share", 1)
         settings.setdefault("precision", stage_precision(device))
         q = max(1, full // share)
+        # the row's target seconds: `search_s` for the goal row, less for a row of a smaller share (a search whose
+        # rows widen more than expected still leaves the check its time, at fewer queries, scaled as before)
+        target = sizes["search_s"] * SEARCH_ROWS[PROFILED_SEARCH].get("share", 1) / share
         if (kind, d) not in vectors:
             vectors.clear()  # one base in memory at a time (1M x 768 float32: 3 GB)
             t0 = time.perf_counter()
@@ -157,26 +160,36 @@ def section_search(models: Models, device: str, sizes: dict) -> list[dict]:
             vectors[kind, d] = (base, time.perf_counter() - t0)
         x, made = vectors[kind, d]
 
-        def measure(name=name, settings=settings, d=d, q=q, x=x, made=made, kind=kind):
+        def measure(name=name, settings=settings, d=d, q=q, x=x, made=made, kind=kind, target=target):
             reset_peak(device)
             t0 = time.perf_counter()
-            index = TorchExact(x, device)
+            index = TorchExact(x, device, block_rows=sizes["search_block"] or None)  # 0: as the stage sizes it
             call = apply_settings(index, band_neighbours, settings)
             if index.precision != "float32":
                 index.check_bound()  # what band() runs first: once a search, whatever its queries
             sync(device)
             setup = time.perf_counter() - t0  # the base to the device and the precision check: once, not per query
             block = min(q, index.band_rows())  # what band() takes on entry (free memory with the base loaded)
-            table = band_search(index, x, sids, q, b, call)
+            run, sized = q, ""
+            if block < q:  # one block first (a warm-up too), then as many queries as fit the row's target time
+                t1 = time.perf_counter()
+                band_search(index, x, sids, block, b, call)
+                sync(device)
+                probe = time.perf_counter() - t1
+                run = min(q, max(block, int(block * target / max(probe, 1e-6))))
+                sized = f" ({run} of its {q}: a {block}-query block took {probe:.2f} s; target {target:g} s)"
+            t1 = time.perf_counter()
+            table = band_search(index, x, sids, run, b, call)
             sync(device)
-            s = time.perf_counter() - t0
+            s = setup + time.perf_counter() - t1
             peak = peak_mib(device)
             del index
             blocks.setdefault(d, block)
-            note = (f"{q} queries x {n} base x {d}, {kind} vectors, band {b['lo']}-{b['hi']}, pool {b['pool_size']}, {settings}: "
-                    f"{table.num_rows} pool rows ({table.num_rows / q:.1f}/query), blocks of {block} queries; "
-                    f"{setup:.2f} s of it once a search (the base to the device, the precision check); "
-                    f"vectors made in {made:.1f} s (not timed)")
+            note = (f"{run} queries{sized} x {n} base x {d}, {kind} vectors, band {b['lo']}-{b['hi']}, pool "
+                    f"{b['pool_size']}, {settings}: {table.num_rows} pool rows ({table.num_rows / run:.1f}/query), "
+                    f"blocks of {block} queries; {setup:.2f} s of it once a search (the base to the device, the "
+                    f"precision check); vectors made in {made:.1f} s (not timed)")
+            q = run
             return [row(f"{name}_seconds", device, round(s, 2), "s", None, note, job=f"search_d{d}",
                         flop=2.0 * q * n * d, seconds=s, precision=PRECISION[settings.get("precision", "float32")],
                         queries=q, base=n, d=d, setup_seconds=round(setup, 3)),
