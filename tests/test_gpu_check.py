@@ -261,6 +261,20 @@ def test_rerun_failed_runs_again_only_what_failed_or_did_not_run(tmp_path):
     assert final["gemm_peak_bf16"] == next(r for r in second["rows"] if r["name"] == "gemm_peak_bf16")
 
 
+def test_the_compiled_rows_wait_for_time_left_and_their_absence_fails_nothing(tmp_path):
+    """The compiled section starts only with `compiled_s` seconds left before the deadline; without them it is one
+    row "not run (optional)" and the check still passes (everything else measured first)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": CHILD_PYTHONPATH}
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu.check", "--twin", "--only", "compiled", "--size",
+                           "compiled_s=100000", "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    result = json.loads((tmp_path / "results.json").read_text())
+    got = [r for r in result["rows"] if r["section"] == "compiled"]
+    assert [(r["name"], r["ok"], r["not_run"]) for r in got] == [("compiled_not_run", None, True)]
+    assert got[0]["note"].startswith("not run (optional)") and result["failed"] == []
+
+
 def test_the_search_rows_vectors_put_most_pairs_in_the_band():
     """band_search_d768's SimCSE-like vectors: most pairs' cosines fall in the default band 0.25-0.75 (a row's
     best in-band scores crowd the band's top, so rows widen), where the topic vectors put almost none there."""
