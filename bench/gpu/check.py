@@ -5,7 +5,7 @@ downloads: every model is built here with random weights (bench/fixtures/shapes.
 
 On the lent GPU machine (it has no .venv), from the repository root, .gpu-wheels carried (`make gpu-wheels`):
 
-    PYTHONPATH=. python3 -m bench.gpu.check                   # THE check: <= 6 minutes on a bare H100, installs included
+    PYTHONPATH=. python3 -m bench.gpu.check                   # THE check: <= 6 min on a bare H100, installs included
     PYTHONPATH=. python3 -m bench.gpu.check --rerun-failed    # just the rows that failed or did not run, into the same
                                                               # results.json (`--rerun-failed FILE`: another run's)
 Here: `make gpu-check` (the venv's python; on a CPU the twin, below); `--size KEY=VALUE` changes any of SIZES, e.g.

@@ -1,7 +1,7 @@
 """`make gpu-rehearsal`: the GPU check's CPU twin in an environment built like the lent GPU machine's, so that a
 section that would be skipped or break there fails here first, at no device time.
 
-    make gpu-rehearsal            # = python -m bench.gpu.rehearsal: the venv (built once: ~3 min here), the twin (~1 min)
+    make gpu-rehearsal            # = python -m bench.gpu.rehearsal: the venv (built once: 3-5 min here), the twin (~1 min)
     python -m bench.gpu.rehearsal --fresh    # the venv and the wheels built anew, whatever the last rehearsal left
 
 1. A throwaway venv in artifacts/gpu-rehearsal/venv, from the system Python (3.11 here; the machine has 3.12), with
