@@ -108,7 +108,8 @@ bench: $(STAMP)
 
 # GPU speeds at the papers' model sizes and GPU-vs-CPU checks (bench/gpu/check.py) -> artifacts/gpu-check/results.json;
 # the CPU twin (toy sizes) where torch sees no CUDA. No install step: the lent GPU machine has no .venv (its python3
-# and preinstalled packages run it: `PYTHONPATH=. python3 -m bench.gpu.check`).
+# and preinstalled packages run it: `PYTHONPATH=. python3 -m bench.gpu.check`, at most 6 minutes on a bare H100; then
+# `PYTHONPATH=. python3 -m bench.gpu.check --rerun-failed` runs again just what failed or did not run).
 # The wheels the GPU machine lacks (bench/gpu/machine.py's CARRIED: pydantic for the config and the objectives,
 # rapidfuzz for the stages, CTranslate2), for its Python 3.12: carry .gpu-wheels/ with the working tree;
 # bench/gpu/check.py installs them there with no index
@@ -120,7 +121,8 @@ gpu-wheels: $(STAMP)
 	@du -sh .gpu-wheels
 
 # The check's CPU twin, strict, in a throwaway venv with the GPU machine's package versions and only the carried
-# wheels (bench/gpu/rehearsal.py): run it whenever the imports of the stages, the models or the trainer change
+# wheels (bench/gpu/rehearsal.py; the venv is reused while built from the same versions, `--fresh` rebuilds it):
+# run it whenever the imports of the stages, the models or the trainer change
 gpu-rehearsal:
 	$(PY) -m bench.gpu.rehearsal
 

@@ -5,6 +5,8 @@ the rehearsal of it on this machine (`make gpu-rehearsal`).
   at the papers' model sizes, each against the peer a user would reach for and against the card's own GEMM rate, all
   in the same run; the 1M path projected from them; and whether the GPU's results agree with the CPU's. Nothing
   downloads: every model is built here with random weights (bench/fixtures/shapes.py), and Prefect is not used.
+- budget.py: The GPU check's clock (issue 63): a lease is 15 minutes of device time in all, start-up included, and
+  one call at most 10, so the check has a deadline of its own and every row a time budget.
 - limits.py: The card's limits in `make gpu-check` (bench/gpu/check.py has what they measure and how to run it): its
   own GEMM rate at the jobs' shapes, a profile of a few encode and generate batches, and the summary that sets every
   job against its peer, its limit and the 1M path. Standard library at import time; each section imports what it uses.
@@ -31,7 +33,7 @@ from __future__ import annotations
 from bench import lazy_attributes
 
 _HOME = {
-    "failures": "bench.gpu.check",
+    "failures": "bench.gpu.budget",
     "PATH_1M": "bench.gpu.limits",
     "marian_flop": "bench.gpu.limits",
     "summary": "bench.gpu.limits",

@@ -3,133 +3,83 @@ the papers' model sizes, each against the peer a user would reach for and agains
 in the same run; the 1M path projected from them; and whether the GPU's results agree with the CPU's. Nothing
 downloads: every model is built here with random weights (bench/fixtures/shapes.py), and Prefect is not used.
 
-    make gpu-check                                  # here: the venv's python (on a CPU: the CPU twin, below)
-    PYTHONPATH=. python3 -m bench.gpu.check         # THE command on the lent GPU machine (it has no .venv), from
-                                                    # the repository root (budget: 8 minutes on a bare H100,
-                                                    # the wheels' install included: BUDGET below)
-    python3 -m bench.gpu.check --size search_queries=200000 train_steps=5   # any size below, smaller or larger
-    python3 -m bench.gpu.check --twin               # the CPU twin's toy sizes, whatever the machine has
+On the lent GPU machine (it has no .venv), from the repository root, .gpu-wheels carried (`make gpu-wheels`):
 
-It prints one table (name, device, value, unit, ok) and writes artifacts/gpu-check/results.json (`--out DIR` to
-write elsewhere): the machine, the sizes, and one row per number: {"name", "device", "value", "unit", "ok", "note"}
-(speed rows add what the summary reads: job, flop, seconds, precision, peer_of). Beside it: profile.txt and two
-Chrome traces (profile_encode.json.gz, profile_generate.json.gz, profile_loop.json.gz, profile_search.json.gz;
-chrome://tracing or ui.perfetto.dev); each table's first line names any host op that took over 1 ms in one call.
-`ok` is true/false for each equality check and null for a measurement. Exit status: 1 when a check fails, a
-section stops with an error, or (strict: on a CUDA machine, under `--strict`, and always in `make gpu-rehearsal`) a
-section is skipped for a missing package; else 0. A lease is minutes long and comes rarely, so on the GPU every
-section has to run the first time: a skip there is named as a failure (`failures`). The one exception is
-CTranslate2's known CUDA-12 link under a CUDA-13 driver (cuBLAS 12 not found by pipeline/models/cublas.py):
-generate_ct2's row then has no value and one line of reason, and that is not a failure (the HF rows still measure
-translation); so is a generate row whose setting this checkout lacks (`decoder`, before issue 51's loop is
-merged). Elsewhere (`--twin` on this box without `--strict`) a skip is one line, not a failure.
+    PYTHONPATH=. python3 -m bench.gpu.check                   # THE check: <= 6 min on a bare H100, installs included
+    PYTHONPATH=. python3 -m bench.gpu.check --rerun-failed    # just the rows that failed or did not run, into the same
+                                                              # results.json (`--rerun-failed FILE`: another run's)
+Here: `make gpu-check` (the venv's python; on a CPU the twin, below); `--size KEY=VALUE` changes any of SIZES, e.g.
+`--size deadline_s=500 search_queries=200000`; `--twin`: the CPU twin's toy sizes whatever the machine has.
 
-What it measures (GPU sizes; `--size KEY=VALUE` changes any of SIZES["gpu"]; the sections' code is in
-bench/gpu/speeds.py, bench/gpu/generate.py, bench/gpu/limits.py and bench/gpu/sections.py, the models in
-bench/fixtures/shapes.py). The speed sections measure one row per entry of a table at the top of bench/gpu/speeds.py
-(ENCODE_ROWS, SEARCH_ROWS, TRAIN_ROWS) and bench/gpu/generate.py (GENERATE_ROWS, COMPILED_ROWS): row name ->
-settings; a variant (a static cache, a token budget, ...) is one line there.
-- gemm_<job>_<precision>: the card's own rate, torch.mm TFLOP/s in bf16, TF32 and full float32, at each job's
-  largest matmul: encode (`encode_batch` x 22 tokens x 768 x 3072), generate (`gen_batch` x 512 x 58,101: the
-  output layer), and peak (`gemm_peak` cubed); the search's, at its real block, come with the search rows.
-- encode_<precision>: `contramine.pipeline.models.encode.encoder.Encoder.encode` sentences/s with a bert-base-shaped BertModel
-  (12 layers, hidden 768, 12 heads, WordPiece vocabulary trained on wiki1m lines), `encode_n` sentences (wiki1m
-  lines, repeated past the file's 11k; seeded sentences of common words where ../shared/data is absent), batch
-  `encode_batch`, max length 128, mean pooling, float32 (TF32 off) and bf16 autocast; one warm-up pass on a
-  twentieth of them, then one timed pass each. encode_st_<precision>: the peer, sentence-transformers `encode`
-  (preinstalled on the GPU machine) on the same model folder (a plain HF folder: mean pooling) and sentences, same
-  batch size, normalised, float32 and bf16 weights; the note has its max |difference| from our vectors.
-  encode_bf16_cudnn: encode_bf16 with SDPA free to pick cuDNN's attention, torch's default order on sm90 / sm100
-  (the pipeline runs without it: pipeline/models/attention_kernels.py); the contrast says what that choice is worth.
-- band_search_d<d>[_<precision>]: `contramine.pipeline.search.band.band_neighbours` with `contramine.pipeline.search.torch_exact.TorchExact`
-  on the GPU (exact inner-product k-NN in torch; the stage's `neighbours.engine = "torch"`), per SEARCH_ROWS: at
-  d = 768 (debcse-paper's bert-base encoder: the projection's row) in float32 on all `search_queries` queries, TF32
-  and bf16 scores on an eighth of them, and at d = 384 (the default MiniLM) on an eighth, each against `search_n`
-  unit vectors of that d (seeded, ~100 per topic, so every query has in-band neighbours as on real sentences), the
-  neighbours defaults (band 0.25-0.75, pool 64); seconds, queries/s, pool rows, GPU peak memory. After the first
-  search at each d, gemm_search_d<d>_<precision>: torch.mm at [the block of queries that search took
-  (`TorchExact.band_rows`, read as band() reads it: 2,147 on an 80 GB card against 1M), d, `search_n`].
-  profile_search_busy: two blocks of the band_search_d768 search under torch.profiler (profile_search.json.gz and
-  profile_search.txt beside results.json): where a block's time goes besides its GEMM.
-- train_<objective>: one training step of each objective (trainer/objectives/) on the bert-base shape, as
-  trainer/train.py's loop runs it on a GPU: bf16 autocast, TF32 matmuls, fused AdamW, gradient clipping at 1.0,
-  padding-free encoder (train.unpad), batch `train_batch` x `train_max_length` tokens of pre-collated rows (the loop
-  collates in DataLoader workers); `train_warmup` steps, then `train_steps` timed: steps/s and peak memory.
-- generate_hf: HF `generate` target tokens/s on an opus-mt-shaped Marian (6+6 layers, d_model 512, vocabulary
-  58,101), greedy, exactly `gen_tokens` new tokens per row (eos suppressed until then), `gen_fixed_n` rows of
-  `gen_src` random ids, batch `gen_batch`, in the dtype the pipeline translates with on that device (bf16 on a GPU
-  that supports it, float32 on a CPU). The rows below are in bench/gpu/generate.py.
-- generate_ours / generate_old / generate_static: the stage's way, `Translator.translate` (loaded by the stage's
-  `load_engine`) at the stage's defaults + GENERATE_ROWS' settings, on `gen_n` (8,192) rows of real sentences'
-  lengths: wiki1m lines (bench/data/wiki1m_sample.txt.gz, carried in the repository: the GPU machine has no
-  ../shared), each as many placeholder tokens as it has words and punctuation marks, length-sorted and batched by
-  the Translator itself (on a GPU the 262,144-token budget: ~3,000 rows a batch, the 1M path's batches), each row
-  decoding to its own length cap (the random model rarely ends a row itself). generate_ours is our decode loop
-  (`backtranslate.decoder = "loop"`, issue 51; where this checkout's config has no such setting: no value and one
-  line, not a failure), generate_old the old path (`decoder = "generate"`: HF generate). generate_user_hf: the peer
-  on the same rows and model, plain HF generate as a user writes it: `tokenizer(texts, padding=True)`,
-  `model.generate(**inputs)`, batch `gen_batch` (64) in input order, max_new_tokens the batch's largest row cap;
-  tokens counted up to each row's eos, at most its cap. generate_ours_cudnn: generate_ours with SDPA free to pick
-  cuDNN's attention (as encode_bf16_cudnn): a cuDNN plan built for each new key length is what the H200's 18,169
-  tokens/s for the loop paid (2026-11-28).
-- generate_ct2: the same rows through CTranslate2 as the pipeline loads it (pipeline/models/translate/engines/ct2.py `load_engine`:
-  converted once, CUDA 12's cuBLAS loaded first on a GPU by pipeline/models/cublas.py), float16 on a GPU, int8 on a
-  CPU; where its wheel or cuBLAS 12 is missing there, no value and the one-line reason (not a failure).
-- generate_static_compile (the `compiled` section, the check's last: a compile can take minutes or break the
-  process, so everything else is measured and written first): `kv_cache = "static"` + `compile`, on
-  `gen_compile_n` rows, warmed up on every row (each batch shape compiles), then timed.
-Every speed row is guarded: an exception is that row failed (ok false, the error in one line), and the next row
-runs.
-- profile_<job>_busy: torch.profiler over `profile_batches` encode batches and generate batches (Translator, the
-  stage's defaults): the share of the wall time the device was busy (the CPU twin: the ops), the top ops by self
-  device time in profile.txt, the Chrome traces beside results.json.
-And the summary, from the rows above (bench/gpu/limits.py's docstring says how a job's arithmetic is counted):
-- vs_peer_<row>: ours / the peer on the same work (encode vs sentence-transformers, generate_ours and generate_old
-  vs generate_user_hf);
-- vs_limit_<row>: the job's arithmetic per second / gemm_<job>_<precision> at its shape and precision;
-- projection_1m_hours: the 1M DebCSE path (debcse-paper profile's work, bench/gpu/limits.py's PATH_1M) from the
-  measured rates (encode_bf16, band_search_d768 scaled to 1M x 1M, generate_ours, else generate_old and the note
-  says so, train_debcse), the CPU stages on `runner.workers` cores (default 1: the run's, not the machine's), with
-  each stage's minutes; goal_*: issues 46 and 51's goals on one H100 as fractions (>= 1: met).
+The time it may take (issue 63: a lease is 15 minutes of device time, start-up included, one call at most 10):
+`deadline_s` (SIZES: 330 s from the start on a GPU, the carried wheels' install included) and a budget per row
+(`row_s`, longer for the rows bench/gpu/budget.py's ROW_S names); a row past its budget is one failed row, one the
+deadline leaves no time for is one row "not run", and every row is written to results.json as it is measured, so a
+run killed from outside leaves what it measured. The rows that decide issue 63's goals come first in each section;
+the compiled rows are optional and last: they start only with `compiled_s` seconds left, and not running is not a
+failure there. `--rerun-failed` reads results.json, runs again only the sections with a row that failed or did not
+run (skipping, inside them, the rows already measured), and writes the merged rows and a new summary.
 
-BUDGET on a bare H100 (estimates from the 2026-11-26 run, BENCHMARKS.md, and the issue's figures; not measured):
-carried wheels' install ~15 s, imports ~10 s; checks ~10 s; gemm ~5 s; encode ~25 s (20,000 sentences x 3 rows + 2
-peers, the BERT's vocabulary built first); search ~75 s (1M x 768 vectors ~10 s, the d = 768 float32 search
-~45 s, TF32 / bf16 at an eighth ~10 s, d = 384 at an eighth ~5 s with its vectors, GEMM rows ~3 s); generate
-~110 s (model ~5 s, generate_hf ~5 s; three Translator rows on 8,192 rows, ~22 tokens each, in 4 budget batches of
-682-7,281 rows and 412 decode steps in all, ~8 s each; the user's batch-64 generate ~65 s: 128 batches, 16,192
-decode steps at the ~4 ms a step measured on 2026-11-26; CTranslate2 ~10 s where it loads); stages ~15 s; train
-~20 s; profile ~10 s; compiled ~60 s (512 rows: one budget batch, one shape compiled). About 6 minutes; the results' `section_seconds` show
-each section's own time.
+It prints one table (name, device, value, unit, ok) and writes artifacts/gpu-check/results.json (`--out DIR`): the
+machine, the sizes, `sections_done`, `failed`, and one row per number: {"name", "device", "value", "unit", "ok",
+"note", "section"} (speed rows add what the summary reads: job, flop, seconds, precision, peer_of; a row the deadline
+stopped: "not_run": true). Beside it: profile.txt, profile_search.txt and Chrome traces (profile_encode.json.gz,
+profile_generate.json.gz, profile_search.json.gz). `ok` is true/false for each equality check and null for a
+measurement. Exit status 1 when a check fails, a row fails or times out, a row or section did not run (the compiled
+ones excepted), or (strict: on a CUDA machine, under `--strict`, and always in `make gpu-rehearsal`) a section is
+skipped for a missing package; else 0. CTranslate2's known CUDA-12 link under a CUDA-13 driver is no failure
+(generate_ct2's row: no value and one line of reason), nor is a generate row whose setting this checkout lacks.
 
-And checks, on tiny models built here (float32, TF32 off):
-- check_encoder_cpu_vs_<device>: the same 64 sentences encoded on the CPU and on the device: max |difference|.
-- check_batch_<precision>: one row's vector encoded alone, in a batch of 7 and of 64 sentences of its token
-  length: max |difference| (0 on a CPU, where the pipeline promises it; on a GPU the measured difference).
-- check_band_pools: band pools of `check_n` vectors with TorchExact on the device = the float64 brute force
-  (`exact_band_neighbours`) = TorchExact on the CPU.
-- check_stage_*: the pipeline's stages through `contramine.pipeline.engine.runner.run_stage` (no Prefect) on
-  `stage_lines` wiki1m lines with a tiny encoder saved to a temporary folder (`encoder.model=<folder>`):
-  sentences, pool_sentences, embeddings, pool_embeddings, neighbours on the device, then on the CPU; the
-  embeddings within 1e-5, and the neighbours stage run on the CPU over the device run's embeddings gives the same
-  table.
+The rows (GPU sizes; the tables of rows: ENCODE_ROWS, ST_ROWS, SEARCH_ROWS, TRAIN_ROWS in bench/gpu/speeds.py,
+GENERATE_ROWS, COMPILED_ROWS in bench/gpu/generate.py; a variant is one line there):
+- checks (tiny models, float32, TF32 off): check_encoder_cpu_vs_<device>, check_batch_<precision> (a row's vector
+  alone and in batches of 7 and 64), check_band_pools and check_band_pools_dense (band pools of `check_n` topic /
+  SimCSE-like vectors with TorchExact on the device = the float64 brute force = TorchExact on the CPU).
+- gemm_<job>_<precision>: torch.mm TFLOP/s at each job's largest matmul (bf16, TF32, float32).
+- encode_*: `Encoder.encode` sentences/s, bert-base shape, `encode_n` (40,960) wiki1m sentences (the carried
+  sample, repeated), the stage's GPU way first (encode_bf16: bf16, the Encoder's token budget), then with cuDNN's
+  attention allowed (encode_bf16_cudnn), float32, a 65,536-token budget; the peer encode_st_bf16_nocudnn
+  (sentence-transformers on the same folder and sentences, bf16 weights, without cuDNN's attention as the pipeline
+  runs: issue 63's peer) and encode_st_bf16 (its default, cuDNN allowed).
+- band_search_d768*: `band_neighbours` + TorchExact (the stage's `neighbours.engine = "torch"`), band 0.25-0.75,
+  pool 64, against `search_n` (1M) base vectors: on SimCSE-like vectors (sections.simcse_like_vectors: a shared mean
+  direction and a low-rank part; ~93% of pairs in band, so rows widen) at the stage's precision on a quarter of the
+  queries (the 1M x 1M goal's row, scaled), in float32 on a sixteenth, and on topic vectors (sparse bands, the
+  H200's 2026-11-28 vectors) on an eighth; each row times one block first and takes as many of its queries as fit
+  `search_s` (30 s for the goal row, less for a smaller share), so rows that widen more than expected cost queries,
+  not the lease; gemm_search_d768_* at the block it took; profile_search_busy (two blocks under torch.profiler).
+- generate_*: translation on an opus-mt-shaped Marian: generate_hf (HF generate, fixed lengths), the stage's
+  Translator on `gen_n` (8,192) real-length rows in the 1M path's batches (262,144-token budget): generate_default
+  (the stage's defaults: our loop), generate_ours, generate_old (HF generate, dynamic cache), generate_static (its
+  static cache), generate_ours_cudnn; generate_user_hf (plain HF generate at batch 64 as a user writes it, every 4th
+  row); generate_ct2 (CTranslate2 through the pipeline's loader, where it loads).
+- check_stage_*: the stages sentences -> neighbours through `run_stage` on the device and on the CPU: equal.
+- train_<objective>: one training step as trainer/train.py runs it (bf16, TF32, fused AdamW, padding-free), DebCSE
+  first: steps/s and peak memory.
+- profile_encode_busy, profile_generate_busy: two short profiles (the stage's encode and translation).
+- generate_static_compile (optional, last): the static cache compiled, on `gen_compile_n` rows.
+- The summary: vs_peer_<row> (ours / the peer's), vs_limit_<row> (the job's arithmetic per second / its GEMM rate),
+  projection_1m_hours (the 1M DebCSE path as one graph, bench/gpu/projection.py: the mine's stages and training
+  simulated on `runner.workers` workers and one card, fed encode_bf16, band_search_d768 scaled to 1M x 1M, the
+  translation row (generate_default, else the old path, said so) and train_debcse), goal_* (issue 63's goals as
+  fractions, >= 1: met).
 
-The CPU twin: where torch sees no CUDA device (or with `--twin`), the same code runs at SIZES["twin"] (toy models,
-seconds each, the compiled row's CPU compile the longest; ~1 minute on a quiet 2-core box, up to 5 beside other
-work) and must exit 0 with every row and no failed check
-(tests/test_gpu_check.py).
+The budget on a bare H100 (estimates, not measured: the 2026-11-26 H100 and 2026-11-28 H200 runs, BENCHMARKS.md):
+wheels ~15 s, imports ~10 s, checks ~10 s, gemm ~6 s, encode ~40 s (ST at ~3.5k sentences/s: ~12 s a row),
+search ~45 s (vectors ~3 s a kind, the dense quarter ~10-25 s), generate ~60 s (user_hf ~15-25 s), stages ~5 s,
+train ~15 s, profile ~10 s, summary ~5 s: ~4 minutes, then the compiled row where time is left.
+`section_seconds` in results.json has each section's own time.
 
-Imports: the standard library at import time; each section imports what it uses, and none imports FAISS, Prefect,
-DuckDB or spaCy itself (the GPU machine has none of them; importing the stages imports none of them either). The
-config and the objectives need pydantic and the stages rapidfuzz, which that machine lacks: `make gpu-wheels`
-downloads them (and CTranslate2) into .gpu-wheels/ for Python 3.12; carry that folder, and the check installs them
-there with the machine's pip, no index (`use_carried_wheels`). Without them those sections say "skipped: missing
-module pydantic" in one line, which fails the check on a CUDA machine.
-
-The machine's package versions and the carried wheels are listed in one place, bench/gpu/machine.py (PREINSTALLED,
-CARRIED). `make gpu-rehearsal` (bench/gpu/rehearsal.py) builds a throwaway venv with those versions and only the
-carried wheels (cp311 here) and runs the twin there with `--strict`: run it whenever the imports of the stages, the
-models or the trainer change, before a lease finds out.
+The CPU twin: where torch sees no CUDA device (or with `--twin`), the same code at SIZES["twin"] (toy models,
+seconds a row) must exit 0 with every row and no failed check (tests/test_gpu_check.py). Imports: the standard
+library at import time; each section imports what it uses, and none imports FAISS, Prefect, DuckDB or spaCy itself
+(the GPU machine has none of them). The config and the objectives need pydantic and the stages rapidfuzz, which that
+machine lacks: `make gpu-wheels` downloads them (and CTranslate2) into .gpu-wheels/ for its Python 3.12, and the
+check installs them there with the machine's pip, no index (`use_carried_wheels`); without them those sections are
+skipped in one line, which fails the check on a CUDA machine. The machine's package versions and the carried wheels
+are listed in one place, bench/gpu/machine.py (PREINSTALLED, CARRIED). `make gpu-rehearsal`
+(bench/gpu/rehearsal.py) builds a throwaway venv with those versions and only the carried wheels (cp311 here) and
+runs the twin there with `--strict`: run it whenever the imports of the stages, the models or the trainer change.
 """
 from __future__ import annotations
 
@@ -144,6 +94,7 @@ import time
 import traceback
 from pathlib import Path
 
+from bench.gpu.budget import OPTIONAL, failures
 from bench.gpu.sections import Models, row
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,17 +102,22 @@ OUT = ROOT / "artifacts" / "gpu-check"
 HEAVY = ("faiss", "prefect", "duckdb", "spacy")  # never imported by a section (the stage section excepted: below)
 
 SIZES = {
-    "gpu": dict(bert="base", marian="opus-mt", encode_n=20_000, encode_batch=256, max_length=128,
-                search_n=1_000_000, search_queries=1_000_000, search_d=384,
+    "gpu": dict(bert="base", marian="opus-mt", encode_n=40_960, encode_batch=256, max_length=128,
+                search_n=1_000_000, search_queries=1_000_000, search_d=384, search_s=30.0, search_block=0,
                 train_batch=64, train_max_length=32, train_warmup=2, train_steps=10,
                 gen_n=8192, gen_batch=64, gen_fixed_n=1024, gen_src=32, gen_tokens=64, gen_compile_n=512,
-                check_n=2000, stage_lines=300, gemm_peak=8192, profile_batches=2),
+                check_n=2000, stage_lines=300, gemm_peak=8192, profile_batches=2,
+                deadline_s=330.0, row_s=90.0, compiled_s=100.0),
     "twin": dict(bert="toy", marian="toy", encode_n=64, encode_batch=16, max_length=64,
-                 search_n=3000, search_queries=3000, search_d=384,
+                 search_n=2000, search_queries=2000, search_d=384, search_s=0.05, search_block=128,
                  train_batch=8, train_max_length=16, train_warmup=1, train_steps=2,
                  gen_n=8, gen_batch=4, gen_fixed_n=8, gen_src=8, gen_tokens=8, gen_compile_n=4,
-                 check_n=500, stage_lines=120, gemm_peak=256, profile_batches=1),
+                 check_n=400, stage_lines=120, gemm_peak=256, profile_batches=1,
+                 deadline_s=600.0, row_s=240.0, compiled_s=0.0),
 }
+TIME_KEYS = ("deadline_s", "row_s", "compiled_s")  # the time budget: a rerun's own, not the earlier run's
+TWIN_ROW_SCALE = 2.0  # the twin's ROW_S budgets (bench/gpu/budget.py) against a GPU's: a shared 2-core CPU
+
 
 # ------------------------------------------------------------------------------------------------------ driver
 def sections() -> list:
@@ -171,11 +127,11 @@ def sections() -> list:
     from bench.gpu.speeds import section_encode, section_search, section_train
 
     return [("checks", section_checks), ("gemm", section_gemm), ("encode", section_encode),
-            ("search", section_search), ("generate", section_generate), ("stages", section_stages),
-            ("train", section_train), ("profile", section_profile), ("compiled", section_compiled)]
+            ("search", section_search), ("generate", section_generate), ("train", section_train),
+            ("stages", section_stages), ("profile", section_profile), ("compiled", section_compiled)]
 
 
-SECTION_NAMES = ("checks", "gemm", "encode", "search", "generate", "stages", "train", "profile", "compiled")
+SECTION_NAMES = ("checks", "gemm", "encode", "search", "generate", "train", "stages", "profile", "compiled")
 
 
 def _where(exc: BaseException) -> str:
@@ -185,27 +141,34 @@ def _where(exc: BaseException) -> str:
     return str(files[-1].relative_to(ROOT)) if files else "?"
 
 
-def run_section(name: str, fn, models: Models, device: str, sizes: dict) -> tuple[list[dict], float, list[str]]:
+def run_section(name: str, fn, models: Models, device: str, sizes: dict,
+                live: list[dict] | None = None) -> tuple[list[dict], float, list[str], bool]:
+    """(the section's rows, its seconds, the heavy modules it imported, whether it ran to its end). A section the
+    check's deadline stops keeps the rows it had written down (`live`: what `guarded` emitted) and adds one row
+    `<name>_not_run`."""
+    from bench.gpu.budget import DEADLINE, OutOfTime, clock
+
     before = {m.split(".")[0] for m in sys.modules if m.split(".")[0] in HEAVY}
-    t0 = time.perf_counter()
+    t0, finished = time.perf_counter(), True
     try:
-        rows = fn(models, device, sizes)
+        if clock().left() <= 1.0:
+            raise OutOfTime(DEADLINE, clock().deadline_s)
+        with clock().deadline():
+            rows = fn(models, device, sizes)
     except ModuleNotFoundError as e:  # a package the machine lacks: one line, not a failure
         rows = [row(f"{name}_skipped", device, None, "-", None,
                     f"skipped: missing module {e.name} (imported by {_where(e)})")]
+    except OutOfTime as e:
+        finished = False
+        what = f"{e} ({clock().deadline_s:.0f} s)" if e.what == DEADLINE else str(e)
+        rows = [*(live or []), row(f"{name}_not_run", device, None, "-", None if e.what == DEADLINE else False,
+                                   f"stopped before its end: {what}" if live else f"not run: {what}", not_run=True)]
     except Exception as e:
         traceback.print_exc()
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        rows = [row(f"{name}_error", device, None, "-", False, f"{type(e).__name__}: {msg}")]
+        rows = [*(live or []), row(f"{name}_error", device, None, "-", False, f"{type(e).__name__}: {msg}")]
     heavy = sorted({m.split(".")[0] for m in sys.modules if m.split(".")[0] in HEAVY} - before)
-    return rows, time.perf_counter() - t0, heavy
-
-
-def failures(rows: list[dict], strict: bool) -> list[str]:
-    """The rows that fail the check: a false equality check, a section that stopped with an error, and, when strict,
-    a section skipped for a missing package (`<section>_skipped`)."""
-    return [r["name"] for r in rows
-            if r["ok"] is False or (strict and r["name"].endswith("_skipped"))]
+    return rows, time.perf_counter() - t0, heavy, finished
 
 
 def summarise(rows: list[dict], device: str, facts: dict) -> list[dict]:
@@ -296,68 +259,114 @@ def use_carried_wheels(folder: Path = WHEELS, site: Path = SITE) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    t_start = time.perf_counter()  # the deadline counts from here: the carried wheels' install included
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--twin", action="store_true", help="the CPU twin's toy sizes on the CPU, whatever the machine")
     ap.add_argument("--size", nargs="*", default=[], metavar="KEY=VALUE", help="override a size (see SIZES)")
     ap.add_argument("--only", nargs="*", default=None, choices=SECTION_NAMES)
     ap.add_argument("--out", default=str(OUT), help="folder for results.json (default artifacts/gpu-check)")
+    ap.add_argument("--rerun-failed", nargs="?", const="", default=None, metavar="RESULTS",
+                    help="run again only what failed or did not run in RESULTS (default: --out's results.json)")
     ap.add_argument("--wheels", default=str(WHEELS), help="folder of carried wheels (default .gpu-wheels)")
     ap.add_argument("--strict", action="store_true",
                     help="a section skipped for a missing package fails the check (always so on a CUDA machine)")
     args = ap.parse_args(argv)
+    out = Path(args.out)
+    previous = None
+    if args.rerun_failed is not None:
+        earlier = Path(args.rerun_failed or out / "results.json")
+        if not earlier.is_file():
+            ap.error(f"--rerun-failed: no results at {earlier} (run the check first)")
+        previous = json.loads(earlier.read_text())
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads: every model is built here
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    t_start = time.perf_counter()
     wheels = Path(args.wheels).resolve()
     print(use_carried_wheels(wheels, SITE if wheels == WHEELS else wheels.parent / SITE.name), flush=True)
     import torch
 
+    from bench.gpu import budget
+
     device = "cuda" if torch.cuda.is_available() and not args.twin else "cpu"
     mode = "gpu" if device == "cuda" else "twin"
-    sizes = dict(SIZES[mode])
+    if mode == "twin":  # toy sizes on a shared CPU: two OpenMP threads wait on each other while others hold the cores
+        torch.set_num_threads(1)
+    if previous is not None and previous.get("mode") != mode:
+        ap.error(f"--rerun-failed: those results are the {previous.get('mode')} run's, this is the {mode} one")
+    # a rerun measures at the first run's sizes, with a time budget of its own
+    sizes = dict(SIZES[mode]) | {k: v for k, v in (previous or {}).get("sizes", {}).items() if k not in TIME_KEYS}
     for kv in args.size:
         key, _, value = kv.partition("=")
-        if key not in sizes:
-            ap.error(f"--size {kv}: unknown size {key!r}; one of {', '.join(sizes)}")
-        sizes[key] = type(sizes[key])(value)
+        if key not in SIZES[mode]:
+            ap.error(f"--size {kv}: unknown size {key!r}; one of {', '.join(SIZES[mode])}")
+        sizes[key] = type(SIZES[mode][key])(value)
     facts = machine(device)
-    print(f"gpu-check ({'GPU' if mode == 'gpu' else 'CPU twin: no CUDA device' if not args.twin else 'CPU twin'}): "
-          f"{json.dumps(facts)}", flush=True)
-    rows, timings, imported = [], {}, {}
+    print(f"gpu-check ({'GPU' if mode == 'gpu' else 'CPU twin: no CUDA device' if not args.twin else 'CPU twin'}"
+          f"{', rerunning what failed or did not run' if previous else ''}): {json.dumps(facts)}", flush=True)
     strict = args.strict or mode == "gpu"
-    out = Path(args.out)
+    kept, done = budget.settled(previous, strict, OPTIONAL, args.only) if previous else ([], set())
+    rows: list[dict] = []
+    live: list[dict] = []  # the running section's rows as `guarded` emits them
+    timings = dict((previous or {}).get("section_seconds", {}))
+    imported = dict((previous or {}).get("heavy_imports_by_section", {}))
     out.mkdir(parents=True, exist_ok=True)
 
-    def write(done: bool) -> dict:
-        """results.json after every section, so a run stopped by its time limit still leaves what it measured."""
+    def write(done_now: bool) -> dict:
+        """results.json after every row, so a run stopped from outside still leaves what it measured."""
+        every = budget.merged(kept, rows + live)
         result = {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"), "mode": mode,
-                  "machine": facts, "complete": done, "strict": strict, "failed": failures(rows, strict),
+                  "machine": facts, "complete": done_now, "strict": strict, "failed": failures(every, strict),
                   "sizes": sizes, "seconds": round(time.perf_counter() - t_start, 1), "section_seconds": timings,
-                  "heavy_imports_by_section": imported, "rows": rows}
+                  "sections_done": sorted(done), "heavy_imports_by_section": imported, "rows": every,
+                  **({"rerun_of": previous.get("date")} if previous else {})}
         tmp = out / "results.json.tmp"
         tmp.write_text(json.dumps(result, indent=1))
         tmp.replace(out / "results.json")
         return result
 
+    def show(got: list[dict]) -> None:
+        for r in got:
+            verdict = "" if r["ok"] is None else "ok" if r["ok"] else "FAILED"
+            print(f"   {r['name']}: {fmt(r['value'])} {r['unit']} {verdict}  {r['note']}", flush=True)
+
+    section = ""
+
+    def emit(got: list[dict]) -> None:
+        live.extend(r | {"section": section} for r in got)
+        show(got)
+        write(False)
+
+    clock = budget.use(budget.Clock(sizes["deadline_s"], sizes["row_s"], 1.0 if mode == "gpu" else TWIN_ROW_SCALE,
+                                    t_start, frozenset(r["name"] for r in kept), emit))
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         os.environ["HF_HUB_CACHE"] = str(Path(tmp) / "hub")  # CTranslate2's conversions (ct2.py) go beside it
         models = Models(sizes, Path(tmp), out)
-        for name, fn in sections():
-            if args.only is not None and name not in args.only:
+        for section, fn in sections():
+            if (args.only is not None and section not in args.only) or section in done:
                 continue
-            print(f"== {name}", flush=True)
-            got, seconds, heavy = run_section(name, fn, models, device, sizes)
-            timings[name], imported[name] = round(seconds, 1), heavy
-            for r in got:
-                verdict = "" if r["ok"] is None else "ok" if r["ok"] else "FAILED"
-                print(f"   {r['name']}: {fmt(r['value'])} {r['unit']} {verdict}  {r['note']}", flush=True)
-            rows += got
-            write(done=False)
-    rows += summarise(rows, device, facts)
-    result = write(done=True)
+            print(f"== {section} ({clock.left():.0f} s left of {sizes['deadline_s']} s)", flush=True)
+            if section in OPTIONAL and clock.left() < sizes[f"{section}_s"]:
+                got = [row(f"{section}_not_run", device, None, "-", None, f"not run (optional): {clock.left():.0f} s "
+                           f"left of the check's deadline, under the {sizes[f'{section}_s']} s it needs",
+                           not_run=True)]
+                seconds, heavy, finished = 0.0, [], False
+            else:
+                live.clear()
+                got, seconds, heavy, finished = run_section(section, fn, models, device, sizes, live)
+            emitted = {r["name"] for r in live}
+            show([r for r in got if r["name"] not in emitted])
+            rows.extend(r | {"section": section} for r in got)
+            live.clear()
+            timings[section], imported[section] = round(seconds, 1), heavy
+            if finished and not any(r["name"] in failures(got, strict) for r in got):
+                done.add(section)
+            write(done_now=False)
+    budget.use(budget.Clock())  # the summary and the table: no timer
+    rows, kept = budget.merged(kept, rows), []
+    rows += [r | {"section": "summary"} for r in summarise(rows, device, facts)]
+    result = write(done_now=True)
     total, failed = result["seconds"], result["failed"]
     print(f"\n{'name':<40} {'device':<7} {'value':>14}  {'unit':<24} ok")
     for r in rows:

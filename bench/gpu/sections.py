@@ -92,16 +92,34 @@ def texts_for(n: int) -> list[str]:
 
 
 def guarded(name: str, unit: str, device: str, measure) -> list[dict]:
-    """A row's measurement `measure()` -> its rows; an exception is one failed row (`name`, ok false, the error in one
-    line) and the section goes on with its next row."""
+    """A row's measurement `measure()` -> its rows, under the check's clock (bench/gpu/budget.py): an exception is
+    one failed row (`name`, ok false, the error in one line) and the section goes on with its next row; so is a row
+    past its time budget; a row the check's deadline leaves no time for is one row "not run" (`not_run`), and one an
+    earlier run measured (`--rerun-failed`) is not run again (no rows: the earlier one stays). Every row goes to the
+    clock's `emit` as soon as it is measured (results.json is written at once)."""
     import traceback
 
+    from bench.gpu.budget import DEADLINE, OutOfTime, clock
+
+    c = clock()
+    if name in c.skip:
+        return []
     try:
-        return measure()
+        if c.left() <= 1.0:
+            raise OutOfTime(DEADLINE, c.deadline_s)
+        with c.row(name):
+            rows = measure()
+    except OutOfTime as e:
+        rows = [row(name, device, None, unit, None, f"not run: {DEADLINE} ({c.deadline_s:.0f} s) came first",
+                    not_run=True) if e.what == DEADLINE else row(name, device, None, unit, False, str(e))]
     except Exception as e:
         traceback.print_exc()
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return [row(name, device, None, unit, False, f"{type(e).__name__}: {msg[:300]}")]
+        rows = [row(name, device, None, unit, False, f"{type(e).__name__}: {msg[:300]}")]
+    if c.emit is not None:
+        c.emit(rows)
+    c.resume()  # the deadline's timer over the section's own work again (may fire at once: after the emit)
+    return rows
 
 
 # ------------------------------------------------------------------------------------------------------ models
@@ -157,9 +175,7 @@ def section_checks(models: Models, device: str, sizes: dict) -> list[dict]:
     import torch
 
     from bench.fixtures.shapes import sentences
-    from contramine.pipeline.search.band import band_neighbours, exact_band_neighbours
     from contramine.pipeline.models.encode.encoder import Encoder
-    from contramine.pipeline.search.torch_exact import TorchExact
     from contramine.trainer.precision import strict_float32
 
     rows = []
@@ -183,11 +199,24 @@ def section_checks(models: Models, device: str, sizes: dict) -> list[dict]:
                             f"small batch's rows up to 256 tokens); bitwise equal: {'yes' if d == 0 else 'no'}; "
                             f"tolerance {tol:g}"))
         dev.precision = "float32"
-    x = topic_vectors(sizes["check_n"], sizes["search_d"], seed=1)
+    torch.set_float32_matmul_precision("highest")
+    for name, x in (("check_band_pools", topic_vectors(sizes["check_n"], sizes["search_d"], seed=1)),
+                    ("check_band_pools_dense", simcse_like_vectors(sizes["check_n"], sizes["search_d"], seed=1))):
+        rows.append(band_pools_check(name, x, device))
+    return rows
+
+
+def band_pools_check(name: str, x, device: str) -> dict:
+    """Band pools of `x` (each vector a query) with TorchExact on the device = the float64 brute force = TorchExact
+    on the CPU."""
+    import numpy as np
+
+    from contramine.pipeline.search.band import band_neighbours, exact_band_neighbours
+    from contramine.pipeline.search.torch_exact import TorchExact
+
     sids = np.arange(len(x), dtype=np.int64) * 7 + 3
     b = BAND
     ref = exact_band_neighbours(x, sids, x, sids, b["lo"], b["hi"], b["pool_size"])
-    torch.set_float32_matmul_precision("highest")
     index = TorchExact(x, device)
     on_dev = band_neighbours(x, sids, x, sids, index, index, b["lo"], b["hi"], b["pool_size"],
                              b["slack"], b["max_block_elems"])
@@ -200,10 +229,9 @@ def section_checks(models: Models, device: str, sizes: dict) -> list[dict]:
         if on_dev.num_rows == ref.num_rows and on_dev.num_rows else 0.0
     same_cpu = on_dev.equals(on_cpu)
     ok = same_ref and same_cpu and cos_diff <= 1e-6
-    rows.append(row("check_band_pools", device, on_dev.num_rows, "pool rows", ok,
-                    f"{len(x)} vectors: TorchExact on {device} = float64 brute force: {same_ref} (max |cos diff| "
-                    f"{cos_diff:.1e}); = TorchExact on cpu: {same_cpu}"))
-    return rows
+    return row(name, device, on_dev.num_rows, "pool rows", ok,
+               f"{len(x)} vectors: TorchExact on {device} = float64 brute force: {same_ref} (max |cos diff| "
+               f"{cos_diff:.1e}); = TorchExact on cpu: {same_cpu}")
 
 
 def topic_vectors(n: int, d: int, per_topic: int = 100, seed: int = 0):
@@ -219,6 +247,27 @@ def topic_vectors(n: int, d: int, per_topic: int = 100, seed: int = 0):
         / np.float32(np.sqrt(d))
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     return x
+
+
+def simcse_like_vectors(n: int, d: int, seed: int = 0, device: str = "cpu", rank: int = 48, per_topic: int = 100):
+    """n unit vectors shaped like a SimCSE encoder's: a mean direction every vector shares, a low-rank part (`rank`
+    directions, variance falling as 1/j) and a little isotropic noise, in topics of ~per_topic members. Random pairs'
+    cosines are ~0.46 +- 0.13, so ~93% of pairs fall in the default band 0.25-0.75 (topic_vectors': ~0) and a
+    row's best in-band scores crowd the band's top edge: at 1M vectors thousands lie within bf16's rounding of a
+    row's 64th, so rows widen, as on real sentences. Made with torch on `device` (seconds at 1M x 768 on a GPU)."""
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    mean = torch.randn(d, generator=g, device=device)
+    basis = torch.linalg.qr(torch.randn(d, rank, generator=g, device=device))[0]  # orthonormal columns
+    spectrum = torch.arange(1, rank + 1, device=device, dtype=torch.float32).rsqrt()
+    spectrum *= (0.9 / spectrum.square().sum()).sqrt()  # the low-rank part's variance 0.9, the mean's 1
+    topics = torch.randn(max(1, n // per_topic), rank, generator=g, device=device)
+    z = topics[torch.randint(len(topics), (n,), generator=g, device=device)] * 0.75 ** 0.5 \
+        + torch.randn(n, rank, generator=g, device=device) * 0.25 ** 0.5
+    x = mean / mean.norm() + (z * spectrum) @ basis.T
+    x += torch.randn(n, d, generator=g, device=device) * (0.3 / d) ** 0.5
+    return torch.nn.functional.normalize(x, dim=1).cpu().numpy()
 
 
 # ------------------------------------------------------------------------------------------------------ stages
