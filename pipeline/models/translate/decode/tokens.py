@@ -9,6 +9,8 @@ piece SentencePiece does not know maps its pieces' text, as the tokenizer does):
 (tests/test_decode_loop.py).
 Rows that hold a "<" or ">" past a leading >>code<< (special tokens in the text) and every other tokenizer go
 through the tokenizer itself.
+Output ids come back as the batch's array: `texts` maps them to SentencePiece ids with one table lookup and decodes
+them in one SentencePiece call (array_texts), with no Python per token.
 """
 from __future__ import annotations
 
