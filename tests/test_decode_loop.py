@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 
@@ -167,8 +168,8 @@ def test_marian_input_ids_through_sentencepieces_batch_call_equal_the_tokenizers
 def test_marian_texts_through_sentencepieces_batch_call_equal_the_tokenizers(tmp_path):
     """engines/hf.py's output texts (fast_tokens.texts: one SentencePiece decode for the rows) are
     tokenizer.batch_decode(..., skip_special_tokens=True)'s: for real translations' ids and random ones holding
-    special tokens, language codes and empty rows; also for a tokenizer whose source and target SentencePiece
-    differ and for one with separate vocabularies."""
+    special tokens, language codes and empty rows, as lists and as one padded array; also for a tokenizer whose
+    source and target SentencePiece differ and for one with separate vocabularies."""
     import random
     import shutil
 
@@ -191,6 +192,10 @@ def test_marian_texts_through_sentencepieces_batch_call_equal_the_tokenizers(tmp
         rows = input_ids(tok, lines, 256) + [[rng.randrange(n) for _ in range(rng.randrange(24))] for _ in range(400)]
         rows += [[], [tok.eos_token_id], [tok.pad_token_id, 5, tok.eos_token_id, tok.pad_token_id]]
         assert texts(tok, rows) == tok.batch_decode(rows, skip_special_tokens=True), type(tok).__name__
+        # a batch's ids as the loop returns them (one array, pad after eos): the same texts, by SentencePiece ids
+        width = max(map(len, rows)) + 2
+        batch = np.array([r + [tok.pad_token_id] * (width - len(r)) for r in rows if r])
+        assert texts(tok, batch) == tok.batch_decode(batch.tolist(), skip_special_tokens=True)
 
 
 def test_banned_tokens_in_the_output_bias_score_as_the_ban_processor_scores_them(tiny):

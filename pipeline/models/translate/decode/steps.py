@@ -24,6 +24,7 @@ kernel otherwise pads an unaligned bias itself, in every layer of every step.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -55,9 +56,22 @@ class StepState:
     ends: tuple | None = None  # (token embeddings, output projection, its bias or None), read once a batch
     enc_bias: torch.Tensor | None = None  # SDPA's additive form of enc_keep (0 / -inf), made once a batch
     cross_mask: torch.Tensor | None = None  # what the cross-attention gets: enc_bias's real columns, else enc_keep
+    # the self-attention K/V's memory, (rows, positions, d_model) per layer (self_k / self_v are head views of it):
+    # a step's projection is written into its position by the addmm itself (`out=`), no temporary and no copy
+    self_k_rows: list[torch.Tensor] = field(default_factory=list)
+    self_v_rows: list[torch.Tensor] = field(default_factory=list)
 
     def __post_init__(self):
         self._narrow()
+        self._head_views()
+
+    def _head_views(self) -> None:
+        """self_k / self_v as (rows, heads, positions, head_dim) views of self_k_rows / self_v_rows, where those
+        hold the memory."""
+        if self.self_k_rows:
+            heads, hd = self.self_k[0].shape[1], self.self_k[0].shape[3]
+            self.self_k[:], self.self_v[:] = ([x.view(*x.shape[:2], heads, hd).transpose(1, 2) for x in group]
+                                              for group in (self.self_k_rows, self.self_v_rows))
 
     def _narrow(self) -> None:
         """cross_mask: enc_bias (its last dim padded to a multiple of 8) narrowed to the encoder's positions, a view
@@ -72,8 +86,10 @@ class StepState:
             self.enc_bias = self.enc_bias.index_select(0, index)  # the padded tensor: its rows stay aligned
         self._narrow()
         self.rows = {k: v.index_select(0, index) for k, v in self.rows.items()}
-        for group in (self.cross_k, self.cross_v, self.self_k, self.self_v):
+        for group in (self.cross_k, self.cross_v, *((self.self_k_rows, self.self_v_rows) if self.self_k_rows
+                                                    else (self.self_k, self.self_v))):
             group[:] = [x.index_select(0, index) for x in group]
+        self._head_views()
 
     def expand(self, times: int) -> None:
         """Each row repeated `times` times in place (beam search's beams of one input, HF's expansion order)."""
@@ -118,17 +134,18 @@ class Seq2SeqSteps:
             positions.make_weight(self.pad + 1 + n_tokens, positions.embedding_dim, positions.padding_idx)
         enc = self.encoder(input_ids=input_ids, attention_mask=attention_mask)[0]
         rows, dtype, dev = enc.shape[0], enc.dtype, enc.device
-        cross_k, cross_v, self_k, self_v = [], [], [], []
+        cross_k, cross_v, k_rows, v_rows = [], [], [], []
         for layer in self.decoder.layers:
             a = layer.encoder_attn
             cross_k.append(self._heads(a.k_proj(enc)))
             cross_v.append(self._heads(a.v_proj(enc)))
-            self_k.append(torch.empty((rows, self.heads, n_tokens, self.head_dim), dtype=dtype, device=dev))
-            self_v.append(torch.empty_like(self_k[-1]))
+            k_rows.append(torch.empty((rows, n_tokens, self.heads * self.head_dim), dtype=dtype, device=dev))
+            v_rows.append(torch.empty_like(k_rows[-1]))
         keep = attention_mask.bool()[:, None, None, :]
         bias = None if self.eager else aligned_bias(keep, dtype)
-        return StepState(keep, cross_k, cross_v, self_k, self_v, layers=self.layers(), enc_bias=bias,
-                         ends=self.ends(banned))
+        empty = torch.empty((0, self.heads, 0, self.head_dim), dtype=dtype, device=dev)  # (shapes; views next)
+        return StepState(keep, cross_k, cross_v, [empty] * len(k_rows), [empty] * len(k_rows), layers=self.layers(),
+                         enc_bias=bias, ends=self.ends(banned), self_k_rows=k_rows, self_v_rows=v_rows)
 
     def ends(self, banned=()) -> tuple:
         """(token embedding table, output projection transposed, its bias): the step calls F.embedding and
@@ -177,8 +194,12 @@ class Seq2SeqSteps:
         rows, width, heads, hd = x.shape[0], x.shape[-1], self.heads, self.head_dim
         for i, w in enumerate(state.layers or self.layers()):
             k_cache, v_cache = state.self_k[i], state.self_v[i]
-            k_cache.select(2, t).copy_(linear(x, w.k, w.k_bias).view(rows, heads, hd))
-            v_cache.select(2, t).copy_(linear(x, w.v, w.v_bias).view(rows, heads, hd))
+            if state.self_k_rows:  # the projections land in the caches' position t (the same addmm / mm)
+                linear(x, w.k, w.k_bias, out=state.self_k_rows[i].select(1, t))
+                linear(x, w.v, w.v_bias, out=state.self_v_rows[i].select(1, t))
+            else:
+                k_cache.select(2, t).copy_(linear(x, w.k, w.k_bias).view(rows, heads, hd))
+                v_cache.select(2, t).copy_(linear(x, w.v, w.v_bias).view(rows, heads, hd))
             q = linear(x, w.q, w.q_bias).view(rows, heads, 1, hd)
             h = self._attend(q * w.scaling if self.eager else q, k_cache.narrow(2, 0, t + 1),
                              v_cache.narrow(2, 0, t + 1), None)
@@ -202,10 +223,14 @@ def aligned_bias(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return full
 
 
-def linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight_t.t(), bias) for a 2-D x, called as at::linear calls it (addmm with the bias, mm
-    without): the same kernel on the same tensors, without linear's dispatch and weight.t() every call."""
-    return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
+    without): the same kernel on the same tensors, without linear's dispatch and weight.t() every call. `out`: a
+    2-D view whose rows may be strided (a cache's position): the GEMM writes it in place."""
+    if out is None:
+        return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
+    return torch.mm(x, weight_t, out=out) if bias is None else torch.addmm(bias, x, weight_t, out=out)
 
 
 class LayerWeights(NamedTuple):
@@ -279,7 +304,7 @@ class CheckedProcessors(LogitsProcessorList):
     def __init__(self, processors=(), checked: bool = False):
         super().__init__(processors)
         for p in [] if checked else self:  # checked: a subset of a list checked already
-            extra = list(inspect.signature(p.__call__).parameters)[2:]
+            extra = extra_parameters(p)
             if extra:
                 raise ValueError(f"{type(p).__name__} needs {extra}: the decode loop passes input_ids and scores only")
 
@@ -287,6 +312,20 @@ class CheckedProcessors(LogitsProcessorList):
         for p in self:
             scores = p(input_ids, scores)
         return scores
+
+
+def extra_parameters(processor) -> list[str]:
+    """The parameters `processor` takes past (input_ids, scores). inspect.signature costs ~4 ms a processor (it
+    reads the annotations of the module): a class's __call__ is inspected once, a plain callable every time."""
+    call = processor.__call__
+    if inspect.ismethod(call) and inspect.isfunction(call.__func__):
+        return list(_method_parameters(call.__func__)[3:])  # (self, input_ids, scores, ...)
+    return list(inspect.signature(call).parameters)[2:]
+
+
+@functools.lru_cache(maxsize=None)
+def _method_parameters(call) -> tuple[str, ...]:
+    return tuple(inspect.signature(call).parameters)
 
 
 class DoneFlags:

@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import bisect
 import copy
+import itertools
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, CompileConfig, LogitsProcessor, LogitsProcessorList
@@ -233,10 +235,7 @@ class Translator:
         """The batch's output token ids (len(batch) x k rows, input by input), left on the device. `seeds`: one a
         row where the config samples (None otherwise)."""
         c = self.cfg
-        lengths = torch.tensor([len(x) for x in batch])
-        mask = (torch.arange(int(lengths.max())) < lengths[:, None]).long()  # right padding, built in one piece
-        input_ids = torch.full(mask.shape, self.pad_id, dtype=torch.long).masked_scatter(
-            mask.bool(), torch.tensor([t for x in batch for t in x], dtype=torch.long))
+        input_ids, mask = padded(batch, self.pad_id)
         limits = [row_limit(len(x), c) for x in batch]
         gen = copy.deepcopy(self.gen)
         # one step past the longest cap: every row, the longest too, then ends on the eos we force, so beam scores
@@ -270,8 +269,18 @@ class Translator:
 
     def _texts(self, seqs: torch.Tensor, n: int, k: int) -> list[list[str]]:
         """The texts of a batch's `n` x `k` output rows, whitespace normalised, k a row (one read of the ids)."""
-        texts = [" ".join(s.split()) for s in decoded_texts(self.tokenizer, seqs.tolist())]
+        texts = [" ".join(s.split()) for s in decoded_texts(self.tokenizer, seqs.cpu().numpy())]
         return [texts[r * k:(r + 1) * k] for r in range(n)]
+
+
+def padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids right-padded with `pad`, attention mask), int64 [rows, longest], built in numpy in one piece:
+    torch.tensor of a Python list converts one int at a time (~60 ms for a GPU batch of 3,000 rows, against ~5)."""
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    keep = np.arange(lengths.max()) < lengths[:, None]
+    ids = np.full(keep.shape, pad, dtype=np.int64)
+    ids[keep] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum()))
+    return torch.from_numpy(ids), torch.from_numpy(keep.astype(np.int64))
 
 
 def load_engine(name: str, path: str, cfg: BacktranslateCfg, device: str, dtype: str) -> Translator:
