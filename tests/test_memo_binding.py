@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from memo_helpers import log_lines, memo_rows, vectors
 from child_env import CHILD_PYTHONPATH, ROOT
 from contramine.pipeline.memo import index as memo_index
 from contramine.pipeline.memo.cache import verify
@@ -30,26 +31,9 @@ TEXTS = [f"sentence {i}" for i in range(40)]
 NOBODY = pwd.getpwnam("nobody")
 
 
-def _vectors(texts) -> pa.Table:
-    vecs = np.array([[len(t) + j for j in range(4)] for t in texts], np.float32)
-    return pa.table({"vec": pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), len(texts),
-                                                                 [None, pa.py_buffer(vecs.tobytes())])})
-
-
 def _memo(root, key=None, code="v1", verify=0.0) -> RowMemo:
     memo_index.release_indexes()  # each call a fresh process' view: packs are indexed anew
     return RowMemo(root, "embeddings", "encode", {"format": FORMAT, "code": code}, verify=verify, key=key)
-
-
-def _rows(memo: RowMemo, texts, calls: list) -> pa.Table:
-    def compute(missing):
-        calls.append([texts[i] for i in missing])
-        return _vectors([texts[i] for i in missing])
-    return memo.rows([row_key(t) for t in texts], compute)
-
-
-def _named(caplog, *words) -> list[str]:
-    return [r.getMessage() for r in caplog.records if all(w in r.getMessage() for w in words)]
 
 
 def _owner() -> str:
@@ -71,55 +55,55 @@ def _swap_first_two_keys(pack, rename: bool):
 
 
 def test_keys_swapped_in_place_are_refused_by_the_pack_name(tmp_path, caplog):
-    _rows(_memo(tmp_path), TEXTS, [])
+    memo_rows(_memo(tmp_path), TEXTS, [])
     pack = _swap_first_two_keys(next(_memo(tmp_path).dir.glob("*.parquet")), rename=False)
     calls: list = []
     with caplog.at_level(logging.WARNING, logger="contramine.memo"):
-        assert _rows(_memo(tmp_path, verify=0.0), TEXTS, calls).equals(_vectors(TEXTS))  # no audit needed
+        assert memo_rows(_memo(tmp_path, verify=0.0), TEXTS, calls).equals(vectors(TEXTS))  # no audit needed
     assert calls == [TEXTS]
-    named = _named(caplog, str(pack), "not named after its keys", _owner(), "moved to")
+    named = log_lines(caplog, str(pack), "not named after its keys", _owner(), "moved to")
     assert len(named) == 1 and named[0].count("\n") == 0
 
 
 def test_with_the_key_swapped_and_renamed_keys_are_refused_and_cache_verify_finds_them(tmp_path, caplog):
-    _rows(_memo(tmp_path, KEY), TEXTS, [])
+    memo_rows(_memo(tmp_path, KEY), TEXTS, [])
     pack = _swap_first_two_keys(next(_memo(tmp_path).dir.glob("*.parquet")), rename=True)
     checked, bad = verify(tmp_path, dry_run=True, key=KEY)  # `contramine cache --verify` with the key
     assert checked == 1 and len(bad) == 1 and bad[0][0] == pack and "keyed hash" in bad[0][1]
     assert _owner() in bad[0][1]
     calls: list = []
     with caplog.at_level(logging.WARNING, logger="contramine.memo"):
-        got = _rows(_memo(tmp_path, KEY), TEXTS, calls)
-    assert got.equals(_vectors(TEXTS)) and calls == [TEXTS]  # sentence 0 never gets sentence 1's vector
-    assert len(_named(caplog, str(pack), "keyed hash", "keys swapped", _owner(), "moved to")) == 1
+        got = memo_rows(_memo(tmp_path, KEY), TEXTS, calls)
+    assert got.equals(vectors(TEXTS)) and calls == [TEXTS]  # sentence 0 never gets sentence 1's vector
+    assert len(log_lines(caplog, str(pack), "keyed hash", "keys swapped", _owner(), "moved to")) == 1
 
 
 def test_a_pack_copied_into_another_namespace_is_refused(tmp_path, caplog):
     """Namespace A's pack copied into B (same value schema): refused by its record's namespace; with the record
     edited to name B, by the MAC, which covers the namespace."""
-    _rows(_memo(tmp_path, KEY, code="A"), TEXTS, [])
-    _rows(_memo(tmp_path, KEY, code="B"), ["another row"], [])  # B exists, with its own schema record
+    memo_rows(_memo(tmp_path, KEY, code="A"), TEXTS, [])
+    memo_rows(_memo(tmp_path, KEY, code="B"), ["another row"], [])  # B exists, with its own schema record
     pack = next(_memo(tmp_path, code="A").dir.glob("*.parquet"))
     b_dir = _memo(tmp_path, code="B").dir
     copied = b_dir / pack.name
     shutil.copyfile(pack, copied)
     calls: list = []
     with caplog.at_level(logging.WARNING, logger="contramine.memo"):
-        assert _rows(_memo(tmp_path, KEY, code="B"), TEXTS, calls).equals(_vectors(TEXTS)) and calls == [TEXTS]
-    assert len(_named(caplog, str(copied), "written for namespace", "moved to")) == 1
+        assert memo_rows(_memo(tmp_path, KEY, code="B"), TEXTS, calls).equals(vectors(TEXTS)) and calls == [TEXTS]
+    assert len(log_lines(caplog, str(copied), "written for namespace", "moved to")) == 1
     table = pq.read_table(pack)
     record = {**pack_record(table.schema), "namespace": f"embeddings/{b_dir.name}"}
     write_pack_file(table.replace_schema_metadata({RECORD: json.dumps(record)}), copied)  # the claim made to fit
     calls.clear()
     with caplog.at_level(logging.WARNING, logger="contramine.memo"):
-        assert _rows(_memo(tmp_path, KEY, code="B"), TEXTS, calls).equals(_vectors(TEXTS)) and calls == [TEXTS]
-    assert len(_named(caplog, str(copied), "keyed hash")) == 1
+        assert memo_rows(_memo(tmp_path, KEY, code="B"), TEXTS, calls).equals(vectors(TEXTS)) and calls == [TEXTS]
+    assert len(log_lines(caplog, str(copied), "keyed hash")) == 1
 
 
 def test_packs_not_ours_to_write_are_never_trusted_without_the_key(tmp_path, caplog):
     """Another uid's pack, and our own made group-writable: not served without the key, named with what fstat says
     (owner and name, mode), left in place (it may be honest); with the key, the MAC vouches for them."""
-    _rows(_memo(tmp_path, KEY), TEXTS, [])
+    memo_rows(_memo(tmp_path, KEY), TEXTS, [])
     pack = next(_memo(tmp_path).dir.glob("*.parquet"))
     keyless = _memo(tmp_path).dir / pack_name(b"".join(row_key(t) for t in TEXTS[:5]))  # what a keyless run writes
     for change, words in ((lambda: os.chown(pack, NOBODY.pw_uid, -1), f"uid {NOBODY.pw_uid} ({NOBODY.pw_name})"),
@@ -128,19 +112,19 @@ def test_packs_not_ours_to_write_are_never_trusted_without_the_key(tmp_path, cap
         calls: list = []
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="contramine.memo"):
-            assert _rows(_memo(tmp_path), TEXTS[:5], calls).equals(_vectors(TEXTS[:5])) and calls == [TEXTS[:5]]
-        named = _named(caplog, str(pack), "no runner.memo_key vouches for it", words, "left in place")
+            assert memo_rows(_memo(tmp_path), TEXTS[:5], calls).equals(vectors(TEXTS[:5])) and calls == [TEXTS[:5]]
+        named = log_lines(caplog, str(pack), "no runner.memo_key vouches for it", words, "left in place")
         assert len(named) == 1, [r.getMessage() for r in caplog.records]
         assert pack.exists() and not (tmp_path / ".quarantine").exists()
         keyless.unlink()
     os.chown(pack, NOBODY.pw_uid, -1)
     calls = []
-    assert _rows(_memo(tmp_path, KEY), TEXTS, calls).equals(_vectors(TEXTS)) and calls == []  # the key vouches
+    assert memo_rows(_memo(tmp_path, KEY), TEXTS, calls).equals(vectors(TEXTS)) and calls == []  # the key vouches
 
 
 def test_packs_and_their_namespace_record_are_written_read_only(tmp_path):
     memo = _memo(tmp_path)
-    _rows(memo, TEXTS, [])
+    memo_rows(memo, TEXTS, [])
     for p in [*memo.dir.glob("*.parquet"), memo.dir / "_namespace.json"]:
         assert stat.S_IMODE(p.stat().st_mode) == 0o444, p
     key_column = pq.read_metadata(next(memo.dir.glob("*.parquet"))).row_group(0).column(0)
@@ -148,7 +132,7 @@ def test_packs_and_their_namespace_record_are_written_read_only(tmp_path):
 
 
 def test_a_record_nested_100000_deep_is_one_line_quarantined_and_never_fatal(tmp_path, caplog):
-    _rows(_memo(tmp_path, KEY), TEXTS, [])
+    memo_rows(_memo(tmp_path, KEY), TEXTS, [])
     pack = next(_memo(tmp_path).dir.glob("*.parquet"))
     table = pq.read_table(pack)
     write_pack_file(table.replace_schema_metadata({RECORD: "[" * 100_000}), pack)
@@ -159,10 +143,10 @@ def test_a_record_nested_100000_deep_is_one_line_quarantined_and_never_fatal(tmp
     assert verify(tmp_path, dry_run=True, key=KEY)[0] == 1
     calls: list = []
     with caplog.at_level(logging.WARNING, logger="contramine.memo"):
-        assert _rows(_memo(tmp_path, KEY), TEXTS, calls).equals(_vectors(TEXTS)) and calls == [TEXTS]
-    assert len(_named(caplog, str(pack), "no writer record", "moved to")) == 1
+        assert memo_rows(_memo(tmp_path, KEY), TEXTS, calls).equals(vectors(TEXTS)) and calls == [TEXTS]
+    assert len(log_lines(caplog, str(pack), "no writer record", "moved to")) == 1
     calls.clear()
-    assert _rows(_memo(tmp_path, KEY), TEXTS, calls).equals(_vectors(TEXTS)) and calls == []  # the next run: served
+    assert memo_rows(_memo(tmp_path, KEY), TEXTS, calls).equals(vectors(TEXTS)) and calls == []  # the next run: served
 
 
 BOMB_LOOKUP = """
@@ -182,7 +166,7 @@ def test_a_dictionary_encoded_pack_of_30m_rows_is_refused_from_its_footer(tmp_pa
     so (rows against bytes, a dictionary-encoded key column) before anything is decoded: one line, quarantined,
     and the lookup adds under 50 MiB to its process' peak memory."""
     memo = _memo(tmp_path)
-    _rows(memo, TEXTS[:1], [])
+    memo_rows(memo, TEXTS[:1], [])
     honest = next(memo.dir.glob("*.parquet"))
     one = pa.DictionaryArray.from_arrays(np.zeros(1_000_000, np.int8), pa.array([row_key("sentence 0")],
                                                                                pa.binary(16)))

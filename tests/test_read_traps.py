@@ -14,15 +14,14 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from contramine.pipeline.storage.lock import RunBusy, run_lock
-from contramine.pipeline.memo.rows import RowMemo, row_key
+from contramine.pipeline.memo.rows import RowMemo
 from contramine.pipeline.memo.packs import FORMAT, RECORD, pack_record, values_hash
 from contramine.pipeline.memo.store import write_pack_file
+from memo_helpers import log_lines, memo_rows, vectors
 from child_env import CHILD_PYTHONPATH
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,25 +45,8 @@ def within(seconds: int):
         signal.signal(signal.SIGALRM, old)
 
 
-def _vectors(texts) -> pa.Table:
-    vecs = np.array([[len(t) + j for j in range(4)] for t in texts], np.float32)
-    return pa.table({"vec": pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), len(texts),
-                                                                 [None, pa.py_buffer(vecs.tobytes())])})
-
-
 def _memo(root: Path, key: bytes | None = None, verify: float = 0.0) -> RowMemo:
     return RowMemo(root, "embeddings", "encode", {"format": FORMAT, "code": "v1"}, verify=verify, key=key)
-
-
-def _rows(memo: RowMemo, texts, calls: list) -> pa.Table:
-    def compute(missing):
-        calls.append([texts[i] for i in missing])
-        return _vectors([texts[i] for i in missing])
-    return memo.rows([row_key(t) for t in texts], compute)
-
-
-def _named(caplog, *words) -> list[str]:
-    return [r.getMessage() for r in caplog.records if all(w in r.getMessage() for w in words)]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -149,14 +131,14 @@ def test_a_fifo_or_socket_at_a_lock_is_one_line(tmp_path, kind):
 
 # ---- FIFOs where the memo and the tables read ----------------------------------------------------------------------
 def test_a_fifo_named_like_a_pack_never_stalls_a_lookup(tmp_path, caplog):
-    _rows(_memo(tmp_path), TEXTS[:10], [])
+    memo_rows(_memo(tmp_path), TEXTS[:10], [])
     fifo = _memo(tmp_path).dir / f"{'ab' * 16}.parquet"
     os.mkfifo(fifo)
     calls: list = []
     with within(20), caplog.at_level(logging.WARNING, logger="contramine.memo"):
-        got = _rows(_memo(tmp_path), TEXTS[:20], calls)
-    assert got.equals(_vectors(TEXTS[:20])) and calls == [TEXTS[10:20]]  # the real packs still serve
-    assert len(_named(caplog, str(fifo), "is a FIFO, not a regular file")) == 1
+        got = memo_rows(_memo(tmp_path), TEXTS[:20], calls)
+    assert got.equals(vectors(TEXTS[:20])) and calls == [TEXTS[10:20]]  # the real packs still serve
+    assert len(log_lines(caplog, str(fifo), "is a FIFO, not a regular file")) == 1
 
 
 def test_a_fifo_at_a_table_manifest_is_one_line(tmp_path):
@@ -176,7 +158,7 @@ def test_cache_commands_end_in_seconds_with_a_fifo_planted(tmp_path, where):
     """`contramine cache`, `--verify` and `--unreferenced`: each ends, names the FIFO, shows no traceback."""
     runs = tmp_path / "runs"
     memo = _memo(runs / ".memo")
-    _rows(memo, TEXTS, [])
+    memo_rows(memo, TEXTS, [])
     (runs / "r" / "embeddings").mkdir(parents=True)
     if where == "namespace record":
         other = runs / ".memo" / "embeddings" / "encode-0123456789abcdef"
@@ -201,7 +183,7 @@ def test_cache_commands_end_in_seconds_with_a_fifo_planted(tmp_path, where):
 def _forge_recomputed(pack: Path, user: str = "mallory") -> None:
     """Other values under the same keys, with the plain values hash recomputed: what a writer without the key can do."""
     table = pq.read_table(pack)
-    values = _vectors([t + "!" for t in TEXTS])
+    values = vectors([t + "!" for t in TEXTS])
     record = {**pack_record(table.schema), "values": values_hash(values),
               "writer": {"user": user, "host": "elsewhere", "pid": 7, "time": "then", "code": "?"}}
     forged = table.replace_schema_metadata(None).set_column(1, "vec", values.column("vec"))
@@ -209,37 +191,37 @@ def _forge_recomputed(pack: Path, user: str = "mallory") -> None:
 
 
 def test_with_a_team_key_a_pack_forged_with_a_recomputed_hash_is_refused(tmp_path, caplog):
-    _rows(_memo(tmp_path, KEY), TEXTS, [])
+    memo_rows(_memo(tmp_path, KEY), TEXTS, [])
     pack = next(_memo(tmp_path).dir.glob("*.parquet"))
     assert isinstance(pack_record(pq.read_schema(pack)).get("mac"), str)
     calls: list = []
-    assert _rows(_memo(tmp_path, KEY), TEXTS, calls).equals(_vectors(TEXTS)) and calls == []  # keyed: served
-    assert _rows(_memo(tmp_path), TEXTS, calls).equals(_vectors(TEXTS)) and calls == []  # keyless reader too
+    assert memo_rows(_memo(tmp_path, KEY), TEXTS, calls).equals(vectors(TEXTS)) and calls == []  # keyed: served
+    assert memo_rows(_memo(tmp_path), TEXTS, calls).equals(vectors(TEXTS)) and calls == []  # keyless reader too
     _forge_recomputed(pack)
     mtime = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(pack.stat().st_mtime))
     with caplog.at_level(logging.WARNING, logger="contramine.memo"):
-        got = _rows(_memo(tmp_path, KEY), TEXTS, calls)
-    assert got.equals(_vectors(TEXTS)) and calls == [TEXTS]  # refused without the audit, every row computed
-    named = _named(caplog, str(pack), "keyed hash", OWNER, f"modified {mtime}", "moved to")
+        got = memo_rows(_memo(tmp_path, KEY), TEXTS, calls)
+    assert got.equals(vectors(TEXTS)) and calls == [TEXTS]  # refused without the audit, every row computed
+    named = log_lines(caplog, str(pack), "keyed hash", OWNER, f"modified {mtime}", "moved to")
     assert len(named) == 1 and "mallory" not in named[0], [r.getMessage() for r in caplog.records]
     assert len(list((tmp_path / ".quarantine").rglob("*.parquet"))) == 1
 
 
 def test_with_a_team_key_a_pack_of_another_key_or_none_is_refused(tmp_path, caplog):
-    _rows(_memo(tmp_path, b"another team's key, 32 chars.."), TEXTS[:20], [])
-    _rows(_memo(tmp_path), TEXTS[20:], [])  # written without a key
+    memo_rows(_memo(tmp_path, b"another team's key, 32 chars.."), TEXTS[:20], [])
+    memo_rows(_memo(tmp_path), TEXTS[20:], [])  # written without a key
     calls: list = []
     with caplog.at_level(logging.WARNING, logger="contramine.memo"):
-        assert _rows(_memo(tmp_path, KEY), TEXTS, calls).equals(_vectors(TEXTS))
+        assert memo_rows(_memo(tmp_path, KEY), TEXTS, calls).equals(vectors(TEXTS))
     assert sorted(t for c in calls for t in c) == sorted(TEXTS)
-    assert len(_named(caplog, "not the team key's")) == 1 and len(_named(caplog, "no keyed values hash")) == 1
+    assert len(log_lines(caplog, "not the team key's")) == 1 and len(log_lines(caplog, "no keyed values hash")) == 1
     calls.clear()
-    assert _rows(_memo(tmp_path, KEY), TEXTS, calls).equals(_vectors(TEXTS)) and calls == []  # rewritten keyed
+    assert memo_rows(_memo(tmp_path, KEY), TEXTS, calls).equals(vectors(TEXTS)) and calls == []  # rewritten keyed
 
 
 def test_cache_verify_with_the_key_catches_what_it_cannot_without(tmp_path):
     runs = tmp_path / "runs"
-    _rows(_memo(runs / ".memo", KEY), TEXTS, [])
+    memo_rows(_memo(runs / ".memo", KEY), TEXTS, [])
     _forge_recomputed(next(_memo(runs / ".memo").dir.glob("*.parquet")))
     p = _cli("cache", "--verify", "--dry-run", "--set", f"run.root={runs}")
     assert p.returncode == 0 and "1 packs verified, none failed" in p.stdout, p.stdout + p.stderr  # keyless: passes
