@@ -82,3 +82,14 @@ def test_a_job_outside_dask_names_its_process_without_importing_dask():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert out.stdout.startswith("process ") and out.stdout.split()[-2:] == ["False", "False"]
+
+
+def test_a_library_half_imported_by_another_job_is_left_alone(monkeypatch):
+    """share_cores beside a job whose thread is still importing faiss: sys.modules holds it without its functions
+    yet; the job goes on (a test_docs mine failed here with AttributeError)."""
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "faiss", types.ModuleType("faiss"))  # as `import faiss` leaves it mid-way
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    cores.share_cores(2)
