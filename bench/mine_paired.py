@@ -5,6 +5,7 @@ before). After each round the two mines' tables are compared byte for byte. On a
 mean anything.
 
     python -m bench.mine_paired --base /path/to/base-checkout --new . --rounds 2 --out /tmp/mine-paired
+    python -m bench.mine_paired ... --corpus /tmp/wiki2k.txt       # the default mine on fewer lines
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from bench.scale_paired import same_files
 RUN = "mine-paired"
 
 
-def mine(root: Path, out: Path, extra: list[str]) -> dict:
+def mine(root: Path, out: Path, extra: list[str], corpus: Path | None = None) -> dict:
     """`make mine` of the checkout at `root` as `make` runs it (its .venv, its environment), its run root `out`:
     wall and CPU seconds of the process and its children."""
     shutil.rmtree(out, ignore_errors=True)
@@ -31,7 +32,7 @@ def mine(root: Path, out: Path, extra: list[str]) -> dict:
            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", "CONTRAMINE_VIA": "make"}
     env.pop("PREFECT_API_URL", None)  # each mine starts its own server, as `make mine` does
     cmd = [str(root / ".venv" / "bin" / "python"), "-m", "contramine.flows.cli", "mine", "--profile", "default",
-           "--run", RUN, "--set", f"run.root={out}", f"runner.memo_dir={out / '.memo'}", *extra]
+           "--run", RUN, *(["--corpus", str(corpus)] if corpus else []), "--set", f"run.root={out}", f"runner.memo_dir={out / '.memo'}", *extra]
     load = os.getloadavg()[0]
     with open(out / "mine.log", "wb") as log:
         t0 = time.perf_counter()
@@ -57,13 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("/tmp/mine-paired"), help="the run roots, one per mine")
     ap.add_argument("--set", nargs="*", default=[], help="settings for both sides (none: the default mine)")
+    ap.add_argument("--corpus", type=Path, help="another corpus for both sides (default: the profile's)")
     ap.add_argument("--results", type=Path, default=Path("artifacts/mine-paired.json"))
     a = ap.parse_args(argv)
     sides = {"base": a.base.resolve(), "new": a.new.resolve()}
     rows: list[dict] = []
     for r in range(a.rounds):
         for side in ("base", "new") if r % 2 == 0 else ("new", "base"):
-            row = {"round": r, "side": side, **mine(sides[side], a.out / f"{r}-{side}", a.set)}
+            row = {"round": r, "side": side, **mine(sides[side], a.out / f"{r}-{side}", a.set, a.corpus)}
             rows.append(row)
             print(f"round {r} {side:4s} {row['seconds']:8.1f} s  cpu {row['cpu_seconds']:7.1f} s  "
                   f"load {row['load_before_after']}", flush=True)
