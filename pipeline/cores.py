@@ -41,7 +41,11 @@ def share_cores(workers: int) -> None:
     """Torch's and FAISS' thread pools in this process sized for `workers` jobs at once (once per process and
     count; a library not imported yet is left alone: it is sized when a job of its stage calls this again)."""
     n = threads_per_worker(workers)
+    # a module another job's thread is still importing is in sys.modules half-built (no set_num_threads yet): it
+    # is left alone like one not imported (seen: negate's share_cores beside neighbours' `import faiss`)
     torch, faiss = sys.modules.get("torch"), sys.modules.get("faiss")
+    torch = torch if hasattr(torch, "set_num_threads") else None
+    faiss = faiss if hasattr(faiss, "omp_set_num_threads") else None
     if torch is not None and torch.get_num_threads() != n:
         torch.set_num_threads(n)
     if faiss is not None and ("faiss", n) not in _SET:

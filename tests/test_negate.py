@@ -192,3 +192,27 @@ def test_heldout_agreement(nlp):
     agreement = sum((n.text or "") == expected for (_, expected), n in zip(rows, got)) / len(rows)
     print(f"held-out agreement: {agreement:.1%} of {len(rows)}")
     assert agreement >= 0.90
+
+
+def test_spacy_processes_give_the_same_table(nlp):
+    """negate.n_process is an execution setting (outside every key): its table must not depend on it."""
+    lines = [x for x in WIKI.read_text(encoding="utf-8").splitlines() if x.strip()][:300]
+    sentences = pa.table({"sid": pa.array(range(len(lines)), pa.int64()), "text": lines})
+    one = negate_table(sentences, nlp, batch_size=64, n_process=1)
+    assert negate_table(sentences, nlp, batch_size=64, n_process=2).equals(one)
+    assert sum(r is not None for r in one.column("text").to_pylist()) > 100
+
+
+def test_auto_processes_share_the_cores_with_the_runners_workers(monkeypatch):
+    """"auto" (the default): workers x spaCy processes <= the cores, as torch's threads per worker."""
+    from contramine.pipeline import cores
+    from contramine.pipeline.config import load_config
+    from contramine.pipeline.stages.negate import usable_processes
+
+    monkeypatch.setattr(cores, "available_cores", lambda: 2)
+    assert load_config("default").negate.n_process == "auto"
+    assert usable_processes("auto", workers=2) == 1 and usable_processes("auto", workers=1) == 2
+    monkeypatch.setattr(cores, "available_cores", lambda: 16)
+    assert usable_processes("auto", workers=4) == 4 and usable_processes("auto", workers=32) == 1
+    assert usable_processes(3, workers=16) == 3  # a number is taken as set
+    assert load_config("default", ["negate.n_process=2"]).negate.n_process == 2

@@ -67,3 +67,29 @@ def test_the_timeline_picture_is_drawn(tmp_path):
     t = simulate({"a": StageCost((), [JobCost(1.0, 0.5)] * 3), "b": StageCost(("a",), [JobCost(2.0)])}, workers=2)
     out = draw_timeline(t, tmp_path / "t.png", "a $\\undefinedmacro{x}$ title")  # no mathtext: drawn as text
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5_000
+
+
+def test_a_job_outside_dask_names_its_process_without_importing_dask():
+    """The timeline's worker of a job on threads: its process, found without importing distributed (~1.7 s of
+    imports that would land inside the stage's wall)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; from contramine.pipeline.engine.resources import process_name; name = process_name(); "
+            "print(name, 'distributed' in sys.modules, 'dask' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.stdout.startswith("process ") and out.stdout.split()[-2:] == ["False", "False"]
+
+
+def test_a_library_half_imported_by_another_job_is_left_alone(monkeypatch):
+    """share_cores beside a job whose thread is still importing faiss: sys.modules holds it without its functions
+    yet; the job goes on (a test_docs mine failed here with AttributeError)."""
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "faiss", types.ModuleType("faiss"))  # as `import faiss` leaves it mid-way
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    cores.share_cores(2)

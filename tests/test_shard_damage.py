@@ -227,3 +227,18 @@ def test_verify_with_memo_checks_the_memo_too(tmp_path, capsys):
     assert main(["verify", "--run", "r", "--memo", "--set", f"run.root={root}"]) == 0
     out = capsys.readouterr().out
     assert "run 'r': 3 shard(s) of 2 table(s) checked, none damaged" in out and "0 packs verified" in out
+
+
+def test_a_stage_reading_some_columns_gets_them_and_the_whole_file_is_still_checked(tmp_path):
+    """`Ctx.shard(table, columns)` (pairs reads 5 of candidates' 13 columns): those of them the file has, equal to
+    the whole read's; a damaged byte anywhere in the file, in a column not read too, is still refused."""
+    store = Store(tmp_path / "run")
+    table = pa.table({"sid": pa.array([1, 2, 3], pa.int64()), "text": ["a b", "c d", "e f"],
+                      "mer": [0.2, 0.3, 0.4], "chain": ["x", "y", "z"]}, schema=SCHEMAS["paraphrases"])
+    store.write_table("paraphrases", [table], key="k")
+    some = store.read_shard("paraphrases", 0, 1, ("chain", "sid", "not-in-this-file"))
+    assert some.column_names == ["chain", "sid"]  # in the order asked; a name the file lacks is left out
+    assert some.equals(store.read_shard("paraphrases", 0, 1).select(["chain", "sid"]))
+    _damage(_shard(tmp_path / "run", "paraphrases"), "flip", at=8)
+    with pytest.raises(TableCorrupt):
+        Store(tmp_path / "run").read_shard("paraphrases", 0, 1, ("sid",))

