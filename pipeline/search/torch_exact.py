@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from contramine.pipeline.search.band import exact_cosines, first_k, resolve, score_tolerance
+from contramine.pipeline.search.symmetric import is_self_search, self_band
 from contramine.pipeline.search.torch_ops import _tf32_matmuls, rounded, smallest, top_k, tree_dot  # noqa: F401
 
 PAD_SCORE = float(np.finfo(np.float32).min)  # what faiss.knn returns for the places past the base (-FLT_MAX)
@@ -156,7 +157,7 @@ class TorchExact:
     (shard threads share the object; each would otherwise hold its own block)."""
 
     def __init__(self, base: np.ndarray, device: str = "cpu", block_rows: int | None = None,
-                 precision: str = "float32", overlap: bool | None = None):
+                 precision: str = "float32", overlap: bool | None = None, symmetric: bool = True):
         if base.ndim != 2:
             raise ValueError(f"TorchExact: base must be 2-d, got shape {base.shape}")
         if precision not in PRECISIONS:
@@ -173,6 +174,7 @@ class TorchExact:
         self.lock = threading.Lock() if self.device.type != "cpu" else None
         # band(): the next block's GEMM queued before this block's resolve (on a GPU, on a stream of its own)
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
+        self.symmetric = symmetric  # band(): queries that are the base score each pair of blocks once (a CPU's)
         self.base_scored = None  # the base as a tf32 / bf16 matmul reads it (made on first use)
         self.observed_error: float | None = None  # check_bound's largest |score - float64 cosine| on its sample
 
@@ -282,6 +284,11 @@ class TorchExact:
             if self.precision != "float32" and self.observed_error is None:
                 self.check_bound()
             sids = torch.from_numpy(np.require(base_sids, np.int64, ["C", "W"])).to(self.device)
+            if self.symmetric and is_self_search(self, x, q_sids, base_sids):  # half the tiles (symmetric.py)
+                _check_float32()
+                self_band(self, x, q_sids, sids, lo, hi, pool_size, k0, skip_top, eps, keep_above, mask_above,
+                          pools, progress)
+                return
             rows = self.band_rows()
             streams = _Streams(self.device, self.overlap)
             # on a CPU one block's scores at a time: one buffer for all (a new one would be paged in anew each
