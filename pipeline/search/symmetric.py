@@ -95,7 +95,7 @@ def self_band(ix, x: np.ndarray, q_sids: np.ndarray, sids, lo: float, hi: float,
     best = torch.full((n, k), inf)  # running k smallest costs of each row, and their columns
     best_cols = torch.full((n, k), -1, dtype=torch.int64)
     strip_buffer = torch.empty(block * n)
-    unsettled = []
+    unsettled: list[np.ndarray] = []
     for a in range(0, n, block):
         b = min(n, a + block)
         q = ix.base[a:b]
