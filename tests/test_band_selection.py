@@ -119,7 +119,8 @@ def test_queries_that_are_the_base_score_half_the_tiles_and_give_the_same_pools(
     assert len(strips) >= 2 and n % min(n, max(128, 3 * k)) and widened
     widths = [cols for _, cols in strips]  # block i against the base from block i on: about half the tiles, then
     blocks = list(range(n, 0, widths[1] - n))  # the unsettled rows' full rows
-    assert widths[:len(blocks)] == blocks and sum(blocks) <= n * (len(blocks) + 1) / 2 and set(widths[len(blocks):]) <= {n}
+    assert widths[:len(blocks)] == blocks and sum(blocks) <= n * (len(blocks) + 1) / 2
+    assert set(widths[len(blocks):]) <= {n}
     full = band_neighbours(x, sids, x, sids, te.TorchExact(x, block_rows=128, symmetric=False), None, lo, hi, pool, 8,
                            skip_top=skip_top)
     assert got.equals(full)

@@ -17,8 +17,9 @@ sized from its free memory (BAND_MEMORY_SHARE of it, at most BAND_MAX_ELEMS scor
 and at least BAND_MIN_ROWS_CPU queries (what measured best on the CPUs here). Without skip_top the scores above the
 band (> hi + eps) are masked out before the first selection (one in-place threshold_ on the costs, no bool
 matrix), so its k places go to scores that can be in band and rows under many near-copies need not widen. Queries
-that are the base itself are still scored against all of it: the symmetry would need each tile's columns selected
-too, estimated on this CPU at most of what the half of the GEMM it saves costs. On a GPU (`overlap`) the next
+that are the base itself (the same rows and sids), on a CPU at float32, score each pair of blocks once
+(pipeline/search/symmetric.py: half the GEMM; `symmetric=False` keeps the full rows); on a GPU they are still
+scored against all of it (not measured on a GPU). On a GPU (`overlap`) the next
 block's queries and GEMM are queued on a stream of their own before this block's selection, resolve and copy-back,
 which read the host back: the card computes block i + 1's scores while block i is resolved (memory for both is in
 the block size); on a CPU the plain order, block after block.
