@@ -71,7 +71,7 @@ def test_the_next_blocks_gemm_is_queued_before_this_blocks_resolve_and_the_pools
     tables = {}
     for overlap in (False, True):
         order.clear()
-        exact = te.TorchExact(x, block_rows=150, overlap=overlap)
+        exact = te.TorchExact(x, block_rows=150, overlap=overlap, symmetric=False)  # the full-row path's order
         tables[overlap] = band_neighbours(x, sids, x, sids, exact, exact, 0.2, 0.7, 12, skip_top=skip_top)
         steps = [what for what, _ in order]
         if overlap:  # gemm 0, gemm 1, resolve 0, gemm 2, resolve 1, resolve 2

@@ -90,3 +90,47 @@ def test_pools_on_dense_and_sparse_bands_equal_faiss_and_float64(kind, lo, hi, p
         assert any(k > k0 for _, k in widths) == bool(skip_top), widths
     else:
         assert (counts < pool).any()
+
+
+@pytest.mark.parametrize("kind, n, lo, hi, pool, skip_top", [
+    ("dense", 1777, 0.25, 0.75, 16, 0), ("dense", 1777, 0.25, 0.75, 64, 4), ("dense", 1501, 0.3, 0.95, 8, 12),
+    ("dense", 1501, 0.25, 0.75, 300, 0), ("sparse", 1603, 0.25, 0.75, 24, 3), ("sparse", 1603, 0.5, 0.9, 40, 0)])
+def test_queries_that_are_the_base_score_half_the_tiles_and_give_the_same_pools(kind, n, lo, hi, pool, skip_top,
+                                                                                monkeypatch):
+    """Every vector a query against all of them (the stage on one shard, the benches): the symmetric path
+    (symmetric.py: each pair of blocks scored once, several blocks and an uneven last one, rows merged from the
+    strips' columns, rows left unsettled widened the full-row way) gives the same table as the full-row path, flat
+    FAISS and the float64 brute force, on dense SimCSE-like bands where rows widen and on sparse ones; queries that
+    are not the base take the full-row path."""
+    import contramine.pipeline.search.symmetric as sym
+
+    x, sids = _simcse_like(3, n) if kind == "dense" else _sparse(4, n)
+    monkeypatch.setattr(sym, "MIN_BLOCK_PER_K", 3)  # blocks of 3k rows (at least 128): 2-14 blocks, the last shorter
+    strips, widened = [], []
+    mm, widen = torch.mm, sym._widen
+    monkeypatch.setattr(sym.torch, "mm", lambda a, b, **kw: (strips.append(tuple(b.shape)), mm(a, b, **kw))[1])
+    monkeypatch.setattr(sym, "_widen", lambda *a: (widened.append(len(a[4])), widen(*a))[1])
+    symmetric_runs = []
+    self_band = te.self_band
+    monkeypatch.setattr(te, "self_band", lambda *a: (symmetric_runs.append(1), self_band(*a))[1])
+    got = band_neighbours(x, sids, x, sids, te.TorchExact(x, block_rows=128), None, lo, hi, pool, 8,
+                          skip_top=skip_top)
+    k = min(n, pool + skip_top + 8 + 17)
+    assert len(strips) >= 2 and n % min(n, max(128, 3 * k)) and widened
+    widths = [cols for _, cols in strips]  # block i against the base from block i on: about half the tiles, then
+    blocks = list(range(n, 0, widths[1] - n))  # the unsettled rows' full rows
+    assert widths[:len(blocks)] == blocks and sum(blocks) <= n * (len(blocks) + 1) / 2
+    assert set(widths[len(blocks):]) <= {n}
+    full = band_neighbours(x, sids, x, sids, te.TorchExact(x, block_rows=128, symmetric=False), None, lo, hi, pool, 8,
+                           skip_top=skip_top)
+    assert got.equals(full)
+    assert got.equals(exact_band_neighbours(x, sids, x, sids, lo, hi, pool, skip_top))
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    assert got.equals(band_neighbours(x, sids, x, sids, index, index, lo, hi, pool, 8, 1 << 14, skip_top=skip_top))
+    if kind == "dense" and skip_top:
+        assert widened[0] > 0  # rows the first round left unsettled, searched again
+    assert len(symmetric_runs) == 1
+    band_neighbours(x[:-1], sids[:-1], x, sids, te.TorchExact(x, block_rows=128), None, lo, hi, pool, 8,
+                    skip_top=skip_top)
+    assert len(symmetric_runs) == 1  # not the base: the full-row path

@@ -17,8 +17,9 @@ sized from its free memory (BAND_MEMORY_SHARE of it, at most BAND_MAX_ELEMS scor
 and at least BAND_MIN_ROWS_CPU queries (what measured best on the CPUs here). Without skip_top the scores above the
 band (> hi + eps) are masked out before the first selection (one in-place threshold_ on the costs, no bool
 matrix), so its k places go to scores that can be in band and rows under many near-copies need not widen. Queries
-that are the base itself are still scored against all of it: the symmetry would need each tile's columns selected
-too, estimated on this CPU at most of what the half of the GEMM it saves costs. On a GPU (`overlap`) the next
+that are the base itself (the same rows and sids), on a CPU at float32, score each pair of blocks once
+(pipeline/search/symmetric.py: half the GEMM; `symmetric=False` keeps the full rows); on a GPU they are still
+scored against all of it (not measured on a GPU). On a GPU (`overlap`) the next
 block's queries and GEMM are queued on a stream of their own before this block's selection, resolve and copy-back,
 which read the host back: the card computes block i + 1's scores while block i is resolved (memory for both is in
 the block size); on a CPU the plain order, block after block.
@@ -54,6 +55,7 @@ import numpy as np
 import torch
 
 from contramine.pipeline.search.band import exact_cosines, first_k, resolve, score_tolerance
+from contramine.pipeline.search.symmetric import is_self_search, self_band
 from contramine.pipeline.search.torch_ops import _tf32_matmuls, rounded, smallest, top_k, tree_dot  # noqa: F401
 
 PAD_SCORE = float(np.finfo(np.float32).min)  # what faiss.knn returns for the places past the base (-FLT_MAX)
@@ -156,7 +158,7 @@ class TorchExact:
     (shard threads share the object; each would otherwise hold its own block)."""
 
     def __init__(self, base: np.ndarray, device: str = "cpu", block_rows: int | None = None,
-                 precision: str = "float32", overlap: bool | None = None):
+                 precision: str = "float32", overlap: bool | None = None, symmetric: bool = True):
         if base.ndim != 2:
             raise ValueError(f"TorchExact: base must be 2-d, got shape {base.shape}")
         if precision not in PRECISIONS:
@@ -173,6 +175,7 @@ class TorchExact:
         self.lock = threading.Lock() if self.device.type != "cpu" else None
         # band(): the next block's GEMM queued before this block's resolve (on a GPU, on a stream of its own)
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
+        self.symmetric = symmetric  # band(): queries that are the base score each pair of blocks once (a CPU's)
         self.base_scored = None  # the base as a tf32 / bf16 matmul reads it (made on first use)
         self.observed_error: float | None = None  # check_bound's largest |score - float64 cosine| on its sample
 
@@ -282,6 +285,11 @@ class TorchExact:
             if self.precision != "float32" and self.observed_error is None:
                 self.check_bound()
             sids = torch.from_numpy(np.require(base_sids, np.int64, ["C", "W"])).to(self.device)
+            if self.symmetric and is_self_search(self, x, q_sids, base_sids):  # half the tiles (symmetric.py)
+                _check_float32()
+                self_band(self, x, q_sids, sids, lo, hi, pool_size, k0, skip_top, eps, keep_above, mask_above,
+                          pools, progress)
+                return
             rows = self.band_rows()
             streams = _Streams(self.device, self.overlap)
             # on a CPU one block's scores at a time: one buffer for all (a new one would be paged in anew each
