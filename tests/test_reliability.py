@@ -378,3 +378,22 @@ def test_single_stage_on_a_damaged_input_then_repair(capsys, reference, tmp_path
     assert RunTables(run_dir).read("embeddings").equals(reference[1]["embeddings"])
     assert cli_main(["stage", "neighbours", "--run", "ref", *sets]) == 0
     assert _counts(run_dir)["neighbours"] == (2, 0)
+
+
+def test_a_one_job_stage_killed_between_its_shards_keeps_the_ones_it_wrote(corpus, tmp_path):
+    """`sentences` writes all its shards in one job: killed after some of them were whole (here: one removed, as if
+    never written), the rerun writes the missing one and leaves every whole shard of the same key untouched."""
+    from contramine.pipeline.config import load_config
+    from contramine.pipeline.engine.runner import run_job
+
+    cfg = load_config("default", SMALL + [f"run.root={tmp_path}", "run.name=r", f"data.corpus={corpus}"])
+    run_job("sentences", cfg)
+    run_dir = tmp_path / "r"
+    whole = _intact_shards(run_dir)
+    lost = sorted((run_dir / "sentences").glob("part-00001-of-00002.*"))
+    assert len(whole) == 4 and len(lost) == 2  # sentences and rejected, 2 shards each; a shard is its parquet + json
+    for f in lost:
+        f.unlink()
+    run_job("sentences", cfg)
+    _assert_untouched({s: v for s, v in whole.items() if s not in lost}, "the rerun of a one-job stage")
+    assert all(f.exists() for f in lost)

@@ -107,9 +107,12 @@ def run_job(name: str, cfg: Config, i: int = 0, force: bool = False, progress: b
     timeline = {"job": i, "began": round(began, 3), "ended": round(time.time(), 3), "worker": job_worker(cfg),
                 "lease_wait_s": round(waited, 3), "device_held": held}
     out: list[dict] = []
+    # a one_job stage killed between its shards' writes left some of them whole under this key: they are what this
+    # computation writes (same key, same bytes), so they are kept, not rewritten (a shard once whole stays untouched)
+    kept = {} if force else {(c.table, c.index): c for c in cached if c is not None}
     for t in stage.writes:
         for j, part in zip(shards, tables[t] if stage.one_job else [tables[t]]):
-            info = store.write_shard(t, j, n, part, key, seconds / len(shards))
+            info = kept.get((t, j)) or store.write_shard(t, j, n, part, key, seconds / len(shards))
             out.append({"stage": name, "shard": j, "table": t, "cached": False, "rows": info.rows, "seconds": seconds,
                         "entry": info.entry(), "memo": {} if out else memo, "timeline": {} if out else timeline})
     timeline["ended"] = round(time.time(), 3)  # the shards are written too
