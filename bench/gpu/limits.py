@@ -182,12 +182,8 @@ def profile_encode(models: Models, device: str, sizes: dict, tables: list[str]) 
     wall, table, busy = _profiled(lambda: enc.encode(texts, batch_size=bs), device, out / "profile_encode.json.gz",
                                   f"encode: {len(texts)} sentences, batch {bs}")
     del enc
-    tables.append(table)
-    (out / "profile.txt").write_text("".join(tables))
-    what = "device" if device.startswith("cuda") else "ops (CPU twin)"
-    return [row("profile_encode_busy", device, round(busy, 3), "of wall", None,
-                f"{what} busy {busy:.0%} of {wall:.2f} s: {len(texts)} sentences; "
-                f"{out / 'profile_encode.json.gz'}, {out / 'profile.txt'}")]
+    return _profile_row("profile_encode_busy", device, out, tables, table, busy, wall,
+                        f"{len(texts)} sentences; {out / 'profile_encode.json.gz'}, {out / 'profile.txt'}")
 
 
 def profile_generate(models: Models, device: str, sizes: dict, tables: list[str]) -> list[dict]:
@@ -203,12 +199,17 @@ def profile_generate(models: Models, device: str, sizes: dict, tables: list[str]
                                   f"generate (Translator.translate, decoder {decoder}): {len(src)} rows, batch_size "
                                   f"{tr.cfg.batch_size}")
     del tr
+    return _profile_row("profile_generate_busy", device, out, tables, table, busy, wall,
+                        f"{len(src)} rows, decoder {decoder}; {out / 'profile_generate.json.gz'}")
+
+
+def _profile_row(name: str, device: str, out, tables: list[str], table: str, busy: float, wall: float,
+                 what_ran: str) -> list[dict]:
+    """A profile's table added to profile.txt (rewritten whole: a killed check keeps what it profiled) and its row."""
     tables.append(table)
     (out / "profile.txt").write_text("".join(tables))
     what = "device" if device.startswith("cuda") else "ops (CPU twin)"
-    return [row("profile_generate_busy", device, round(busy, 3), "of wall", None,
-                f"{what} busy {busy:.0%} of {wall:.2f} s: {len(src)} rows, decoder {decoder}; "
-                f"{out / 'profile_generate.json.gz'}")]
+    return [row(name, device, round(busy, 3), "of wall", None, f"{what} busy {busy:.0%} of {wall:.2f} s: {what_ran}")]
 
 
 # ------------------------------------------------------------------------------------------------------ summary

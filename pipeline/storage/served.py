@@ -49,11 +49,10 @@ def open_source(fd: int) -> pa.NativeFile:
 def read_checked(fd: int, columns: list[str] | tuple[str, ...] | None = None) -> pa.Table:
     """The Parquet table in the checked file behind `fd`, its page checksums verified; `columns`: only those of them
     the file has (None: all)."""
-    if columns is not None:
-        with open_source(fd) as source:
+    with open_source(fd) as source:  # one open: the footer read for the names, then the table (random access)
+        if columns is not None:
             present = set(pq.read_schema(source).names)
-        columns = [c for c in columns if c in present]
-    with open_source(fd) as source:
+            columns = [c for c in columns if c in present]
         return pq.read_table(source, columns=columns, page_checksum_verification=True)
 
 
