@@ -10,7 +10,7 @@ import re
 from contextlib import ExitStack, nullcontext
 from typing import Annotated, Any
 
-from . import env  # noqa: F401  (Prefect settings before Prefect)
+from . import env  # Prefect settings before Prefect
 from prefect import Flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
@@ -26,6 +26,8 @@ from contramine.pipeline.engine.discovery import stages_for, upstream
 from contramine.pipeline.engine.maps import cluster_security, job_resources, local_cluster, runner_cluster
 from contramine.pipeline.engine.runner import load_stages, run_job_json, run_stage
 from contramine.pipeline.hints import command
+
+env.prompt_local_retries()  # a locked SQLite server on this machine is asked again in ms, not seconds (env.py)
 
 
 # A flow's overrides are its run's parameters: Prefect keeps them in its database, shows them in its UI and sends
@@ -114,10 +116,15 @@ def task_runner(cfg: Config):
         return ThreadPoolTaskRunner(max_workers=cfg.runner.workers)
     from prefect_dask import DaskTaskRunner
 
+    # Each stage flow's runner has a Dask client of its own, never the process' default: prefect-dask's runner takes
+    # the default client when there is one, so a stage starting while another stage's client was closing took that
+    # closing client and failed ("No global client found": seen when a graph's stages start and end together)
+    own: dict = {"set_as_default": False}
     if cfg.runner.kind == "dask":  # the local cluster mine_flow started (TLS, its certificate in memory), or the user's
         security = cluster_security(cfg.runner.address)
-        return DaskTaskRunner(address=cfg.runner.address, client_kwargs={"security": security} if security else None)
-    return DaskTaskRunner(cluster_class=local_cluster, cluster_kwargs={
+        return DaskTaskRunner(address=cfg.runner.address, client_kwargs={**own, "security": security} if security
+                              else own)
+    return DaskTaskRunner(cluster_class=local_cluster, client_kwargs=own, cluster_kwargs={
         "workers": cfg.runner.workers, "leased": cfg.runner.leased_devices, "leases": cfg.runner.device_leases})
 
 

@@ -71,7 +71,8 @@ def require_resource(stage: str, cfg, plan: dict) -> None:
         return
     from distributed import Client  # distributed: optional (the dask extra); runner.kind = dask only
 
-    with Client(cfg.runner.address, security=cluster_security(cfg.runner.address)) as client:
+    # never the process' default client: a stage flow starting beside this one would take it while it closes
+    with Client(cfg.runner.address, security=cluster_security(cfg.runner.address), set_as_default=False) as client:
         workers = client.scheduler_info(n_workers=-1)["workers"].values()
         if not any(w.get("resources", {}).get(device, 0) >= 1 for w in workers):
             raise MissingResource(
@@ -88,7 +89,7 @@ def dask_map(address: str, call: Callable, cfg=None) -> Callable[[list[dict]], l
         from distributed import Client  # distributed: optional (the dask extra); runner.kind = dask only
 
         resources = job_resources(cfg, jobs[0]["plan"], address) if cfg is not None and jobs else None
-        with Client(address, security=cluster_security(address)) as client:
+        with Client(address, security=cluster_security(address), set_as_default=False) as client:
             return client.gather(client.map(_apply, [call] * len(jobs), jobs, pure=False, resources=resources))
     return run
 
