@@ -10,6 +10,8 @@ Import it as `from tiny_bert import ...` inside tests (pytest puts tests/ on sys
 """
 from __future__ import annotations
 
+import atexit
+import shutil
 import string
 import tempfile
 from pathlib import Path
@@ -84,6 +86,7 @@ def tiny_encoder(pooler: str = "cls", seed: int = 0, dropout: float = 0.0, max_l
     global _VOCAB_DIR
     if _VOCAB_DIR is None:
         _VOCAB_DIR = Path(tempfile.mkdtemp(prefix="tiny_bert_vocab_"))
+        atexit.register(shutil.rmtree, _VOCAB_DIR, True)  # one per process, gone with it (it was left in /tmp)
         write_vocab(_VOCAB_DIR / "vocab.txt")
     tok = _tokenizer(_VOCAB_DIR / "vocab.txt")
     gen_state = torch.random.get_rng_state()
