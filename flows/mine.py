@@ -116,15 +116,10 @@ def task_runner(cfg: Config):
         return ThreadPoolTaskRunner(max_workers=cfg.runner.workers)
     from prefect_dask import DaskTaskRunner
 
-    # Each stage flow's runner has a Dask client of its own, never the process' default: prefect-dask's runner takes
-    # the default client when there is one, so a stage starting while another stage's client was closing took that
-    # closing client and failed ("No global client found": seen when a graph's stages start and end together)
-    own: dict = {"set_as_default": False}
     if cfg.runner.kind == "dask":  # the local cluster mine_flow started (TLS, its certificate in memory), or the user's
         security = cluster_security(cfg.runner.address)
-        return DaskTaskRunner(address=cfg.runner.address, client_kwargs={**own, "security": security} if security
-                              else own)
-    return DaskTaskRunner(cluster_class=local_cluster, client_kwargs=own, cluster_kwargs={
+        return DaskTaskRunner(address=cfg.runner.address, client_kwargs={"security": security} if security else None)
+    return DaskTaskRunner(cluster_class=local_cluster, cluster_kwargs={
         "workers": cfg.runner.workers, "leased": cfg.runner.leased_devices, "leases": cfg.runner.device_leases})
 
 

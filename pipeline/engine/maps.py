@@ -71,7 +71,9 @@ def require_resource(stage: str, cfg, plan: dict) -> None:
         return
     from distributed import Client  # distributed: optional (the dask extra); runner.kind = dask only
 
-    # never the process' default client: a stage flow starting beside this one would take it while it closes
+    # never the process' default client: prefect-dask's runner of a stage flow starting beside this one (a graph's
+    # stages start together) takes the default client when there is one, and this one closes under it ("No global
+    # client found and no address provided", seen once in test_cluster); prefect-dask's own clients are not default
     with Client(cfg.runner.address, security=cluster_security(cfg.runner.address), set_as_default=False) as client:
         workers = client.scheduler_info(n_workers=-1)["workers"].values()
         if not any(w.get("resources", {}).get(device, 0) >= 1 for w in workers):
