@@ -32,7 +32,8 @@ def mine(root: Path, out: Path, extra: list[str], corpus: Path | None = None) ->
            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", "CONTRAMINE_VIA": "make"}
     env.pop("PREFECT_API_URL", None)  # each mine starts its own server, as `make mine` does
     cmd = [str(root / ".venv" / "bin" / "python"), "-m", "contramine.flows.cli", "mine", "--profile", "default",
-           "--run", RUN, *(["--corpus", str(corpus)] if corpus else []), "--set", f"run.root={out}", f"runner.memo_dir={out / '.memo'}", *extra]
+           "--run", RUN, *(["--corpus", str(corpus)] if corpus else []),
+           "--set", f"run.root={out}", f"runner.memo_dir={out / '.memo'}", *extra]
     load = os.getloadavg()[0]
     with open(out / "mine.log", "wb") as log:
         t0 = time.perf_counter()
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         a.results.parent.mkdir(parents=True, exist_ok=True)
         a.results.write_text(json.dumps(rows, indent=1))
     walls = {s: sum(x["seconds"] for x in rows if x.get("side") == s) for s in sides}
-    print(f"summed walls: base {walls['base']:.1f} s, new {walls['new']:.1f} s, new/base {walls['new'] / walls['base']:.3f}")
+    print(f"summed walls: base {walls['base']:.1f} s, new {walls['new']:.1f} s, "
+          f"new/base {walls['new'] / walls['base']:.3f}")
     for r in range(a.rounds):
         w = {x["side"]: x["seconds"] for x in rows if x.get("round") == r and "side" in x}
         print(f"round {r}: new/base {w['new'] / w['base']:.3f}")
