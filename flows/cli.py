@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import env  # noqa: F401
+from . import env
 from contramine.pipeline.config import Config, ConfigError, configure, secrets_to_environment, split_overrides
 from contramine.pipeline.errors import ExpectedError, unwritable
 from contramine.pipeline.hints import command
@@ -129,8 +129,9 @@ def cmd_mine(args, cfg: Config) -> None:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     t0 = time.perf_counter()
-    rows = mine_flow(profile=args.profile, run=args.run, corpus=args.corpus, overrides=args.set,
-                     force=stages if args.force == [] else (args.force or []), plan=plan, only=stages)
+    with env.heartbeats_where_read():  # none to Prefect's temporary server: each flow run's exit waited ~1 s
+        rows = mine_flow(profile=args.profile, run=args.run, corpus=args.corpus, overrides=args.set,
+                         force=stages if args.force == [] else (args.force or []), plan=plan, only=stages)
     print(f"\nmined run {cfg.run.name!r} in {time.perf_counter() - t0:.0f}s → {cfg.run.dir}")
     for stage, counts in rows.items():
         print(f"  {stage:<14} " + ", ".join(f"{t}={n}" for t, n in counts.items()))
@@ -149,8 +150,9 @@ def cmd_stage(args, cfg: Config) -> None:
         check_inputs(cfg, args.name)  # before the notes: a missing input is the one line the user gets
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    manifest = run_stage_flow(args.name, cfg, profile=args.profile, run=args.run, corpus=args.corpus,
-                              overrides=args.set, force=args.force is not None, plan=plan)
+    with env.heartbeats_where_read():
+        manifest = run_stage_flow(args.name, cfg, profile=args.profile, run=args.run, corpus=args.corpus,
+                                  overrides=args.set, force=args.force is not None, plan=plan)
     print(f"{args.name}: {manifest['shards_computed']} shards computed, {manifest['shards_cached']} reused, "
           f"rows {manifest['rows']}{memo_line(manifest)}")
 

@@ -6,7 +6,9 @@ Prefect's 20 s default (STACK.md), hence the longer timeout. A user who configur
 instead.
 """
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from contramine.pipeline.config.base import ARTIFACTS
 
@@ -71,3 +73,25 @@ def prompt_local_retries() -> None:
 
     local_interval.local_retries = True  # type: ignore[attr-defined]
     client_base.clamped_poisson_interval = local_interval
+
+
+# Prefect's flow runs emit a heartbeat every PREFECT_FLOWS_HEARTBEAT_FREQUENCY seconds (180 by default) from a thread
+# that sleeps in whole seconds; a flow run's exit joins that thread, so every flow run ends up to 1 s after its work
+# (5 trivial flow runs: 5.5 s with heartbeats, 0.5 s without, measured here). Heartbeats let a server's automations
+# declare a flow run whose process died a zombie. Prefect's temporary server (no PREFECT_API_URL: what `make mine`
+# starts) lives and dies with this process, so nothing can ever read them: there the CLI's flow runs send none, and
+# a mine's stage flows stop waiting ~1 s each. A configured server (PREFECT_API_URL, a deployment's worker) keeps
+# them, and so does a user who sets PREFECT_FLOWS_HEARTBEAT_FREQUENCY.
+@contextmanager
+def heartbeats_where_read() -> Iterator[None]:
+    """Inside: flow runs send heartbeats only where a server outlives this process (see above)."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    if PREFECT_API_URL.value() or any(os.environ.get(k) for k in HEARTBEAT_VARIABLES):
+        yield
+        return
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
+
+
+HEARTBEAT_VARIABLES = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")
