@@ -128,15 +128,6 @@ def test_rerun_recomputes_nothing_and_temperature_only_ipw_and_pairs(mined, smal
     assert all(_tables(back)[t].equals(data) for t, data in before.items())
 
 
-def test_same_tables_whatever_the_shards_and_workers(mined, small_corpus):
-    cfg, root = mined
-    base = _tables(cfg)
-    for name, extra in [("one-shard", ["run.shards=1"]), ("seven-two-workers", ["run.shards=7", "runner.workers=2"])]:
-        other = _tables(_mine(small_corpus, root, name, *extra))
-        for table, data in base.items():
-            assert other[table].equals(data), f"{table} differs with {extra}"
-
-
 def test_stage_flows_and_mine_publish_prefect_artifacts(mined):
     """Prefect's UI shows each stage's table (rows, shards computed / reused, seconds) and the mine's summary."""
     from prefect import get_client

@@ -213,6 +213,7 @@ def test_hostile_lines_each_end_where_expected(reference, rows, corpus):
 @pytest.mark.parametrize("name,extra", [("one-shard", ["run.shards=1"]),
                                         ("seven-shards-four-threads", ["run.shards=7", "runner.workers=4"])])
 def test_same_tables_whatever_the_shards_and_workers(reference, corpus, tmp_path, name, extra):
+    """Tables independent of shards and threads: the suite's one such check (Dask: test_scaleout, test_cluster)."""
     cfg = _mine(corpus, tmp_path, name, *extra)
     _assert_same_tables(_tables(cfg.run.dir), reference[1], f"with {extra}")
 
