@@ -43,7 +43,7 @@ for _service in ("TASK_RUN_RECORDER", "EVENT_PERSISTER", "TRIGGERS", "EVENT_LOGG
     os.environ.setdefault(f"PREFECT_SERVER_SERVICES_{_service}_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 # The tests' servers do not enforce CSRF (Prefect's server default), so their clients fetch no CSRF token: one request
-# fewer per flow run, ~15% of a server's CPU per flow run (30 flow runs of 4 tasks: 3.6-3.7 s against 4.0-4.4 s,
+# fewer per flow run, ~12% of a server's CPU per flow run (30 flow runs of 4 tasks: 3.6-3.7 s against 4.0-4.4 s,
 # measured here). A user's client keeps Prefect's default, which a server that enforces CSRF needs.
 os.environ.setdefault("PREFECT_CLIENT_CSRF_SUPPORT_ENABLED", "false")
 # The Python processes the tests start (CLI runs, Dask workers, `make` targets) run their flows without Prefect's
