@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import env
+from . import env  # Prefect settings before Prefect
 from contramine.pipeline.config import Config, ConfigError, configure, secrets_to_environment, split_overrides
 from contramine.pipeline.errors import ExpectedError, unwritable
 from contramine.pipeline.hints import command

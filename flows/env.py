@@ -82,6 +82,9 @@ def prompt_local_retries() -> None:
 # starts) lives and dies with this process, so nothing can ever read them: there the CLI's flow runs send none, and
 # a mine's stage flows stop waiting ~1 s each. A configured server (PREFECT_API_URL, a deployment's worker) keeps
 # them, and so does a user who sets PREFECT_FLOWS_HEARTBEAT_FREQUENCY.
+HEARTBEAT_VARIABLES = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")  # a user's own
+
+
 @contextmanager
 def heartbeats_where_read() -> Iterator[None]:
     """Inside: flow runs send heartbeats only where a server outlives this process (see above)."""
@@ -92,6 +95,3 @@ def heartbeats_where_read() -> Iterator[None]:
         return
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
-
-
-HEARTBEAT_VARIABLES = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")
