@@ -208,3 +208,21 @@ def test_a_stage_name_with_tex_and_long_texts_are_shown_as_written(tmp_path):
     assert "| \\$\\\\undefinedmacro{x}\\$ | 0.100 | sentences |" in md and (run / "report" / "stage_seconds.png").is_file()
     examples = md[md.index("## 6. Examples"):md.index("## 7.")]
     assert f"**sid 0:** {long_text[:299]}…" in examples and f"p = 1.0000: {long_text[:299]}…" in examples
+
+
+def test_the_mines_headline_counts_what_each_table_committed_and_opens_only_what_its_lines_read(run):
+    """`headline` ends every mine: its rows per table are each table's committed rows (the stale shard its manifest
+    no longer names is not counted), and only the tables its cosine and overlap lines read become views, so a mine's
+    last step does not open and hash every table of the run."""
+    from contramine.pipeline.report import headline
+    from contramine.pipeline.storage.tables import RunTables
+
+    md = headline(run["dir"])
+    counts = dict(re.findall(r"^\| (\w+) \| ([\d,]+) \|$", md, re.M))
+    tables = RunTables(run["dir"])
+    assert counts and {t: int(n.replace(",", "")) for t, n in counts.items()} == \
+        {t: tables.read(t).num_rows for t in counts}
+    assert counts["sentences"] == "30" and f"| variants | {ABSENT} |" in md
+    views = {r[0] for r in Run(run["dir"], views=("sentences", "candidates", "pairs")).rows(
+        "SELECT view_name FROM duckdb_views() WHERE NOT internal")}
+    assert views == {"sentences", "candidates", "pairs"}

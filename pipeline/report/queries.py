@@ -17,10 +17,13 @@ TEXT_SAMPLE = 200_000  # pairs whose overlap / MER is computed; beyond this a se
 
 
 class Run:
-    """The run's tables as DuckDB views (absent ones are not) plus their manifests, read through RunTables."""
+    """The run's tables as DuckDB views (absent ones are not) plus their manifests, read through RunTables. `views`:
+    only those tables become views (each view checks every file of its table first); the others are still `present`
+    or not, from their manifests."""
 
-    def __init__(self, run_dir: Path):
-        self.dir, self.con, tables = run_dir, duckdb.connect(), RunTables(run_dir)
+    def __init__(self, run_dir: Path, views: tuple[str, ...] | None = None):
+        self.dir, self.con, self.tables = run_dir, duckdb.connect(), RunTables(run_dir)
+        tables = self.tables
         self.manifests = {name: m for name in SCHEMAS if (m := tables.manifest(name))}
         self.present: dict[str, bool] = {}
         for name in SCHEMAS:
@@ -28,6 +31,8 @@ class Run:
             # holds (RunTables.sql_source), or the report stops in its one line
             listed = name in self.manifests and tables.shards(name) > 0
             self.present[name] = listed or name in self.manifests
+            if views is not None and name not in views:
+                continue
             if listed:
                 self.con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM {tables.sql_source(name, self.con)}')
             elif self.present[name]:  # a stage that wrote a manifest but zero rows: an empty table, not absent
@@ -38,6 +43,14 @@ class Run:
 
     def count(self, name: str) -> int:
         return self.rows(f"SELECT count(*) FROM {name}")[0][0] if self.present[name] else 0
+
+    def committed_rows(self, name: str) -> int:
+        """The table's rows as its stage committed them (its manifest's count, else its file entries'): no file
+        is opened. 0 for an absent table."""
+        if name not in self.manifests:
+            return 0
+        n = (self.manifests[name].get("rows") or {}).get(name)
+        return n if isinstance(n, int) else self.tables.committed_rows(name)
 
     def cfg(self, key: str, prefer: tuple[str, ...] = ()):
         """A config value from the manifests, looking in the `prefer` tables first; nested or dotted keys."""

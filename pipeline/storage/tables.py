@@ -106,6 +106,10 @@ class RunTables:
             raise TableMissing(table)  # (files() says more)
         return len(files)
 
+    def committed_rows(self, table: str) -> int:
+        """The rows the table's last commit lists (its manifest's file entries: the files are not opened)."""
+        return sum(e["rows"] for e in self._committed(table) or [])
+
     def _committed(self, table: str) -> list[dict] | None:
         try:
             return committed_files(self.dir / table)
