@@ -43,13 +43,6 @@ _PARSE = threading.Lock()
 
 def imported_modules(source: str, module: str) -> set[str]:
     """Absolute names of what `module`'s source imports, anywhere in it (function-level imports too)."""
-    return set(_imported_modules(source, module))
-
-
-# keyed by the source text itself: a module edited in a long-lived process is parsed again. The stages' closures
-# share most of their modules (config, schema, seeding, ...): each is parsed once a process, not once a stage
-@functools.lru_cache(maxsize=1024)
-def _imported_modules(source: str, module: str) -> frozenset[str]:
     package = module if module.endswith("__init__") else module.rpartition(".")[0]
     package = package.removesuffix(".__init__")
     out: set[str] = set()
@@ -68,7 +61,7 @@ def _imported_modules(source: str, module: str) -> frozenset[str]:
             out.update(f"{base}.{a.name}" for a in node.names)  # `from pipeline import seeding`
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
-    return frozenset(out)
+    return out
 
 
 # not followed (module doc): the engine, and the run folder's storage and row memo that were its files
