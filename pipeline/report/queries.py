@@ -23,18 +23,17 @@ class Run:
 
     def __init__(self, run_dir: Path, views: tuple[str, ...] | None = None):
         self.dir, self.con, self.tables = run_dir, duckdb.connect(), RunTables(run_dir)
-        tables = self.tables
-        self.manifests = {name: m for name in SCHEMAS if (m := tables.manifest(name))}
+        self.manifests = {name: m for name in SCHEMAS if (m := self.tables.manifest(name))}
         self.present: dict[str, bool] = {}
         for name in SCHEMAS:
             # a listed table is served whole and checked, from the descriptors checked, which this connection
             # holds (RunTables.sql_source), or the report stops in its one line
-            listed = name in self.manifests and tables.shards(name) > 0
+            listed = name in self.manifests and self.tables.shards(name) > 0
             self.present[name] = listed or name in self.manifests
             if views is not None and name not in views:
                 continue
             if listed:
-                self.con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM {tables.sql_source(name, self.con)}')
+                self.con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM {self.tables.sql_source(name, self.con)}')
             elif self.present[name]:  # a stage that wrote a manifest but zero rows: an empty table, not absent
                 self.con.register(name, SCHEMAS[name].empty_table())
 
