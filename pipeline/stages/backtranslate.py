@@ -14,17 +14,19 @@ whatever `fallback` says: a settings error.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from contramine.pipeline.config.backtranslation import BacktranslateCfg
 from contramine.pipeline.config.base import result_settings
-from contramine.pipeline.degenerate import degenerate_flag
-from contramine.pipeline.memo.rows import NoMemo, row_key
+from contramine.pipeline.degenerate import degenerate_flags
+from contramine.pipeline.memo.rows import NoMemo
 from contramine.pipeline.engine.spec import Ctx, Memo, stage
-from contramine.pipeline.models.translate.chains import CHAINS, chain_table, check_chains, translate_rows
+from contramine.pipeline.models.translate.chains import CHAINS, check_chains, translate_rows
 from contramine.pipeline.schema import SCHEMAS
 
 # Settings of `backtranslate` that decide which rows run or what the stage does with an output, never the output
@@ -53,13 +55,46 @@ def chain_key(chain, cfg: BacktranslateCfg, chains: dict) -> list:
             for m in chain.models]
 
 
-def flag_degenerate(table: pa.Table, sources: dict[tuple[int, int], str], cfg: BacktranslateCfg) -> pa.Table:
-    """`table` with its `flag` column set: why each output is degenerate against its input text, else null."""
-    flags = [degenerate_flag(sources[(sid, variant)], text, cfg.degenerate_max_ratio, cfg.degenerate_min_ratio,
-                             cfg.degenerate_min_words)
-             for sid, variant, text in zip(table.column("sid").to_pylist(), table.column("variant").to_pylist(),
-                                           table.column("text").to_pylist())]
-    return table.set_column(table.schema.get_field_index("flag"), "flag", pa.array(flags, pa.string()))
+def row_suffixes(sid: pa.Array, variant: pa.Array, text: pa.Array) -> list[bytes]:
+    """What `row_key(prefix, f"{sid}/{variant}", text)` hashes after the prefix, per row (the same for every chain):
+    each part tagged and length-prefixed as row_key does, joined by Arrow."""
+    def lengths(column: pa.Array) -> pa.Array:  # each value's byte length, 8 bytes little-endian
+        n = pc.binary_length(column).to_numpy(zero_copy_only=False).astype("<i8")
+        return pa.FixedSizeBinaryArray.from_buffers(pa.binary(8), len(n), [None, pa.py_buffer(n.tobytes())]).cast(
+            pa.binary())
+
+    name = pc.binary_join_element_wise(sid.cast(pa.string()), variant.cast(pa.string()), "/").cast(pa.binary())
+    data, tag = text.cast(pa.binary()), pa.scalar(b"s")
+    return pc.binary_join_element_wise(tag, lengths(name), name, tag, lengths(data), data, pa.scalar(b"")).to_pylist()
+
+
+def row_keys(prefix: bytes, suffixes: list[bytes]) -> list[bytes]:
+    """`row_key(prefix, f"{sid}/{variant}", text)` of each row from its `row_suffixes` (tests/test_degenerate_flags.py
+    checks they are equal): the prefix hashed once, its state copied per row."""
+    head = hashlib.blake2b(digest_size=16)
+    head.update(b"b" + len(prefix).to_bytes(8, "little") + prefix)
+    keys = []
+    for suffix in suffixes:
+        h = head.copy()
+        h.update(suffix)
+        keys.append(h.digest())
+    return keys
+
+
+def chain_rows(sid: pa.Array, variant: pa.Array, source: pa.Array, done: pa.Table, chain) -> pa.Table:
+    """`chains.chain_table` of one chain's input rows (`sid`, `variant`, `source`: where their text is) and their
+    translations (`done`: pivot, texts), built column by column, with each output's `source` beside it (what the
+    degenerate check reads)."""
+    texts = done.column("texts").combine_chunks()
+    at = pa.array(np.repeat(np.arange(len(sid)), pc.list_value_length(texts).fill_null(0).to_numpy()))
+    n = len(at)
+
+    def const(value: str) -> pa.Array:
+        return pa.repeat(pa.scalar(value, pa.string()), n)
+
+    columns = [sid.take(at), const(chain.name), variant.take(at), done.column("pivot").combine_chunks().take(at),
+               pc.list_flatten(texts), const(" > ".join(chain.models)), const(chain.role), pa.nulls(n, pa.string())]
+    return pa.Table.from_arrays(columns, schema=SCHEMAS["backtranslations"]).append_column("source", source.take(at))
 
 
 def backtranslate_shard(sentences: pa.Table, variants: pa.Table, cfg, chains: dict, loaded,
@@ -68,30 +103,39 @@ def backtranslate_shard(sentences: pa.Table, variants: pa.Table, cfg, chains: di
     variants too through the chains that translate them (`include_variants`). `loaded()` gives the loaded chains
     (called only when a row is not in the row `memo`)."""
     memo = memo or NoMemo("backtranslate", "translate")
-    clean = list(zip(sentences.column("sid").to_pylist(), [0] * sentences.num_rows,
-                     sentences.column("text").to_pylist()))
-    noised = list(zip(variants.column("sid").to_pylist(), variants.column("variant").to_pylist(),
-                      variants.column("text").to_pylist()))
-    sources = {(sid, variant): text for sid, variant, text in clean + noised}
+    # every input row, the clean sentences then the noised variants
+    sid = pa.concat_arrays([sentences.column("sid").combine_chunks().cast(pa.int64()),
+                            variants.column("sid").combine_chunks().cast(pa.int64())])
+    variant = pa.concat_arrays([pa.array(np.zeros(sentences.num_rows, np.int32)),
+                                variants.column("variant").combine_chunks().cast(pa.int32())])
+    text = pa.concat_arrays([sentences.column("text").combine_chunks().cast(pa.string()),
+                             variants.column("text").combine_chunks().cast(pa.string())])
+    suffixes = row_suffixes(sid, variant, text)
+    variant_of = variant.to_numpy()
     parts = []
     for chain in cfg.backtranslate.chains:
-        rows = clean + [r for r in noised if chain.translates_variant(r[1])]
-        if chain.name in chains["used"] and rows:
+        translated = [v for v in np.unique(variant_of).tolist() if v == 0 or chain.translates_variant(v)]
+        taken = np.flatnonzero(np.isin(variant_of, translated))
+        if chain.name in chains["used"] and len(taken):
             prefix = json.dumps(chain_key(chain, cfg.backtranslate, chains), sort_keys=True).encode()
 
-            def compute(missing, rows=rows, chain=chain):
-                pivots, outs = translate_rows([rows[i] for i in missing], loaded()[chain.name], cfg.run.seed,
-                                              progress)
+            def compute(missing, taken=taken, chain=chain):
+                at = pa.array(taken[np.asarray(missing, np.int64)])
+                rows = list(zip(sid.take(at).to_pylist(), variant.take(at).to_pylist(), text.take(at).to_pylist()))
+                pivots, outs = translate_rows(rows, loaded()[chain.name], cfg.run.seed, progress)
                 return pa.table({"pivot": pa.array(pivots, pa.string()), "texts": pa.array(outs, TRANSLATIONS[1].type)})
 
-            done = memo.rows([row_key(prefix, f"{sid}/{variant}", text) for sid, variant, text in rows], compute,
-                             TRANSLATIONS)
-            parts.append(chain_table(rows, done.column("pivot").to_pylist(), done.column("texts").to_pylist(),
-                                     chain.name, " > ".join(chain.models), chain.role))
+            done = memo.rows(row_keys(prefix, [suffixes[i] for i in taken]), compute, TRANSLATIONS)
+            at = pa.array(taken)
+            parts.append(chain_rows(sid.take(at), variant.take(at), at, done, chain))
     if not parts:
         return SCHEMAS["backtranslations"].empty_table()
     table = pa.concat_tables(parts).sort_by([("sid", "ascending"), ("chain", "ascending"), ("variant", "ascending")])
-    return flag_degenerate(table, sources, cfg.backtranslate)
+    c = cfg.backtranslate
+    sources = pa.DictionaryArray.from_arrays(table.column("source").combine_chunks(), text)  # each input's text once
+    flags = degenerate_flags(sources, table.column("text"), c.degenerate_max_ratio,
+                             c.degenerate_min_ratio, c.degenerate_min_words)
+    return table.drop_columns(["source"]).set_column(table.schema.get_field_index("flag"), "flag", flags)
 
 
 def chains_manifest(cfg, store, n: int, plan: dict) -> dict:
