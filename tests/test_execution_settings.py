@@ -215,6 +215,34 @@ def test_a_released_model_is_freed_at_once_its_cycles_included():
     assert gc.get_freeze_count() > 0
 
 
+def test_loads_of_stages_that_run_at_once_take_turns():
+    """Two stages of a graph load their models on two threads of one process: the loads never overlap (transformers'
+    from_pretrained swaps process-wide state while it builds a model; resources.py, _one_load)."""
+    import threading
+    import time
+
+    inside, overlaps = [], []
+
+    def load(*_):
+        inside.append(1)
+        overlaps.append(len(inside))
+        time.sleep(0.2)
+        inside.pop()
+        return object()
+
+    cfg = load_config("default")
+    probes = [resources.Resource(f"probe-load-{i}", lambda *a: {}, load, reads=()) for i in range(3)]
+    threads = [threading.Thread(target=resources.acquire, args=(f"probe-stage-{i}", probe, cfg, None, 1, {}))
+               for i, probe in enumerate(probes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlaps == [1, 1, 1]
+    for i in range(3):
+        resources.release(f"probe-stage-{i}")
+
+
 def test_a_resource_load_sees_only_the_sections_it_declares():
     """What keys a loaded object is what its load can read: reading an undeclared section is an error."""
     cfg = load_config("default")

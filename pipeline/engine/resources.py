@@ -104,6 +104,12 @@ _loaded: dict[tuple[str, str, str], tuple[str, Any]] = {}  # (resource, plan, lo
 _loading: dict[tuple[str, str, str], threading.Lock] = {}
 _frozen = False  # gc.freeze() has run in this process (_collect)
 _running: dict[str, int] = {}  # stage -> its jobs running in this process now (stages of a graph overlap)
+# Loads take turns in a process. transformers' `from_pretrained` is not thread-safe: while it builds a model it swaps
+# `PreTrainedModel.tie_weights` for a no-op and sets torch's default dtype, for the whole process
+# (transformers/initialization.py: no_tie_weights; modeling_utils: local_torch_dtype). A model loading on another
+# thread meanwhile (a graph-scheduled mine: backtranslate's Marian beside an encoder) kept its tied head on the meta
+# device ("Cannot copy out of meta tensor"), and two loads that overlap can leave the no-op in place for good.
+_one_load = threading.RLock()
 
 
 def acquire(stage: str, resource: Resource, cfg: "Config", store: "Store", n: int, plan: dict) -> Any:
@@ -119,7 +125,8 @@ def acquire(stage: str, resource: Resource, cfg: "Config", store: "Store", n: in
             if key in _loaded:
                 _loaded[key] = (stage, _loaded[key][1])
                 return _loaded[key][1]
-        obj = resource.load(SectionsView(cfg, resource), store, n, plan)
+        with _one_load:
+            obj = resource.load(SectionsView(cfg, resource), store, n, plan)
         with _lock:  # what this stage loaded for other settings or another plan is not asked for again
             for old in [k for k, (holder, _) in _loaded.items() if k[0] == resource.name and holder == stage]:
                 del _loaded[old]
