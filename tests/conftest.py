@@ -64,6 +64,9 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 os.environ.setdefault("PREFECT_HOME", str(ROOT / "artifacts" / (".prefect-test" + (f"-{_WORKER}" if _WORKER else ""))))
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+# Prefect makes only the last part of its home, and warns at import where the rest is missing (a fresh clone has no
+# artifacts/ yet: three warnings at the top of its first `make test`)
+Path(os.environ["PREFECT_HOME"]).parent.mkdir(parents=True, exist_ok=True)
 
 WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"
 

@@ -105,8 +105,8 @@ _loading: dict[tuple[str, str, str], threading.Lock] = {}
 _frozen = False  # gc.freeze() has run in this process (_collect)
 _running: dict[str, int] = {}  # stage -> its jobs running in this process now (stages of a graph overlap)
 # Loads take turns in a process. transformers' `from_pretrained` is not thread-safe: while it builds a model it swaps
-# `PreTrainedModel.tie_weights` for a no-op and sets torch's default dtype, for the whole process
-# (transformers/initialization.py: no_tie_weights; modeling_utils: local_torch_dtype). A model loading on another
+# `PreTrainedModel.tie_weights` for a no-op and sets torch's default dtype, for the whole process (transformers'
+# `initialization.no_tie_weights` and `modeling_utils.local_torch_dtype`). A model loading on another
 # thread meanwhile (a graph-scheduled mine: backtranslate's Marian beside an encoder) kept its tied head on the meta
 # device ("Cannot copy out of meta tensor"), and two loads that overlap can leave the no-op in place for good.
 _one_load = threading.RLock()
