@@ -113,14 +113,18 @@ def _repeats(row: np.ndarray, ids: np.ndarray, rows: int, max_n: int = MAX_N) ->
     return hit
 
 
+def _bytes_of(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A string column's UTF-8 bytes and its rows' offsets into them."""
+    _, offsets, data = column.buffers()
+    offsets = np.frombuffer(offsets, np.int32)[column.offset:column.offset + len(column) + 1]
+    return (np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)), offsets
+
+
 def _plain_ascii(column: pa.Array) -> np.ndarray:
     """Per row: ASCII, without the separators only `str.split` knows (\\x1c-\\x1f)."""
     plain = pc.string_is_ascii(column).fill_null(False).to_numpy(zero_copy_only=False)
-    _, offsets, data = column.buffers()
-    if data is None:
-        return plain
-    offsets = np.frombuffer(offsets, np.int32)[column.offset:column.offset + len(column) + 1]
-    at = np.flatnonzero((np.frombuffer(data, np.uint8)[offsets[0]:offsets[-1]] - 0x1c) < 4) + offsets[0]
+    data, offsets = _bytes_of(column)
+    at = np.flatnonzero((data[offsets[0]:offsets[-1]] - 0x1c) < 4) + offsets[0]
     plain[np.searchsorted(offsets, at, "right") - 1] = False
     return plain
 
@@ -145,11 +149,9 @@ def _word_counts(column: pa.Array) -> np.ndarray:
     if len(rows := np.flatnonzero(~plain)):
         counts[rows] = _word_stats(_rows(column, rows))[0]
     if len(rows := np.flatnonzero(plain)):
-        ascii = _rows(column, rows)
-        _, offsets, data = ascii.buffers()
-        offsets = np.frombuffer(offsets, np.int32)[ascii.offset:ascii.offset + len(ascii) + 1]
+        data, offsets = _bytes_of(_rows(column, rows))
         lo, hi = offsets[0], offsets[-1]
-        space = _ASCII_SPACE[np.frombuffer(data, np.uint8)[lo:hi]] if data is not None else np.zeros(0, bool)
+        space = _ASCII_SPACE[data[lo:hi]]
         first = np.zeros(hi - lo, bool)
         first[offsets[:-1][np.diff(offsets) > 0] - lo] = True
         starts = np.flatnonzero(~space & (first | np.r_[True, space[:-1]])) + lo  # after a space, or a row's start
@@ -185,13 +187,14 @@ def degenerate_flags(sources, outputs, max_ratio: float = 1.5, min_ratio: float 
     by_rows = _unlike_python(texts)[of] | _unlike_python(outputs)
     fast = np.flatnonzero(~by_rows)
     if len(fast):
-        out_n, out_rep = _word_stats(_rows(outputs, fast))
+        fast_outputs = _rows(outputs, fast)
+        out_n, out_rep = _word_stats(fast_outputs)
         src_n = _word_counts(texts)[of[fast]]
         src_rep: np.ndarray = np.zeros(len(texts), bool)  # read where the output repeats: those sources only
         if len(asked := np.unique(of[fast[out_rep]])):
             src_rep[asked] = _word_stats(texts.take(pa.array(asked)))[1]
         src_rep = src_rep[of[fast]]
-        judged = (np.maximum(src_n, out_n) >= min_words) & (pc.binary_length(_rows(outputs, fast)).to_numpy() > 0)
+        judged = (np.maximum(src_n, out_n) >= min_words) & (pc.binary_length(fast_outputs).to_numpy() > 0)
         flags[fast[judged & (out_n < min_ratio * src_n)]] = "too_short"
         flags[fast[judged & (out_n > max_ratio * src_n)]] = "too_long"
         flags[fast[out_rep & ~src_rep]] = "repeats"  # an input without repeats repeats none of the output's
