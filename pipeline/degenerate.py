@@ -106,9 +106,10 @@ def _repeats(row: np.ndarray, ids: np.ndarray, rows: int, max_n: int = MAX_N) ->
     hit: np.ndarray = np.zeros(rows, bool)
     for n in range(1, max_n + 1):
         same = (ids[:-n] == ids[n:]) & (row[:-n] == row[n:])  # word i equals word i + n, in one row
-        run = same[:len(same) - n + 1].copy()  # ... and so do the n - 1 words after each: n words repeated
+        starts = max(len(same) - n + 1, 0)  # where n words can start (never a negative slice end: it would wrap)
+        run = same[:starts].copy()  # ... and so do the n - 1 words after each: n words repeated
         for j in range(1, n):
-            run &= same[j:len(same) - n + 1 + j]
+            run &= same[j:starts + j]
         hit[row[:len(run)][run]] = True
     return hit
 

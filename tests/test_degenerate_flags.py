@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pytest
 
 from contramine.pipeline.config import configure
-from contramine.pipeline.degenerate import _EDGE, LOWER_UNLIKE_PYTHON, degenerate_flag, degenerate_flags
+from contramine.pipeline.degenerate import _EDGE, LOWER_UNLIKE_PYTHON, MAX_N, degenerate_flag, degenerate_flags
 from contramine.pipeline.memo.rows import row_key
 from contramine.pipeline.models.translate.chains import chains_plan, load_chains, translate_rows
 from contramine.pipeline.schema import SCHEMAS
@@ -45,6 +45,21 @@ def test_flags_of_whole_columns_equal_the_row_rule(ratios):
     chunked = pa.chunked_array([pa.array(outputs[:1000]), pa.array(outputs[1000:])])
     assert degenerate_flags(pa.array(sources), chunked, *ratios).to_pylist() == want
     assert {"repeats", "too_long", "too_short", None} <= set(want)  # every rule fired
+
+
+def test_small_columns_of_every_word_count_equal_the_row_rule():
+    """A shard whose rows hold few words in all (a short corpus: `make mine` of 8 lines): every total from 0 to
+    3 * MAX_N + 2 words, in one row and split over rows, repeating or not, plain ASCII and not (6 words in all
+    once raised a NumPy broadcast error)."""
+    rng = random.Random(7)
+    for total in range(0, 3 * MAX_N + 3):
+        for vocab in (["a", "b"], ["one", "two", "three", "four", "five", "six", "seven"], ["Σ", "σ", "x"]):
+            words = [rng.choice(vocab) for _ in range(total)]
+            cuts = sorted(rng.sample(range(total + 1), min(total + 1, rng.randint(0, 3))))
+            outputs = [" ".join(words[i:j]) for i, j in zip([0, *cuts], [*cuts, total])]
+            sources = [rng.choice(["a b c d e f", "one two", ""]) for _ in outputs]
+            want = [degenerate_flag(src, out) for src, out in zip(sources, outputs)]
+            assert degenerate_flags(pa.array(sources), pa.array(outputs)).to_pylist() == want, (total, outputs)
 
 
 def test_arrow_splits_trims_and_lowers_each_code_point_as_python_or_the_code_point_is_listed():
