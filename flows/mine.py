@@ -235,7 +235,7 @@ def mine_flow(profile: str = "default", run: str | None = None, corpus: str | No
         if failed:
             first = futures[failed[0]]
             first.result()  # raises the stage's own error (one line at the CLI)
-    from contramine.pipeline.report import headline  # matplotlib: imported when a whole mine ends, not by every stage flow
+    from contramine.pipeline.report import headline  # DuckDB: imported when a whole mine ends, not by every stage flow
 
     create_markdown_artifact(key=artifact_key(cfg.run.name, "mine"), markdown=headline(cfg.run.dir),
                              description=f"what run `{cfg.run.name}` mined")

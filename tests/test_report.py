@@ -1,5 +1,7 @@
 """The mining report on a small synthetic run: every section, valid PNGs, exact numbers, absent tables."""
 import json
+import subprocess
+import sys
 import re
 from collections import Counter
 
@@ -226,3 +228,12 @@ def test_the_mines_headline_counts_what_each_table_committed_and_opens_only_what
     views = {r[0] for r in Run(run["dir"], views=("sentences", "candidates", "pairs")).rows(
         "SELECT view_name FROM duckdb_views() WHERE NOT internal")}
     assert views == {"sentences", "candidates", "pairs"}
+
+
+def test_the_mines_headline_does_not_load_the_plotting_library():
+    """Every mine ends with `headline`: it draws nothing, so it leaves matplotlib (~0.5 CPU-s to import) to the
+    page that plots."""
+    probe = ("import sys; from contramine.pipeline.report import headline; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr

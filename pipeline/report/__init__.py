@@ -14,9 +14,8 @@ the samples and aggregates), what each section says and plots in sections.py, th
 command line in page.py.
 """
 from contramine.pipeline.report.page import headline, main, write_report
-from contramine.pipeline.report.queries import (Run, overlap_by_source, overlap_stats, pool_peakedness,
+from contramine.pipeline.report.queries import (ABSENT, Run, overlap_by_source, overlap_stats, pool_peakedness,
                                                 random_pair_cosines)
-from contramine.pipeline.report.sections import ABSENT
 
 __all__ = ["ABSENT", "Run", "headline", "main", "overlap_by_source", "overlap_stats", "pool_peakedness",
            "random_pair_cosines", "write_report"]

@@ -17,9 +17,7 @@ from contramine.pipeline.storage.lock import RunBusy, run_lock
 from contramine.pipeline.storage.safe_paths import UnsafePath, open_folder
 from contramine.pipeline.hints import command
 from contramine.pipeline.markdown import cell, table
-from contramine.pipeline.report.queries import Run, chosen_cos, overlap_stats
-from contramine.pipeline.report.sections import (ABSENT, PLOTS, section_cosine, section_examples, section_ipw,
-                                                 section_mer, section_overlap, section_summary, section_timings)
+from contramine.pipeline.report.queries import ABSENT, Run, chosen_cos, overlap_stats
 from contramine.pipeline.schema import SCHEMAS
 
 # the command's description: the first line of the package's docstring (pipeline/report/__init__.py)
@@ -54,6 +52,11 @@ def headline(run_dir: Path, seed: int = 0) -> str:
 
 
 def write_report(run_dir: Path, out_dir: Path | None = None, seed: int = 0) -> Path:
+    # the sections draw with matplotlib: imported by the page that plots, not by `headline` at the end of every mine
+    # (~0.4 CPU-s of each `make mine`)
+    from contramine.pipeline.report.sections import (PLOTS, section_cosine, section_examples, section_ipw, section_mer,
+                                                     section_overlap, section_summary, section_timings)
+
     run_dir = Path(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir / "report"
     # report/ below the run, reached without a link (an --out outside the run is the user's own, checked from itself

@@ -12,6 +12,7 @@ from contramine.pipeline.storage.tables import RunTables
 from contramine.pipeline.schema import SCHEMAS
 from contramine.pipeline.text_distances import lexical_overlap
 
+ABSENT = "not produced in this run"  # how the page names a table the run did not write (Run.present[t] False)
 RANDOM_PAIRS = 20_000
 TEXT_SAMPLE = 200_000  # pairs whose overlap / MER is computed; beyond this a seeded sample
 

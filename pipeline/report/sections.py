@@ -11,7 +11,7 @@ import numpy as np
 from contramine.pipeline.storage.atomic import atomic_file
 from contramine.pipeline.report.timeline import caption, draw_gantt, run_timeline
 from contramine.pipeline.markdown import cell, table
-from contramine.pipeline.report.queries import (Run, backtranslation_flags, candidate_sample, chosen_cos,
+from contramine.pipeline.report.queries import (ABSENT, Run, backtranslation_flags, candidate_sample, chosen_cos,
                                                 chosen_examples, negation_outcomes, overlap_by_source, overlap_stats,
                                                 pool_peakedness, random_pair_cosines, rejected_by_reason,
                                                 rejected_lines, triplet_examples, triplet_sample)
@@ -22,7 +22,6 @@ matplotlib.use("Agg")  # headless: the report runs on servers and in tests
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402,F401
 
-ABSENT = "not produced in this run"
 SCATTER_SAMPLE = 5_000  # points per kind in the MER-vs-cosine scatter
 # DebCSE Table 4: mean lexical overlap of positives / negatives with their anchor.
 PUBLISHED_OVERLAP = [("supervised NLI (published)", 0.38, 0.28), ("dropout-SimCSE (published)", 1.0, 0.09),
