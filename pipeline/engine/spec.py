@@ -80,9 +80,10 @@ class Ctx:
         assert self.stage is not None  # declared: there is a stage
         return acquire(self.stage.name, declared[name], self.cfg, self.store, self.n, self.plan[name])
 
-    def shard(self, table: str, columns: tuple[str, ...] | None = None) -> "pa.Table":
-        """This job's shard of `table`; only `columns` (those the file has) when given."""
-        return self.store.read_shard(table, self.i, self.n, columns)
+    def shard(self, table: str, columns: tuple[str, ...] | None = None, dictionary: tuple[str, ...] = ()) -> "pa.Table":
+        """This job's shard of `table`; only `columns` (those the file has) when given; `dictionary`: string
+        columns read as dictionary columns."""
+        return self.store.read_shard(table, self.i, self.n, columns, dictionary)
 
     def whole(self, table: str) -> "pa.Table":
         return self.store.read(table, self.n)

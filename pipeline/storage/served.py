@@ -46,14 +46,17 @@ def open_source(fd: int) -> pa.NativeFile:
     return pa.PythonFile(os.fdopen(os.dup(fd), "rb"), mode="r")
 
 
-def read_checked(fd: int, columns: list[str] | tuple[str, ...] | None = None) -> pa.Table:
+def read_checked(fd: int, columns: list[str] | tuple[str, ...] | None = None,
+                 dictionary: tuple[str, ...] = ()) -> pa.Table:
     """The Parquet table in the checked file behind `fd`, its page checksums verified; `columns`: only those of them
-    the file has (None: all)."""
+    the file has (None: all); `dictionary`: string columns read as dictionary columns (their distinct values decoded
+    once: a column of a few kinds over millions of rows)."""
     with open_source(fd) as source:  # one open: the footer read for the names, then the table (random access)
         if columns is not None:
             present = set(pq.read_schema(source).names)
             columns = [c for c in columns if c in present]
-        return pq.read_table(source, columns=columns, page_checksum_verification=True)
+        return pq.read_table(source, columns=columns, read_dictionary=list(dictionary) or None,
+                             page_checksum_verification=True)
 
 
 def dataset_of(fds: list[int]) -> pads.Dataset:

@@ -127,12 +127,13 @@ class Store:
     def table_hash(self, table: str, n: int) -> str:
         return combine(*(self.shard_hash(table, i, n) for i in range(n)))
 
-    def read_shard(self, table: str, i: int, n: int, columns: tuple[str, ...] | None = None) -> pa.Table:
+    def read_shard(self, table: str, i: int, n: int, columns: tuple[str, ...] | None = None,
+                   dictionary: tuple[str, ...] = ()) -> pa.Table:
         """Shard i of a committed table, its bytes checked against the hash its commit records (verify.py) and
         read from the descriptor that was checked (served.py: a file renamed over it since is not read), its
         Parquet pages against their checksums: a damaged one is TableCorrupt, one line naming it and the fix.
         `columns`: only those of them the file has (a stage that reads 5 of candidates' 13 columns decodes a third
-        of its bytes; the whole file's hash is still checked)."""
+        of its bytes; the whole file's hash is still checked); `dictionary`: those read as dictionary columns."""
 
         path = self.shard_path(table, i, n)
         if self._verified is None:
@@ -142,7 +143,7 @@ class Store:
         if fd is not None:
             try:
                 self._verified.save()
-                return read_checked(fd, columns)
+                return read_checked(fd, columns, dictionary)
             except (pa.ArrowInvalid, OSError) as e:
                 why = f"is not readable Parquet ({' '.join(str(e).split())[:120]})"
             finally:
