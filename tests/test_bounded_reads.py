@@ -174,3 +174,39 @@ def test_committed_files_are_read_only_and_the_cache_only_its_users(tmp_path):
     (run / CACHE).chmod(0o664)  # under a umask of 002: a group member could have written that entry
     with pytest.raises(TableUnreadable, match=f"{shard.name} is damaged"):
         RunTables(run).read("sentences")
+
+
+def test_a_shard_is_hashed_once_by_its_writer_and_an_edit_in_place_is_still_caught(tmp_path, monkeypatch):
+    """The commit's check of a shard this process has just written, and a rerun's look at it (in this process, or
+    in another through `.verified.json`), take a fstat, not a second hash of the file; a byte flipped in place with
+    the mtime set back is hashed again and refused all the same."""
+    from contramine.pipeline.storage import verify
+
+    hashed: list[str] = []
+    real = verify.content_hash
+    monkeypatch.setattr(verify, "content_hash", lambda f: hashed.append(Path(f.name).name
+                                                                        if isinstance(f.name, str) else "fd") or real(f))
+    store = Store(tmp_path / "run")
+    parts = [pa.table({"sid": pa.array([i], pa.int64()), "text": [f"line {i}"], "n_words": pa.array([2], pa.int32()),
+                       "line_no": pa.array([i], pa.int64())}) for i in range(3)]
+    store.write_table("sentences", parts, key="k")
+    assert len(hashed) == 3  # one hash a shard: the writer's, right after the rename; the commit's check is a fstat
+    assert [store.cached_shard("sentences", i, 3, "k") is not None for i in range(3)] == [True] * 3
+    monkeypatch.setattr(verify, "_HASHED", {})  # another process: what vouches is the run's .verified.json
+    assert [Store(tmp_path / "run").cached_shard("sentences", i, 3, "k") is not None for i in range(3)] == [True] * 3
+    assert len(hashed) == 3
+
+    shard = store.shard_path("sentences", 0, 3, "k")
+    before = shard.stat()
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1
+    time.sleep(0.05)  # past the file system's timestamp granularity
+    shard.chmod(0o644)
+    with open(shard, "r+b") as f:
+        f.write(bytes(data))
+    shard.chmod(0o444)
+    os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert Store(tmp_path / "run").cached_shard("sentences", 0, 3, "k") is None  # hashed again: not reused
+    assert len(hashed) == 4
+    with pytest.raises(TableCorrupt, match=f"{shard.name} is damaged"):
+        store.read_shard("sentences", 0, 3)

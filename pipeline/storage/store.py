@@ -33,7 +33,7 @@ from contramine.pipeline.storage.manifest import MANIFEST, SIDECAR_MAX, TableCor
 from contramine.pipeline.storage.safe_paths import UnsafePath, open_regular, read_regular
 from contramine.pipeline.storage.served import read_checked
 from contramine.pipeline.storage.shard_names import PART, shard_file
-from contramine.pipeline.storage.verify import Verified, content_hash, damaged_line, first_damaged
+from contramine.pipeline.storage.verify import Verified, damaged_line, first_damaged, hash_open, hashed_here
 from contramine.pipeline.schema import SCHEMAS
 
 
@@ -198,10 +198,13 @@ class Store:
             if not isinstance(meta, dict) or meta.get("key") != key or not isinstance(meta.get("rows"), int):
                 return None
             size = meta.get("bytes") if isinstance(meta.get("bytes"), int) else None
-            digest, size_ok = _hash_of(path, size)
+            if not isinstance(meta.get("hash"), str) or not meta["hash"]:
+                return None
+            # the run's remembered checks (verify.py) vouch for a shard a rerun finds unchanged: not hashed again
+            self._verified = self._verified or Verified(self.root)
+            if self._verified.check(table, path, meta["hash"], size) is not None:
+                return None
         except (OSError, ValueError, UnsafePath):
-            return None
-        if not size_ok or digest != meta.get("hash"):
             return None
         return ShardInfo(table, i, n, key, meta["hash"], int(meta["rows"]), cached=True, file=path.name,
                          seconds=float(meta.get("seconds", 0.0)) if isinstance(meta.get("seconds"), (int, float))
@@ -239,11 +242,16 @@ class Store:
 
 def _hash_of(path: Path, size: int | None) -> tuple[str | None, bool]:
     """(the content hash of the plain file at `path`, True), or (None, False) when its size (fstat of the file as
-    opened) is not the `size` recorded: a shard grown to 8 GiB is refused at once, never hashed."""
-    with os.fdopen(open_regular(path), "rb") as f:
-        if size is not None and os.fstat(f.fileno()).st_size != size:
+    opened) is not the `size` recorded: a shard grown to 8 GiB is refused at once, never hashed. A file this
+    process hashed before and that has not changed since is not hashed again (verify.hashed_here)."""
+    fd = open_regular(path)
+    try:
+        st = os.fstat(fd)
+        if size is not None and st.st_size != size:
             return None, False
-        return content_hash(f), True
+        return hashed_here(st) or hash_open(fd)[1], True
+    finally:
+        os.close(fd)
 
 
 def schema_of(table: str) -> pa.Schema | None:

@@ -93,6 +93,36 @@ def small_json(path: Path, private: bool = False) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+# The files this process hashed itself (a shard it has just written, or checked): (device, inode) -> [size, mtime_ns,
+# ctime_ns, hash], the fstat taken before the hash. It vouches within one process as the run's cache does across
+# processes, by the same identity (a rewrite is a new inode; an edit in place moves ctime), and nothing outside the
+# process can write it: the commit's check of a shard written a moment ago (Store.finish), and a rerun's look at a
+# shard it wrote, are a fstat instead of a second hash of the whole file.
+_HASHED: dict[tuple[int, int], list] = {}
+_HASHED_LOCK = threading.Lock()
+_HASHED_MAX = 100_000  # entries (~200 bytes each); past it, forgotten all at once (a long-lived Dask worker)
+
+
+def hash_open(fd: int) -> tuple[os.stat_result, str]:
+    """(fstat, content hash) of an open file, remembered in this process under that fstat (taken first: a change
+    while it is hashed moves ctime, so what is remembered never vouches for the changed file)."""
+    st = os.fstat(fd)
+    with open(fd, "rb", closefd=False) as f:
+        digest = content_hash(f)
+    with _HASHED_LOCK:
+        if len(_HASHED) >= _HASHED_MAX:
+            _HASHED.clear()
+        _HASHED[(st.st_dev, st.st_ino)] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, digest]
+    return st, digest
+
+
+def hashed_here(st: os.stat_result) -> str | None:
+    """The hash this process took of the file `st` (a fstat) describes, if it has not changed since; else None."""
+    with _HASHED_LOCK:
+        seen = _HASHED.get((st.st_dev, st.st_ino))
+    return seen[3] if seen is not None and seen[:3] == [st.st_size, st.st_mtime_ns, st.st_ctime_ns] else None
+
+
 class Verified:
     """The run's remembered checks (see the module doc). Thread-safe: a stage's shard threads share one."""
 
@@ -154,8 +184,7 @@ class Verified:
             if self._seen.get(key) == now:
                 return None
         try:
-            with open(fd, "rb", closefd=False) as f:
-                got = content_hash(f)
+            got = hashed_here(st) or hash_open(fd)[1]
         except OSError as e:
             return f"cannot be read ({e.strerror})"
         if got != expected:
