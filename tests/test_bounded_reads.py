@@ -184,8 +184,7 @@ def test_a_shard_is_hashed_once_by_its_writer_and_an_edit_in_place_is_still_caug
 
     hashed: list[str] = []
     real = verify.content_hash
-    monkeypatch.setattr(verify, "content_hash", lambda f: hashed.append(Path(f.name).name
-                                                                        if isinstance(f.name, str) else "fd") or real(f))
+    monkeypatch.setattr(verify, "content_hash", lambda f: hashed.append(str(f.name)) or real(f))
     store = Store(tmp_path / "run")
     parts = [pa.table({"sid": pa.array([i], pa.int64()), "text": [f"line {i}"], "n_words": pa.array([2], pa.int32()),
                        "line_no": pa.array([i], pa.int64())}) for i in range(3)]
@@ -194,6 +193,7 @@ def test_a_shard_is_hashed_once_by_its_writer_and_an_edit_in_place_is_still_caug
     assert [store.cached_shard("sentences", i, 3, "k") is not None for i in range(3)] == [True] * 3
     monkeypatch.setattr(verify, "_HASHED", {})  # another process: what vouches is the run's .verified.json
     assert [Store(tmp_path / "run").cached_shard("sentences", i, 3, "k") is not None for i in range(3)] == [True] * 3
+    assert [Store(tmp_path / "run").intact("sentences", i, 3) for i in range(3)] == [True] * 3  # `stage`'s preflight
     assert len(hashed) == 3
 
     shard = store.shard_path("sentences", 0, 3, "k")
@@ -207,6 +207,7 @@ def test_a_shard_is_hashed_once_by_its_writer_and_an_edit_in_place_is_still_caug
     shard.chmod(0o444)
     os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert Store(tmp_path / "run").cached_shard("sentences", 0, 3, "k") is None  # hashed again: not reused
+    assert not Store(tmp_path / "run").intact("sentences", 0, 3)  # what that hash found is remembered: damaged
     assert len(hashed) == 4
     with pytest.raises(TableCorrupt, match=f"{shard.name} is damaged"):
         store.read_shard("sentences", 0, 3)

@@ -33,7 +33,7 @@ from contramine.pipeline.storage.manifest import MANIFEST, SIDECAR_MAX, TableCor
 from contramine.pipeline.storage.safe_paths import UnsafePath, open_regular, read_regular
 from contramine.pipeline.storage.served import read_checked
 from contramine.pipeline.storage.shard_names import PART, shard_file
-from contramine.pipeline.storage.verify import Verified, damaged_line, first_damaged, hash_open, hashed_here
+from contramine.pipeline.storage.verify import Verified, damaged_line, first_damaged, hash_open
 from contramine.pipeline.schema import SCHEMAS
 
 
@@ -111,10 +111,14 @@ class Store:
         return h
 
     def intact(self, table: str, i: int, n: int) -> bool:
-        """The committed shard exists and its bytes still hash to the recorded hash."""
+        """The committed shard exists and its bytes still hash to the recorded hash (a check the run's
+        `.verified.json` or this process remembers, for a file unchanged since, counts: verify.py)."""
         try:
             e = self._entry(table, i, n)
-            return _hash_of(self.dir(table) / e["file"], e.get("bytes")) == (e.get("hash"), True)
+            if not isinstance(e.get("hash"), str) or not e["hash"]:
+                return False
+            self._verified = self._verified or Verified(self.root)
+            return self._verified.check(table, self.dir(table) / e["file"], e["hash"], e.get("bytes")) is None
         except (FileNotFoundError, OSError, TableCorrupt, UnsafePath):
             return False
 
@@ -180,10 +184,9 @@ class Store:
             # Fixed writer options: the same table always gives the same bytes.
             pq.write_table(data, tmp, compression="zstd", row_group_size=64_000, write_statistics=True,
                            write_page_checksum=True)
-        digest, _ = _hash_of(path, None)
-        assert digest is not None  # no size to compare: hashed
+        digest, size = _hash_written(path)
         info = ShardInfo(table, i, n, key, digest, data.num_rows, cached=False, file=path.name,
-                         seconds=seconds, bytes=os.stat(path, follow_symlinks=False).st_size)
+                         seconds=seconds, bytes=size)
         atomic_write_json(path.with_suffix(".json"),
                           {"key": key, "hash": info.hash, "rows": info.rows, "seconds": round(seconds, 3),
                            "bytes": info.bytes}, root=self.root, mode=0o444)
@@ -240,16 +243,13 @@ class Store:
         self._verified.save()
 
 
-def _hash_of(path: Path, size: int | None) -> tuple[str | None, bool]:
-    """(the content hash of the plain file at `path`, True), or (None, False) when its size (fstat of the file as
-    opened) is not the `size` recorded: a shard grown to 8 GiB is refused at once, never hashed. A file this
-    process hashed before and that has not changed since is not hashed again (verify.hashed_here)."""
+def _hash_written(path: Path) -> tuple[str, int]:
+    """(content hash, size) of the plain file a writer has just renamed into place, remembered in this process
+    (verify.hash_open): the commit's check of it, and a rerun's look, are a fstat while it stays unchanged."""
     fd = open_regular(path)
     try:
-        st = os.fstat(fd)
-        if size is not None and st.st_size != size:
-            return None, False
-        return hashed_here(st) or hash_open(fd)[1], True
+        st, digest = hash_open(fd)
+        return digest, st.st_size
     finally:
         os.close(fd)
 
