@@ -78,10 +78,22 @@ class Store:
         self.root = Path(run_dir)
         self.staged: dict[str, list[dict]] = {}
         self.keep_replaced_s = keep_replaced_s  # finish(): how long the shards a commit replaces stay (grace.py)
-        self._verified: Verified | None = None  # verify.Verified, made at the first input shard read
+        self._verified: Verified | None = None  # verify.Verified, made at this Store's first check (`verified`)
 
     def dir(self, table: str) -> Path:
         return self.root / table
+
+    @property
+    def verified(self) -> Verified:
+        """The run's remembered checks (verify.py), loaded at this Store's first check of a file."""
+        if self._verified is None:
+            self._verified = Verified(self.root)
+        return self._verified
+
+    def _whole(self, table: str, path: Path, digest, size: int | None) -> bool:
+        """`path` (a shard of `table`) is a plain file of `size` bytes (when known) that hashes to `digest`: checked,
+        or vouched for by a remembered check of the unchanged file. A shard with no recorded hash is not whole."""
+        return isinstance(digest, str) and bool(digest) and self.verified.check(table, path, digest, size) is None
 
     # ---- the snapshot a reader of this run sees
     def files(self, table: str) -> list[dict] | None:
@@ -115,10 +127,7 @@ class Store:
         `.verified.json` or this process remembers, for a file unchanged since, counts: verify.py)."""
         try:
             e = self._entry(table, i, n)
-            if not isinstance(e.get("hash"), str) or not e["hash"]:
-                return False
-            self._verified = self._verified or Verified(self.root)
-            return self._verified.check(table, self.dir(table) / e["file"], e["hash"], e.get("bytes")) is None
+            return self._whole(table, self.dir(table) / e["file"], e.get("hash"), e.get("bytes"))
         except (FileNotFoundError, OSError, TableCorrupt, UnsafePath):
             return False
 
@@ -140,13 +149,11 @@ class Store:
         of its bytes; the whole file's hash is still checked); `dictionary`: those read as dictionary columns."""
 
         path = self.shard_path(table, i, n)
-        if self._verified is None:
-            self._verified = Verified(self.root)
         entry = self._entry(table, i, n)
-        fd, why = self._verified.open_checked(table, path, entry.get("hash"), entry.get("bytes"))
+        fd, why = self.verified.open_checked(table, path, entry.get("hash"), entry.get("bytes"))
         if fd is not None:
             try:
-                self._verified.save()
+                self.verified.save()
                 return read_checked(fd, columns, dictionary)
             except (pa.ArrowInvalid, OSError) as e:
                 why = f"is not readable Parquet ({' '.join(str(e).split())[:120]})"
@@ -201,11 +208,8 @@ class Store:
             if not isinstance(meta, dict) or meta.get("key") != key or not isinstance(meta.get("rows"), int):
                 return None
             size = meta.get("bytes") if isinstance(meta.get("bytes"), int) else None
-            if not isinstance(meta.get("hash"), str) or not meta["hash"]:
-                return None
             # the run's remembered checks (verify.py) vouch for a shard a rerun finds unchanged: not hashed again
-            self._verified = self._verified or Verified(self.root)
-            if self._verified.check(table, path, meta["hash"], size) is not None:
+            if not self._whole(table, path, meta.get("hash"), size):
                 return None
         except (OSError, ValueError, UnsafePath):
             return None
@@ -228,8 +232,7 @@ class Store:
         hash first (TableCorrupt: nothing is committed), which the first reader after the commit then need not do."""
         if len(files) != n or any(not PART.fullmatch(e["file"]) for e in files):
             raise ValueError(f"table {table}: a commit needs {n} shard files, got {[e.get('file') for e in files]}")
-        self._verified = self._verified or Verified(self.root)
-        if (line := first_damaged(self._verified, self.dir(table), files)) is not None:  # remembered for readers
+        if (line := first_damaged(self.verified, self.dir(table), files)) is not None:  # remembered for readers
             raise TableCorrupt(line)
         try:  # what the manifest being replaced lists and this one does not: kept for a grace period (grace.py)
             listed = {e["file"] for e in files}
@@ -240,7 +243,7 @@ class Store:
                           root=self.root, mode=0o444)
         self.staged.pop(table, None)
         collect(self.root, self.dir(table), files, replaced, self.keep_replaced_s)
-        self._verified.save()
+        self.verified.save()
 
 
 def _hash_written(path: Path) -> tuple[str, int]:
