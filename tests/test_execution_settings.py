@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from contramine.flows.mine import configure, mine_flow, run_stage_flow
+from contramine.flows.mine import configure, mine_flow, run_stage_flow, stage_flow_for
 from contramine.pipeline.config import load_config
 from contramine.pipeline.engine import resources
 from contramine.pipeline.engine.runner import finish_stage, load_stages, resolve_plan, run_job, run_shard, run_stage
@@ -46,6 +46,18 @@ def test_execution_settings_change_no_key():
     assert load_config("default", ct2).section_hash("backtranslate") == \
         load_config("default", [*ct2, "backtranslate.batch_tokens=64"]).section_hash("backtranslate")
     assert base.section_hash("encoder") != load_config("default", ["encoder.max_length=64"]).section_hash("encoder")
+
+
+def test_each_runner_setting_gets_its_own_stage_flow_and_the_same_settings_reuse_one():
+    """A stage flow's copy with its task runner is made once per runner (run_stage_flow's cache): a run with other
+    workers, another kind or another cluster never runs on a copy made for the first."""
+    two, three = (load_config("default", [f"runner.workers={n}"]) for n in (2, 3))
+    flow = stage_flow_for("sentences", two)
+    assert stage_flow_for("sentences", load_config("default", ["runner.workers=2"])) is flow
+    assert flow.task_runner._max_workers == 2 and stage_flow_for("sentences", three).task_runner._max_workers == 3
+    assert stage_flow_for("embeddings", two) is not flow and stage_flow_for("embeddings", two).name == "embeddings"
+    cluster = load_config("default", ["runner.kind=dask", "runner.address=tcp://127.0.0.1:1"])
+    assert stage_flow_for("sentences", cluster).task_runner.address == "tcp://127.0.0.1:1"
 
 
 def test_encoder_batch_size_does_not_change_a_vector():
