@@ -30,15 +30,22 @@ except OSError:
     pass
 
 
-# Prefect's client answers a 503 from its server by waiting 2, 4, 8, 16, 32 s (exponential backoff, then jitter).
-# Prefect's own SQLite server (the ephemeral one `make mine` starts, or one on this machine) sends a 503 whenever a
-# write meets another connection's commit between its read and its write (SQLITE_BUSY_SNAPSHOT in WAL mode), which a
-# graph-scheduled mine does at nearly every moment two stage flows start or end together: a small cached mine spent
-# 4-6 s of its 8 s waiting out such retries, though the lock clears within milliseconds. Against a server on this
-# machine, the retries wait 0.05, 0.2, 0.8, 3.2, 12.8 s instead (17 s in all, against Prefect's 62 s): the same
-# number of tries, so a server that is really down fails as before, only sooner. A remote server (Postgres, Prefect
-# Cloud) keeps Prefect's backoff; a Retry-After header from any server is honoured as Prefect honours it.
+# Prefect's client answers a 503 from its server by waiting 2, 4, 8, 16, 32 s (exponential backoff, then jitter):
+# 6 tries over 62 s, then one more wait of 64 s before it hands the last answer back. Prefect's own SQLite server (the
+# ephemeral one `make mine` starts, or one on this machine) sends a 503 whenever a write meets another connection's
+# commit between its read and its write (SQLITE_BUSY_SNAPSHOT in WAL mode), which a graph-scheduled mine does at
+# nearly every moment two stage flows start or end together: a small cached mine spent 4-6 s of its 8 s waiting out
+# such retries, though the lock clears within milliseconds. Against a server on this machine the client asks again
+# after 0.05 s, doubling, and its last try waits out the rest of Prefect's own 62 s (LOCAL_PATIENCE_S); with
+# LOCAL_RETRIES tries (10, unless the user sets PREFECT_CLIENT_MAX_RETRIES), a write that keeps meeting commits on a
+# busy machine gets many short chances and a server that is really down still fails after 62 s. (The earlier 0.05,
+# 0.2, 0.8, 3.2, 12.8 s, 17 s in all, lost a stage flow's start in the suite on a slower box of this kind: six tries,
+# six commits met.) A remote server (Postgres, Prefect Cloud) keeps Prefect's backoff and its number of tries; a
+# Retry-After header from any server is honoured as Prefect honours it. On every server the wait after the last try
+# is skipped: its answer is final.
 LOCAL_RETRY_FIRST_S = 0.05
+LOCAL_PATIENCE_S = 62.0
+LOCAL_RETRIES = 10
 
 
 def server_on_this_machine(api_url: str | None) -> bool:
@@ -51,6 +58,10 @@ def server_on_this_machine(api_url: str | None) -> bool:
     return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
+if server_on_this_machine(os.environ.get("PREFECT_API_URL")):  # read by Prefect at its import: set before it
+    os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", str(LOCAL_RETRIES))
+
+
 def prompt_local_retries() -> None:
     """Prefect's client backoff (prefect.client.base: jitter around 2**try seconds) made short while the API in use
     is on this machine (see above). Called by flows/mine.py once Prefect is imported (the `sql` and `report`
@@ -59,16 +70,21 @@ def prompt_local_retries() -> None:
     import math
 
     import prefect.client.base as client_base
-    from prefect.settings import PREFECT_API_URL
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES
 
     if getattr(client_base.clamped_poisson_interval, "local_retries", False):
         return
     jitter = client_base.clamped_poisson_interval
 
     def local_interval(average: float, clamping_factor: float = 0.3) -> float:
-        if average > 0 and server_on_this_machine(PREFECT_API_URL.value()):
-            tries = max(1, round(math.log2(average)))  # Prefect passes 2**try
-            average = LOCAL_RETRY_FIRST_S * 4 ** (tries - 1)
+        if average > 0:
+            tries, last = max(1, round(math.log2(average))), PREFECT_CLIENT_MAX_RETRIES.value()  # Prefect: 2**try
+            if tries > last:  # after the last try: Prefect would wait this long, then hand its answer back
+                return 0.0
+            if server_on_this_machine(PREFECT_API_URL.value()):
+                average = LOCAL_RETRY_FIRST_S * 2 ** (tries - 1)
+                if tries == last:  # the rest of Prefect's own patience
+                    average = max(average, LOCAL_PATIENCE_S - LOCAL_RETRY_FIRST_S * (2 ** (tries - 1) - 1))
         return jitter(average, clamping_factor)
 
     local_interval.local_retries = True  # type: ignore[attr-defined]

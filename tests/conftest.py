@@ -81,6 +81,9 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 # Prefect makes only the last part of its home, and warns at import where the rest is missing (a fresh clone has no
 # artifacts/ yet: three warnings at the top of its first `make test`)
 Path(os.environ["PREFECT_HOME"]).parent.mkdir(parents=True, exist_ok=True)
+# The product's Prefect settings (flows/env.py: more, shorter retries against a server on this machine), set before
+# this process imports Prefect (pytest_configure does), as every CLI process sets them before it does
+import contramine.flows.env  # noqa: E402,F401
 
 WIKI = ROOT.parent / "shared" / "data" / "wiki1m_head.txt"
 
