@@ -40,7 +40,7 @@ except OSError:
 # LOCAL_RETRIES tries (10, unless the user sets PREFECT_CLIENT_MAX_RETRIES), a write that keeps meeting commits on a
 # busy machine gets many short chances and a server that is really down still fails after 62 s. (The earlier 0.05,
 # 0.2, 0.8, 3.2, 12.8 s, 17 s in all, lost a stage flow's start in the suite on a slower box of this kind: six tries,
-# six commits met.) A remote server (Postgres, Prefect Cloud) keeps Prefect's backoff and its number of tries; a
+# six 503s.) A remote server (Postgres, Prefect Cloud) keeps Prefect's backoff and its number of tries; a
 # Retry-After header from any server is honoured as Prefect honours it. On every server the wait after the last try
 # is skipped: its answer is final.
 LOCAL_RETRY_FIRST_S = 0.05
