@@ -58,8 +58,13 @@ def server_on_this_machine(api_url: str | None) -> bool:
     return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
-if server_on_this_machine(os.environ.get("PREFECT_API_URL")):  # read by Prefect at its import: set before it
-    os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", str(LOCAL_RETRIES))
+# Read by Prefect at its import, so set before it, from the environment's API URL. One that a Prefect profile or
+# prefect.toml names is only known once Prefect is loaded: if it is remote, the tries past Prefect's own 5 that this
+# default adds are asked at once (local_interval), so such a server keeps Prefect's backoff and its 62 s.
+PREFECT_DEFAULT_RETRIES = 5
+OUR_RETRIES = "PREFECT_CLIENT_MAX_RETRIES" not in os.environ and server_on_this_machine(os.environ.get("PREFECT_API_URL"))
+if OUR_RETRIES:
+    os.environ["PREFECT_CLIENT_MAX_RETRIES"] = str(LOCAL_RETRIES)
 
 
 def prompt_local_retries() -> None:
@@ -85,6 +90,8 @@ def prompt_local_retries() -> None:
                 average = LOCAL_RETRY_FIRST_S * 2 ** (tries - 1)
                 if tries == last:  # the rest of Prefect's own patience
                     average = max(average, LOCAL_PATIENCE_S - LOCAL_RETRY_FIRST_S * (2 ** (tries - 1) - 1))
+            elif OUR_RETRIES and tries > PREFECT_DEFAULT_RETRIES:  # a remote server named outside the environment
+                return 0.0
         return jitter(average, clamping_factor)
 
     local_interval.local_retries = True  # type: ignore[attr-defined]

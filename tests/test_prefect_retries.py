@@ -86,3 +86,8 @@ def test_a_remote_server_keeps_prefects_backoff():
             waits = [client_base.clamped_poisson_interval(2 ** t, 0.3) for t in (1, 2, 3)]
         scale = [first * 2 ** k for k in range(3)]
         assert all(0.69 * w <= got <= 1.31 * w for got, w in zip(waits, scale)), (url, waits)
+    # a remote server that the environment did not name (a Prefect profile, prefect.toml): the tries that this
+    # process' default of 10 adds past Prefect's 5 are asked at once, so its waits stay Prefect's 62 s
+    with temporary_settings({PREFECT_API_URL: "http://10.0.0.7:4200/api"}):
+        waits = [client_base.clamped_poisson_interval(2 ** t, 0.3) for t in range(1, 12)]
+    assert all(w > 1 for w in waits[:5]) and waits[5:] == [0.0] * 6, waits
