@@ -61,10 +61,14 @@ def server_on_this_machine(api_url: str | None) -> bool:
 # Read by Prefect at its import, so set before it, from the environment's API URL. One that a Prefect profile or
 # prefect.toml names is only known once Prefect is loaded: if it is remote, the tries past Prefect's own 5 that this
 # default adds are asked at once (local_interval), so such a server keeps Prefect's backoff and its 62 s.
+# The count is marked as this default (RETRIES_MARK, beside it), so the processes that inherit it (CLI children, Dask
+# workers) tell it from a user's own.
 PREFECT_DEFAULT_RETRIES = 5
-OUR_RETRIES = "PREFECT_CLIENT_MAX_RETRIES" not in os.environ and server_on_this_machine(os.environ.get("PREFECT_API_URL"))
-if OUR_RETRIES:
-    os.environ["PREFECT_CLIENT_MAX_RETRIES"] = str(LOCAL_RETRIES)
+RETRIES_MARK = "CONTRAMINE_DEFAULT_PREFECT_RETRIES"
+if "PREFECT_CLIENT_MAX_RETRIES" not in os.environ and server_on_this_machine(os.environ.get("PREFECT_API_URL")):
+    os.environ["PREFECT_CLIENT_MAX_RETRIES"] = os.environ[RETRIES_MARK] = str(LOCAL_RETRIES)
+OUR_RETRIES = os.environ.get(RETRIES_MARK) is not None and \
+    os.environ.get(RETRIES_MARK) == os.environ.get("PREFECT_CLIENT_MAX_RETRIES")
 
 
 def prompt_local_retries() -> None:

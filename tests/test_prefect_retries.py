@@ -56,14 +56,18 @@ def test_a_server_that_stays_locked_fails_after_its_tries_within_prefects_patien
 
 
 @pytest.mark.parametrize("url, tries", [(None, "10"), ("http://127.0.0.1:4200/api", "10"),
-                                        ("http://10.0.0.7:4200/api", None)])
+                                        ("http://10.0.0.7:4200/api", "None")])
 def test_more_tries_by_default_only_against_this_machines_server(url, tries):
-    """Set before Prefect is imported (it reads its settings then); a user's own number is kept."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_CLIENT_MAX_RETRIES")}
-    probe = "import os, contramine.flows.env; print(os.environ.get('PREFECT_CLIENT_MAX_RETRIES'))"
-    for given, want in ((None, str(tries)), ("3", "3")):
-        run_env = {**env, **({"PREFECT_API_URL": url} if url else {}),
-                   **({"PREFECT_CLIENT_MAX_RETRIES": given} if given else {})}
+    """Set before Prefect is imported (it reads its settings then); a user's own number is kept, and a process that
+    inherits the default (a CLI child, a Dask worker) tells it from a user's by its mark."""
+    mark = "CONTRAMINE_DEFAULT_PREFECT_RETRIES"
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_CLIENT_MAX_RETRIES", mark)}
+    probe = ("import os, contramine.flows.env as e; "
+             "print(os.environ.get('PREFECT_CLIENT_MAX_RETRIES'), e.OUR_RETRIES)")
+    for given, want in (({}, f"{tries} {tries == '10'}"), ({"PREFECT_CLIENT_MAX_RETRIES": "3"}, "3 False"),
+                        ({"PREFECT_CLIENT_MAX_RETRIES": "10", mark: "10"}, "10 True"),  # inherited
+                        ({"PREFECT_CLIENT_MAX_RETRIES": "10"}, "10 False")):  # the user's own 10
+        run_env = {**env, **({"PREFECT_API_URL": url} if url else {}), **given}
         out = subprocess.run([sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == want, (url, given, out.stdout, out.stderr)
 
