@@ -100,10 +100,44 @@ def test_dropping_finished_rows_changes_no_row(tiny, mode):
     assert [tr.translate([LINES[j]], [seeds[j]])[0] for j in (0, 17, 41)] == [never[j] for j in (0, 17, 41)]
 
 
+def test_on_a_cpu_the_loop_stops_at_the_step_its_last_row_ends(tiny):
+    """A read of a CPU tensor waits for nothing, so there the greedy loop looks at its done flags every step and runs
+    exactly generate's decoding steps on the same batches; reading as on a GPU (every check_every steps) it runs
+    past them. The texts are generate's either way. The random model's eos logit is raised by 2, so that rows end
+    at different steps before their caps, as a trained model's do."""
+    generate, loop = translators(tiny["marian-en-xx"], "greedy", batch_size=16)
+    for tr in (generate, loop):
+        with torch.no_grad():
+            tr.model.final_logits_bias[0, tr.model.config.eos_token_id] += 2.0
+    forward, counted = generate.model.forward, []
+    generate.model.forward = lambda *a, **k: counted.append(1) or forward(*a, **k)
+    theirs = generate.translate(LINES)
+    steps = {}
+    for free in (None, False):  # None: the default, free on this CPU
+        loop.loop.free_reads, loop.loop.steps = free, 0
+        assert loop.translate(LINES) == theirs
+        steps[free] = loop.loop.steps
+    assert steps[None] == len(counted) < steps[False], (steps, len(counted))
+
+
+def test_weights_changed_in_place_between_batches_are_what_the_next_batch_decodes_with(tiny):
+    """The loop keeps copies made from the weights (K and V side by side, the scaled token embeddings): a model
+    changed in place after a translation (fine-tuned, or loaded into) decodes with its new weights, as generate."""
+    generate, loop = translators(tiny["marian-en-xx"], "greedy", batch_size=16)
+    assert loop.translate(LINES[:8]) == generate.translate(LINES[:8])
+    for tr in (generate, loop):
+        with torch.no_grad():
+            for layer in tr.model.model.decoder.layers:
+                layer.self_attn.v_proj.weight.mul_(-3.0)
+            tr.model.model.decoder.embed_tokens.weight.add_(0.5)
+    assert loop.translate(LINES) == generate.translate(LINES)
+
+
 def test_host_reads_at_most_one_in_four_decoding_steps(tmp_path):
     """debcse-paper's back-translation (greedy, opus-mt-en-zh and back: a multi-target Marian model, the stage's
-    default caps and batches), counted on the CPU with tests/host_reads.py: the loop reads the device <= 0.25
-    times a decoding step; transformers' generate reads it more than twice a step on the same batches."""
+    default caps and batches), counted on the CPU with tests/host_reads.py, the loop reading as on a GPU (free_reads
+    off): the loop reads the device <= 0.25 times a decoding step; transformers' generate reads it more than twice a
+    step on the same batches."""
     there = build_tiny_marian(tmp_path / "en-zh", seed=1, target_codes=(">>cmn_Hans<<", ">>yue_Hant<<"))
     back = build_tiny_marian(tmp_path / "zh-en", seed=2)
     texts = corpus_lines(300)[:120]
@@ -116,6 +150,8 @@ def test_host_reads_at_most_one_in_four_decoding_steps(tmp_path):
                 forward = tr.model.forward
                 counted = []
                 tr.model.forward = lambda *a, _f=forward, _c=counted, **k: _c.append(1) or _f(*a, **k)
+            if tr.loop is not None:
+                tr.loop.free_reads = False
             with HostReads() as seen:
                 texts_out = tr.translate(texts)
             reads += seen.count

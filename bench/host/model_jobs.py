@@ -132,6 +132,7 @@ def job_generate(data: Path, sizes: dict, settings: dict) -> dict:
     loop = getattr(tr, "loop", None)  # our decode loop, where the checkout has one and the settings use it
     if loop is not None:
         loop.steps_model = hollow_steps(model)
+        loop.free_reads = False  # read the done flags as on a GPU (a CPU's free reads end a batch's tail sooner)
     texts = lines(data, sizes["gen_n"])
     emitted = emitted_tokens(tok, texts, cfg, target_lengths)
     tr.translate(texts[: max(2, len(texts) // 8)])  # warm-up

@@ -20,7 +20,10 @@ log-probabilities: a ban before the softmax would change the others).
 
 Host reads: the next token is chosen on the device; the "which rows are done" flags are copied back (non-blocking
 into pinned memory on a GPU) every `check_every` steps and read one step later, when the device already has the
-next step queued. Finished rows (greedy) or inputs whose beams are settled (beam) are then dropped from the batch:
+next step queued. On a CPU a read waits for nothing (`free_reads`, the default there): the greedy loop also looks at
+the flags' memory every step and stops at the step its last row ends, as generate does, not up to `check_every`
+steps later (rows are still dropped every `check_every` steps: a drop costs a copy of every cache). Finished rows
+(greedy) or inputs whose beams are settled (beam) are then dropped from the batch:
 their sequences are stored and every per-row tensor, cache and logits processor keeps the rest. A row's tokens do
 not depend on when its batch-mates are dropped (each row's arithmetic is its own; tests/test_decode_loop.py).
 torch.compile / CUDA graphs are not used: the batch shrinks as rows finish (a new shape every drop) and nothing
@@ -100,8 +103,9 @@ class DecodeLoop:
     """Greedy and beam decoding of one Marian / FSMT model (module doc). `steps` counts the decoding steps run and
     `checks` the host reads of done flags, for the host-read tests and benches."""
 
-    def __init__(self, model, check_every: int = 8):
+    def __init__(self, model, check_every: int = 8, free_reads: bool | None = None):
         self.model, self.steps_model, self.check_every = model, Seq2SeqSteps(model), check_every
+        self.free_reads = free_reads  # None: True on a CPU (module doc)
         self.steps = self.checks = 0
 
     def start_token(self, gen) -> int:
@@ -135,17 +139,21 @@ class DecodeLoop:
         unfinished = torch.ones(rows, dtype=torch.bool, device=dev)
         flags = DoneFlags()
         pad_token = torch.tensor(pad, device=dev)  # a 0-d tensor: where() wraps a Python number every step
+        free_reads = dev.type == "cpu" if self.free_reads is None else self.free_reads
+        current = tokens.select(1, 0)  # the step's input tokens: the column the last step wrote
         for t in range(length - 1):
-            scores = self.steps_model.step(state, tokens.select(1, t), t)
+            scores = self.steps_model.advance(state, current, t)
             if rest:
                 scores = rest(tokens.narrow(1, 0, t + 1), scores.float())
             self.steps += 1
             nxt = scores.argmax(-1)
             for forcing in forcings:
                 forcing.force(nxt, t + 1)
-            nxt = torch.where(unfinished, nxt, pad_token)  # a finished row takes pad, as in generate
-            tokens.select(1, t + 1).copy_(nxt)
+            current = tokens.select(1, t + 1)
+            torch.where(unfinished, nxt, pad_token, out=current)  # a finished row takes pad, as in generate
             unfinished &= nxt.ne(eos) if isinstance(eos, int) else ~torch.isin(nxt, eos)
+            if free_reads and not unfinished.numpy().any():  # every row has ended: generate stops here too
+                break
             if flags.pending:  # sent a step ago: drop the rows finished by then
                 live = [r for r, u in enumerate(flags.receive()) if u]
                 self.checks += 1
@@ -158,6 +166,7 @@ class DecodeLoop:
                         if not live:
                             return out
                         tokens, unfinished, origin = (x.index_select(0, keep) for x in (tokens, unfinished, origin))
+                        current = tokens.select(1, t + 1)
                         state.select(keep)
                         rest, forcings = kept, [f.subset(live) for f in forcings]
             if (t + 1) % self.check_every == 0 and t + 2 < length:

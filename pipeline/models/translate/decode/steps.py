@@ -8,7 +8,10 @@
 The encoder runs once per batch and the cross-attention keys and values of every decoder layer are computed once
 from its output. The self-attention keys and values go into buffers allocated once per batch for `n_tokens`
 positions (the batch's longest cap plus its start token), written in place at each step and read as a view of the
-positions so far: no cache is copied per step and no mask is built (every position up to t is a real token).
+positions so far: no cache is copied per step and no mask is built (every position up to t is a real token). A
+layer's K and V share one buffer, written by one addmm of the two projections side by side (on this CPU the same
+bits as two, over 150 shapes; a GPU's GEMM may pick another kernel for the wider product and differ in the last
+bit); the token embeddings are scaled once per weights, not once a step (the same multiply, element for element).
 The arithmetic is the model's own, module for module (its projections, layer norms, activation and output layer:
 the same kernels on the same tensors: a projection is the addmm / mm that F.linear calls, a norm torch.layer_norm,
 with the layers' tensors read once a batch, LayerWeights, so a step's host work is its ops and not ~12 module
@@ -56,22 +59,23 @@ class StepState:
     ends: tuple | None = None  # (token embeddings, output projection, its bias or None), read once a batch
     enc_bias: torch.Tensor | None = None  # SDPA's additive form of enc_keep (0 / -inf), made once a batch
     cross_mask: torch.Tensor | None = None  # what the cross-attention gets: enc_bias's real columns, else enc_keep
-    # the self-attention K/V's memory, (rows, positions, d_model) per layer (self_k / self_v are head views of it):
+    # the self-attention K/V's memory, (rows, positions, 2 x d_model) per layer, K's columns then V's (self_k /
+    # self_v are head views of it): one addmm of the fused projection writes both at a step's position (`out=`),
     # a step's projection is written into its position by the addmm itself (`out=`), no temporary and no copy
-    self_k_rows: list[torch.Tensor] = field(default_factory=list)
-    self_v_rows: list[torch.Tensor] = field(default_factory=list)
+    self_kv_rows: list[torch.Tensor] = field(default_factory=list)
 
     def __post_init__(self):
         self._narrow()
         self._head_views()
 
     def _head_views(self) -> None:
-        """self_k / self_v as (rows, heads, positions, head_dim) views of self_k_rows / self_v_rows, where those
-        hold the memory."""
-        if self.self_k_rows:
+        """self_k / self_v as (rows, heads, positions, head_dim) views of self_kv_rows' two halves, where those hold
+        the memory."""
+        if self.self_kv_rows:
             heads, hd = self.self_k[0].shape[1], self.self_k[0].shape[3]
-            self.self_k[:], self.self_v[:] = ([x.view(*x.shape[:2], heads, hd).transpose(1, 2) for x in group]
-                                              for group in (self.self_k_rows, self.self_v_rows))
+            width = heads * hd
+            self.self_k[:], self.self_v[:] = ([x.narrow(2, start, width).view(*x.shape[:2], heads, hd).transpose(1, 2)
+                                               for x in self.self_kv_rows] for start in (0, width))
 
     def _narrow(self) -> None:
         """cross_mask: enc_bias (its last dim padded to a multiple of 8) narrowed to the encoder's positions, a view
@@ -86,7 +90,7 @@ class StepState:
             self.enc_bias = self.enc_bias.index_select(0, index)  # the padded tensor: its rows stay aligned
         self._narrow()
         self.rows = {k: v.index_select(0, index) for k, v in self.rows.items()}
-        for group in (self.cross_k, self.cross_v, *((self.self_k_rows, self.self_v_rows) if self.self_k_rows
+        for group in (self.cross_k, self.cross_v, *((self.self_kv_rows,) if self.self_kv_rows
                                                     else (self.self_k, self.self_v))):
             group[:] = [x.index_select(0, index) for x in group]
         self._head_views()
@@ -110,16 +114,32 @@ class Seq2SeqSteps:
         self.eager = self.fsmt or model.config._attn_implementation != "sdpa"
         layer = self.decoder.layers[0].self_attn
         self.heads, self.head_dim = layer.num_heads, layer.head_dim
-        self._layers, self._weights_of = None, None
+        self._layers, self._weights_of, self._inputs = None, None, None
 
     def layers(self) -> list[LayerWeights]:
-        """Each decoder layer's tensors, read once (and again if the model's weights were replaced or moved): the
-        step calls them through torch.nn.functional, not through ~12 module calls a layer."""
+        """Each decoder layer's tensors, read once (and again if the model's weights were replaced, moved or
+        changed in place: the copies below, the fused K/V weights and the scaled embeddings, follow them): the step
+        calls them through torch.nn.functional, not through ~12 module calls a layer."""
         first = self.decoder.layers[0].self_attn.q_proj.weight
-        key = (first.data_ptr(), first.dtype, first.device)
+        copied = [self.decoder.embed_tokens.weight, *(t for layer in self.decoder.layers for p in (
+            layer.self_attn.k_proj, layer.self_attn.v_proj) for t in (p.weight, p.bias) if t is not None)]
+        key = (first.dtype, first.device, *((t.data_ptr(), t._version) for t in copied))
         if self._layers is None or self._weights_of != key:
-            self._layers, self._weights_of = [LayerWeights.of(layer) for layer in self.decoder.layers], key
+            with torch.no_grad():  # copies that no gradient flows through, whatever mode the caller is in
+                self._layers, self._weights_of = [LayerWeights.of(layer) for layer in self.decoder.layers], key
+                self._inputs = self._input_tables()
         return self._layers
+
+    def _input_tables(self) -> tuple:
+        """(token embeddings times embed_scale, Marian's position rows as a tuple of views, or None for FSMT's):
+        each element of the scaled table is the same float multiply the step would make (x * embed_scale, in the
+        dtype's op math), done once per weights, not once a step; the position rows are indexed in Python, not by a
+        `select` a step."""
+        d = self.decoder
+        embed = d.embed_tokens.weight
+        if d.embed_scale != 1.0:  # x * 1.0 is x, bit for bit: no copy where the scale is 1
+            embed = embed * d.embed_scale
+        return embed, None if self.fsmt else d.embed_positions.weight.unbind(0)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """(rows, positions, d_model) -> (rows, heads, positions, head_dim)"""
@@ -134,18 +154,17 @@ class Seq2SeqSteps:
             positions.make_weight(self.pad + 1 + n_tokens, positions.embedding_dim, positions.padding_idx)
         enc = self.encoder(input_ids=input_ids, attention_mask=attention_mask)[0]
         rows, dtype, dev = enc.shape[0], enc.dtype, enc.device
-        cross_k, cross_v, k_rows, v_rows = [], [], [], []
+        cross_k, cross_v, kv_rows = [], [], []
         for layer in self.decoder.layers:
             a = layer.encoder_attn
             cross_k.append(self._heads(a.k_proj(enc)))
             cross_v.append(self._heads(a.v_proj(enc)))
-            k_rows.append(torch.empty((rows, n_tokens, self.heads * self.head_dim), dtype=dtype, device=dev))
-            v_rows.append(torch.empty_like(k_rows[-1]))
+            kv_rows.append(torch.empty((rows, n_tokens, 2 * self.heads * self.head_dim), dtype=dtype, device=dev))
         keep = attention_mask.bool()[:, None, None, :]
         bias = None if self.eager else aligned_bias(keep, dtype)
         empty = torch.empty((0, self.heads, 0, self.head_dim), dtype=dtype, device=dev)  # (shapes; views next)
-        return StepState(keep, cross_k, cross_v, [empty] * len(k_rows), [empty] * len(k_rows), layers=self.layers(),
-                         enc_bias=bias, ends=self.ends(banned), self_k_rows=k_rows, self_v_rows=v_rows)
+        return StepState(keep, cross_k, cross_v, [empty] * len(kv_rows), [empty] * len(kv_rows),
+                         layers=self.layers(), enc_bias=bias, ends=self.ends(banned), self_kv_rows=kv_rows)
 
     def ends(self, banned=()) -> tuple:
         """(token embedding table, output projection transposed, its bias): the step calls F.embedding and
@@ -174,6 +193,10 @@ class Seq2SeqSteps:
 
     @torch.inference_mode()
     def step(self, state: StepState, tokens: torch.Tensor, t: int) -> torch.Tensor:
+        """`advance` under torch.inference_mode (decode/loop.py, already in it, calls `advance`: no guard a step)."""
+        return self.advance(state, tokens, t)
+
+    def advance(self, state: StepState, tokens: torch.Tensor, t: int) -> torch.Tensor:
         """Logits (rows, vocab), in the model's dtype, for the next token after `tokens` (rows,) at decoder
         position t (the banned tokens of `start` at -inf).
 
@@ -183,20 +206,19 @@ class Seq2SeqSteps:
         the modules' (rows, 1, d_model)), so a head view is a view and the caches are written through select /
         narrow, not through indexing's slice objects."""
         d = self.decoder
-        embed, project, project_bias = state.ends or self.ends()
-        x = F.embedding(tokens, embed)
-        if d.embed_scale != 1.0:  # x * 1.0 is x, bit for bit: the op is skipped, not the arithmetic
-            x = x * d.embed_scale
+        _, project, project_bias = state.ends or self.ends()
+        layers = state.layers or self.layers()
+        scaled_embed, positions = self._inputs
+        x = F.embedding(tokens, scaled_embed)  # = embedding(tokens) * embed_scale, element for element
         if self.fsmt:  # fairseq positions: pad + 1 + t for a real token, pad + t for a pad (make_positions)
             x = x + F.embedding(tokens.ne(self.pad).long() + (self.pad + t), d.embed_positions.weight)
         else:
-            x = x + d.embed_positions.weight[t]
+            x = x + positions[t]
         rows, width, heads, hd = x.shape[0], x.shape[-1], self.heads, self.head_dim
-        for i, w in enumerate(state.layers or self.layers()):
+        for i, w in enumerate(layers):
             k_cache, v_cache = state.self_k[i], state.self_v[i]
-            if state.self_k_rows:  # the projections land in the caches' position t (the same addmm / mm)
-                linear(x, w.k, w.k_bias, out=state.self_k_rows[i].select(1, t))
-                linear(x, w.v, w.v_bias, out=state.self_v_rows[i].select(1, t))
+            if state.self_kv_rows:  # K's and V's projections in one addmm, landing in the caches' position t
+                linear(x, w.kv, w.kv_bias, out=state.self_kv_rows[i].select(1, t))
             else:
                 k_cache.select(2, t).copy_(linear(x, w.k, w.k_bias).view(rows, heads, hd))
                 v_cache.select(2, t).copy_(linear(x, w.v, w.v_bias).view(rows, heads, hd))
@@ -242,6 +264,8 @@ class LayerWeights(NamedTuple):
     k_bias: torch.Tensor | None
     v: torch.Tensor
     v_bias: torch.Tensor | None
+    kv: torch.Tensor  # k's and v's columns side by side: one addmm computes both (the same products, bit for bit)
+    kv_bias: torch.Tensor | None
     out: torch.Tensor
     out_bias: torch.Tensor | None
     scaling: float
@@ -268,8 +292,12 @@ class LayerWeights(NamedTuple):
     def of(cls, layer) -> "LayerWeights":
         a, c = layer.self_attn, layer.encoder_attn
         n1, n2, n3 = layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm
+        biases = (a.k_proj.bias, a.v_proj.bias)
+        kv_bias = None if biases == (None, None) else torch.cat([  # a missing one adds 0 (never in Marian or FSMT)
+            torch.zeros_like(a.k_proj.weight[:, 0]) if b is None else b for b in biases])
         return cls(a.q_proj.weight.t(), a.q_proj.bias, a.k_proj.weight.t(), a.k_proj.bias, a.v_proj.weight.t(),
-                   a.v_proj.bias, a.out_proj.weight.t(), a.out_proj.bias, a.scaling, n1.weight, n1.bias, n1.eps,
+                   a.v_proj.bias, torch.cat([a.k_proj.weight, a.v_proj.weight]).t(), kv_bias,
+                   a.out_proj.weight.t(), a.out_proj.bias, a.scaling, n1.weight, n1.bias, n1.eps,
                    c.q_proj.weight.t(), c.q_proj.bias, c.out_proj.weight.t(), c.out_proj.bias, n2.weight, n2.bias,
                    n2.eps, layer.fc1.weight.t(), layer.fc1.bias, layer.fc2.weight.t(), layer.fc2.bias, n3.weight,
                    n3.bias, n3.eps,
