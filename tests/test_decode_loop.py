@@ -6,6 +6,8 @@ does not know keep generate, and the log says so."""
 from __future__ import annotations
 
 import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -131,6 +133,19 @@ def test_weights_changed_in_place_between_batches_are_what_the_next_batch_decode
                 layer.self_attn.v_proj.weight.mul_(-3.0)
             tr.model.model.decoder.embed_tokens.weight.add_(0.5)
     assert loop.translate(LINES) == generate.translate(LINES)
+
+
+def test_threads_sharing_a_model_while_its_copies_are_made_decode_as_one_thread(tiny, monkeypatch):
+    """A stage's shards on threads share one loaded model: a thread that starts while another is still making the
+    loop's copies of the weights (slowed here) decodes with whole copies, not half-made ones."""
+    from contramine.pipeline.models.translate.decode.steps import Seq2SeqSteps
+
+    generate, loop = translators(tiny["marian-en-xx"], "greedy", batch_size=16)
+    want = generate.translate(LINES)
+    make = Seq2SeqSteps._input_tables
+    monkeypatch.setattr(Seq2SeqSteps, "_input_tables", lambda self: time.sleep(0.3) or make(self))
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(lambda _: loop.translate(LINES), range(2))) == [want, want]
 
 
 def test_host_reads_at_most_one_in_four_decoding_steps(tmp_path):

@@ -56,6 +56,7 @@ class StepState:
     self_v: list[torch.Tensor]
     rows: dict[str, torch.Tensor] = field(default_factory=dict)  # any other per-row tensor that must follow the rows
     layers: list | None = None  # the decoder layers' tensors (Seq2SeqSteps.layers), read once a batch
+    inputs: tuple | None = None  # the scaled token embeddings and position rows (Seq2SeqSteps.inputs), likewise
     ends: tuple | None = None  # (token embeddings, output projection, its bias or None), read once a batch
     enc_bias: torch.Tensor | None = None  # SDPA's additive form of enc_keep (0 / -inf), made once a batch
     cross_mask: torch.Tensor | None = None  # what the cross-attention gets: enc_bias's real columns, else enc_keep
@@ -114,27 +115,31 @@ class Seq2SeqSteps:
         self.eager = self.fsmt or model.config._attn_implementation != "sdpa"
         layer = self.decoder.layers[0].self_attn
         self.heads, self.head_dim = layer.num_heads, layer.head_dim
-        self._layers, self._weights_of, self._inputs = None, None, None
+        self._cached: tuple = (None, None, None)  # (weights key, layers, input tables): one tuple, set at once
 
     def layers(self) -> list[LayerWeights]:
-        """Each decoder layer's tensors, read once (and again if the model's weights were replaced, moved or
-        changed in place: the copies below, the fused K/V weights and the scaled embeddings, follow them): the step
-        calls them through torch.nn.functional, not through ~12 module calls a layer."""
+        """Each decoder layer's tensors (with inputs(): remade when the weights are replaced, moved or changed in
+        place), which the step calls through torch.nn.functional, not through ~12 module calls a layer."""
+        return self._weights()[1]
+
+    def inputs(self) -> tuple:
+        return self._weights()[2]  # _input_tables() for the current weights
+
+    def _weights(self) -> tuple:
         first = self.decoder.layers[0].self_attn.q_proj.weight
         copied = [self.decoder.embed_tokens.weight, *(t for layer in self.decoder.layers for p in (
             layer.self_attn.k_proj, layer.self_attn.v_proj) for t in (p.weight, p.bias) if t is not None)]
         key = (first.dtype, first.device, *((t.data_ptr(), t._version) for t in copied))
-        if self._layers is None or self._weights_of != key:
+        cached = self._cached  # read once: threads decoding with one model share it, and it is replaced whole
+        if cached[0] != key:
             with torch.no_grad():  # copies that no gradient flows through, whatever mode the caller is in
-                self._layers, self._weights_of = [LayerWeights.of(layer) for layer in self.decoder.layers], key
-                self._inputs = self._input_tables()
-        return self._layers
+                cached = (key, [LayerWeights.of(layer) for layer in self.decoder.layers], self._input_tables())
+            self._cached = cached
+        return cached
 
     def _input_tables(self) -> tuple:
-        """(token embeddings times embed_scale, Marian's position rows as a tuple of views, or None for FSMT's):
-        each element of the scaled table is the same float multiply the step would make (x * embed_scale, in the
-        dtype's op math), done once per weights, not once a step; the position rows are indexed in Python, not by a
-        `select` a step."""
+        """(token embeddings times embed_scale: the step's multiply, element for element, made once per weights;
+        Marian's position rows as a tuple of views, indexed in Python, not by a `select` a step; FSMT: None)."""
         d = self.decoder
         embed = d.embed_tokens.weight
         if d.embed_scale != 1.0:  # x * 1.0 is x, bit for bit: no copy where the scale is 1
@@ -163,8 +168,9 @@ class Seq2SeqSteps:
         keep = attention_mask.bool()[:, None, None, :]
         bias = None if self.eager else aligned_bias(keep, dtype)
         empty = torch.empty((0, self.heads, 0, self.head_dim), dtype=dtype, device=dev)  # (shapes; views next)
-        return StepState(keep, cross_k, cross_v, [empty] * len(kv_rows), [empty] * len(kv_rows),
-                         layers=self.layers(), enc_bias=bias, ends=self.ends(banned), self_kv_rows=kv_rows)
+        _, layers, inputs = self._weights()  # one version of both, whatever another thread does to the cache
+        return StepState(keep, cross_k, cross_v, [empty] * len(kv_rows), [empty] * len(kv_rows), layers=layers,
+                         inputs=inputs, enc_bias=bias, ends=self.ends(banned), self_kv_rows=kv_rows)
 
     def ends(self, banned=()) -> tuple:
         """(token embedding table, output projection transposed, its bias): the step calls F.embedding and
@@ -208,7 +214,7 @@ class Seq2SeqSteps:
         d = self.decoder
         _, project, project_bias = state.ends or self.ends()
         layers = state.layers or self.layers()
-        scaled_embed, positions = self._inputs
+        scaled_embed, positions = state.inputs or self.inputs()
         x = F.embedding(tokens, scaled_embed)  # = embedding(tokens) * embed_scale, element for element
         if self.fsmt:  # fairseq positions: pad + 1 + t for a real token, pad + t for a pad (make_positions)
             x = x + F.embedding(tokens.ne(self.pad).long() + (self.pad + t), d.embed_positions.weight)
