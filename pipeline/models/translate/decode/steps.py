@@ -61,8 +61,7 @@ class StepState:
     enc_bias: torch.Tensor | None = None  # SDPA's additive form of enc_keep (0 / -inf), made once a batch
     cross_mask: torch.Tensor | None = None  # what the cross-attention gets: enc_bias's real columns, else enc_keep
     # the self-attention K/V's memory, (rows, positions, 2 x d_model) per layer, K's columns then V's (self_k /
-    # self_v are head views of it): one addmm of the fused projection writes both at a step's position (`out=`),
-    # a step's projection is written into its position by the addmm itself (`out=`), no temporary and no copy
+    # self_v are head views of it): one addmm of the fused projection writes both into a step's position (`out=`)
     self_kv_rows: list[torch.Tensor] = field(default_factory=list)
 
     def __post_init__(self):
@@ -91,8 +90,7 @@ class StepState:
             self.enc_bias = self.enc_bias.index_select(0, index)  # the padded tensor: its rows stay aligned
         self._narrow()
         self.rows = {k: v.index_select(0, index) for k, v in self.rows.items()}
-        for group in (self.cross_k, self.cross_v, *((self.self_kv_rows,) if self.self_kv_rows
-                                                    else (self.self_k, self.self_v))):
+        for group in (self.cross_k, self.cross_v, self.self_kv_rows):
             group[:] = [x.index_select(0, index) for x in group]
         self._head_views()
 
@@ -127,7 +125,7 @@ class Seq2SeqSteps:
 
     def _weights(self) -> tuple:
         first = self.decoder.layers[0].self_attn.q_proj.weight
-        copied = [self.decoder.embed_tokens.weight, *(t for layer in self.decoder.layers for p in (
+        copied = [first, self.decoder.embed_tokens.weight, *(t for layer in self.decoder.layers for p in (
             layer.self_attn.k_proj, layer.self_attn.v_proj) for t in (p.weight, p.bias) if t is not None)]
         key = (first.dtype, first.device, *((t.data_ptr(), t._version) for t in copied))
         cached = self._cached  # read once: threads decoding with one model share it, and it is replaced whole
@@ -223,11 +221,8 @@ class Seq2SeqSteps:
         rows, width, heads, hd = x.shape[0], x.shape[-1], self.heads, self.head_dim
         for i, w in enumerate(layers):
             k_cache, v_cache = state.self_k[i], state.self_v[i]
-            if state.self_kv_rows:  # K's and V's projections in one addmm, landing in the caches' position t
-                linear(x, w.kv, w.kv_bias, out=state.self_kv_rows[i].select(1, t))
-            else:
-                k_cache.select(2, t).copy_(linear(x, w.k, w.k_bias).view(rows, heads, hd))
-                v_cache.select(2, t).copy_(linear(x, w.v, w.v_bias).view(rows, heads, hd))
+            # K's and V's projections in one addmm, landing in the caches' position t
+            linear(x, w.kv, w.kv_bias, out=state.self_kv_rows[i].select(1, t))
             q = linear(x, w.q, w.q_bias).view(rows, heads, 1, hd)
             h = self._attend(q * w.scaling if self.eager else q, k_cache.narrow(2, 0, t + 1),
                              v_cache.narrow(2, 0, t + 1), None)
@@ -266,10 +261,6 @@ class LayerWeights(NamedTuple):
     weights transposed (views, in x out), as `linear` takes them."""
     q: torch.Tensor
     q_bias: torch.Tensor | None
-    k: torch.Tensor
-    k_bias: torch.Tensor | None
-    v: torch.Tensor
-    v_bias: torch.Tensor | None
     kv: torch.Tensor  # k's and v's columns side by side: one addmm computes both (the same products, bit for bit)
     kv_bias: torch.Tensor | None
     out: torch.Tensor
@@ -301,8 +292,7 @@ class LayerWeights(NamedTuple):
         biases = (a.k_proj.bias, a.v_proj.bias)
         kv_bias = None if biases == (None, None) else torch.cat([  # a missing one adds 0 (never in Marian or FSMT)
             torch.zeros_like(a.k_proj.weight[:, 0]) if b is None else b for b in biases])
-        return cls(a.q_proj.weight.t(), a.q_proj.bias, a.k_proj.weight.t(), a.k_proj.bias, a.v_proj.weight.t(),
-                   a.v_proj.bias, torch.cat([a.k_proj.weight, a.v_proj.weight]).t(), kv_bias,
+        return cls(a.q_proj.weight.t(), a.q_proj.bias, torch.cat([a.k_proj.weight, a.v_proj.weight]).t(), kv_bias,
                    a.out_proj.weight.t(), a.out_proj.bias, a.scaling, n1.weight, n1.bias, n1.eps,
                    c.q_proj.weight.t(), c.q_proj.bias, c.out_proj.weight.t(), c.out_proj.bias, n2.weight, n2.bias,
                    n2.eps, layer.fc1.weight.t(), layer.fc1.bias, layer.fc2.weight.t(), layer.fc2.bias, n3.weight,
