@@ -134,3 +134,23 @@ def test_queries_that_are_the_base_score_half_the_tiles_and_give_the_same_pools(
     band_neighbours(x[:-1], sids[:-1], x, sids, te.TorchExact(x, block_rows=128), None, lo, hi, pool, 8,
                     skip_top=skip_top)
     assert len(symmetric_runs) == 1  # not the base: the full-row path
+
+
+def test_the_strips_numpy_compares_and_positions_are_torchs():
+    """symmetric.py compares a strip (and a column slice of it) with its rows' or columns' limits, and finds what
+    passes, in numpy on the same memory: the same bools, counts and row-major positions as torch's ops, +inf and
+    ties at the limit included."""
+    from contramine.pipeline.search import symmetric as sym
+
+    rng = np.random.default_rng(7)
+    strip = torch.from_numpy(np.round(rng.normal(size=(300, 1000)) * 4).astype(np.float32) / 4)
+    strip[torch.from_numpy(rng.random((300, 1000)) < 0.3)] = float("inf")
+    rows, cols = torch.from_numpy(rng.normal(size=(300, 1)).astype(np.float32)), strip[17]  # ties: the strip's own
+    for costs, limit in ((strip, rows), (strip[:, 100:612], cols[:512]), (strip, torch.full((300, 1), -9.0))):
+        want = costs < limit
+        got = sym._below(costs, limit)
+        np.testing.assert_array_equal(got, want.numpy())
+        assert sym._dense(got) == (int(want.sum()) * sym.DENSE_SHARE > want.numel())
+        r, c = sym._nonzero(got)
+        tr, tc = want.nonzero(as_tuple=True)
+        assert torch.equal(r, tr) and torch.equal(c, tc)
