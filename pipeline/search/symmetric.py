@@ -84,7 +84,8 @@ def _merge_columns(best, best_cols, tile, a: int, k: int) -> None:
         enter &= np.less_equal(tile.numpy(), torch.kthvalue(minima, k, dim=1).values.numpy())
     row, col = _nonzero(enter)
     order = torch.sort(col, stable=True).indices  # by running row
-    _merge_entries(best, best_cols, col[order], tile[row[order], col[order]], row[order] + a, k)
+    row, col = row[order], col[order]
+    _merge_entries(best, best_cols, col, tile[row, col], row + a, k)
 
 
 def _merge_entries(best, best_cols, target, costs, cols, k: int) -> None:
