@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import gc
+import json
 import os
 import sys
 import time
@@ -245,8 +246,11 @@ def main(argv: list[str] | None = None) -> int:
         if name == "mine":
             s.add_argument("--force", nargs="*", default=None, metavar="STAGE",
                            help="recompute these stages (all when none named) even where shards are intact")
-            s.add_argument("--for", dest="for_objective", default=None, metavar="OBJECTIVE", help="only the stages "
-                           "whose tables this objective trains on and exports (the setting mine.for); default: all")
+            # extend: `--for debcse osscse` and `--for debcse --for osscse` both mine what either needs (with
+            # store, a second --for silently replaced the first)
+            s.add_argument("--for", dest="for_objective", nargs="+", action="extend", default=None,
+                           metavar="OBJECTIVE", help="only the stages whose tables these objectives train on and "
+                           "export (the setting mine.for); default: all")
             s.add_argument("--reuse-from", default=None, metavar="RUN",
                            help="first bring in that run's finished tables (hard links) that this run has not got: "
                                 "each shard is still reused only where its key matches (e.g. the same corpus mined "
@@ -283,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     # make passes SET="a=1 b=2" as one word: split before each `key=`, not inside a value ('x=[["a", "b"]]')
     args.set = [kv for item in args.set for kv in split_overrides(item)]
-    args.set += [f"mine.for={args.for_objective}"] if getattr(args, "for_objective", None) else []  # its setting
+    if getattr(args, "for_objective", None):  # its setting, as a TOML list
+        args.set += ["mine.for=[" + ", ".join(json.dumps(name) for name in args.for_objective) + "]"]
     # a secret (runner.memo_key) travels in the environment: the overrides become Prefect's flow-run parameters
     args.set = secrets_to_environment(args.set)
     try:

@@ -198,13 +198,13 @@ STAGE_THREADS = 32  # more than there are stages: every stage whose inputs are c
 
 
 def stages_to_mine(cfg: Config) -> list[str]:
-    """Every stage; with mine.for (`mine --for <objective>`), those that write what the objective trains on and
-    exports, with the stages those read from."""
+    """Every stage; with mine.for (`mine --for <objective> ...`), those that write what the objectives train on and
+    export, with the stages those read from."""
     if cfg.mine.for_objective is None:
         return list(load_stages())
     from contramine.trainer.objectives import get_objective  # the trainer's objectives: only for `--for`
 
-    return stages_for(get_objective(cfg.mine.for_objective).mined_tables())
+    return stages_for([t for name in cfg.mine.for_objective for t in get_objective(name).mined_tables()])
 
 
 @task(name="stage", cache_policy=NO_CACHE, task_run_name="{stage}")

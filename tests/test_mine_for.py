@@ -77,5 +77,33 @@ def test_the_setting_in_a_profile_does_what_for_does(tmp_path):
     profile = tmp_path / "for.toml"
     profile.write_text('inherit = "default"\n[mine]\nfor = "osscse"\n')
     cfg = load_config(str(profile))
-    assert cfg.mine.for_objective == "osscse" and "pairs" not in stages_to_mine(cfg)
-    assert load_config(str(profile), ["mine.for=debcse"]).mine.for_objective == "debcse"  # --set over the profile
+    assert cfg.mine.for_objective == ["osscse"] and "pairs" not in stages_to_mine(cfg)
+    assert load_config(str(profile), ["mine.for=debcse"]).mine.for_objective == ["debcse"]  # --set over the profile
+
+
+def test_several_objectives_mine_what_either_needs():
+    """`--for debcse osscse` (or `--for` twice, or `for = ["debcse", "osscse"]`): the union of their stages, in run
+    order; before, a second `--for` silently replaced the first."""
+    debcse = stages_to_mine(load_config("default", ["mine.for=debcse"]))
+    osscse = stages_to_mine(load_config("default", ["mine.for=osscse"]))
+    both = stages_to_mine(load_config("default", ['mine.for=["debcse", "osscse"]']))
+    assert set(both) == set(debcse) | set(osscse) and both == [s for s in load_stages() if s in both]
+    assert stages_to_mine(load_config("default", ['mine.for=["simcse", "osscse"]'])) == osscse  # simcse's ⊂ osscse's
+    assert load_config("default", ['mine.for=["osscse", "osscse"]']).mine.for_objective == ["osscse"]
+
+
+@pytest.mark.parametrize("argv", [["--for", "debcse", "osscse"], ["--for", "debcse", "--for", "osscse"]],
+                         ids=["one-option", "repeated"])
+def test_the_cli_passes_every_objective_named(monkeypatch, argv):
+    import contramine.flows.cli as cli
+
+    seen = {}
+
+    def configure(profile, run, corpus, overrides):
+        seen["cfg"] = load_config(profile, overrides)
+        raise SystemExit(0)  # what was asked is all this test reads: no mine
+
+    monkeypatch.setattr(cli, "configure", configure)
+    with pytest.raises(SystemExit):
+        cli.main(["mine", *argv, "--run", "r"])
+    assert seen["cfg"].mine.for_objective == ["debcse", "osscse"]

@@ -77,7 +77,8 @@ def check_make(args: list[str]) -> None:
     profile = assignments.get("PROFILE", "default")
     assert (CONFIG_DIR / f"{profile}.toml").is_file(), f"README: no profile {profile!r}"
     sets = split_overrides(assignments["SET"]) if "SET" in assignments else []
-    sets += [f"mine.for={assignments['FOR']}"] if "FOR" in assignments else []  # FOR=: an objective the config knows
+    if "FOR" in assignments:  # FOR=: objectives the config knows (FOR="debcse osscse": --for's two words)
+        sets += ["mine.for=[" + ", ".join(f'"{name}"' for name in assignments["FOR"].split()) + "]"]
     try:
         load_config(profile, sets)
     except ConfigError as e:

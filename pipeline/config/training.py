@@ -102,16 +102,25 @@ TrainCfg = create_model("TrainCfg", __base__=_TrainSettings, __module__=__name__
 class MineCfg(Section):
     """`mine` (flows/mine.py): which stages a mine runs."""
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
-    for_objective: Objective | None = Field(None, alias="for", description="mine only the tables this objective "
-                                            "trains on and exports, and those they are computed from (`mine --for "
-                                            "debcse`: no negations, paraphrases or triplets); unset = every stage")
+    for_objective: list[Objective] | None = Field(
+        None, alias="for", description="mine only the tables these objectives train on and export, and those they are "
+        "computed from (`mine --for debcse`: no negations, paraphrases or triplets; `--for debcse osscse`: what either "
+        "needs); one name or a list; unset = every stage")
 
     @field_validator("for_objective", mode="before")
     @classmethod
     def _known(cls, v):
-        if v is not None and v not in OBJECTIVE_NAMES:  # the name given and the known ones, in one line
-            raise ValueError(f"mine.for {v!r}: no such objective; objectives: {', '.join(OBJECTIVE_NAMES)}")
-        return v
+        """One name or a list of names (repeats dropped, order kept); each known, or one line naming it."""
+        if v is None:
+            return v
+        names = [v] if isinstance(v, str) else v
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"mine.for {v!r}: an objective's name or a non-empty list of them; objectives: "
+                             f"{', '.join(OBJECTIVE_NAMES)}")
+        for name in names:  # the name given and the known ones, in one line
+            if name not in OBJECTIVE_NAMES:
+                raise ValueError(f"mine.for {name!r}: no such objective; objectives: {', '.join(OBJECTIVE_NAMES)}")
+        return list(dict.fromkeys(names))
 
 
 class CompareVariant(Section):
