@@ -242,3 +242,15 @@ def test_a_stage_reading_some_columns_gets_them_and_the_whole_file_is_still_chec
     _damage(_shard(tmp_path / "run", "paraphrases"), "flip", at=8)
     with pytest.raises(TableCorrupt):
         Store(tmp_path / "run").read_shard("paraphrases", 0, 1, ("sid",))
+
+
+def test_a_table_the_run_never_mined_is_its_own_line_with_no_remove(tmp_path):
+    """A table the run has no folder of (a mine `--for osscse` writes no `pairs`): reading it says which stage run
+    brings it, not "remove <folder> or write it again" (there is nothing to remove)."""
+    from contramine.pipeline.storage.tables import TableMissing
+
+    run = _mined(tmp_path / "runs")
+    assert not (run / "pairs").exists()
+    with pytest.raises(TableMissing) as e:
+        RunTables(run).read("pairs")
+    assert "not found" in str(e.value) and "remove" not in str(e.value), str(e.value)

@@ -225,6 +225,8 @@ class RunTables:
     def read(self, table: str, columns: list[str] | None = None) -> pa.Table:
         try:
             return self.dataset(table).to_table(columns=columns)
+        except TableMissing:  # its own line says which stage writes it; there is nothing to remove
+            raise
         except (pa.ArrowInvalid, OSError) as e:  # not what Parquet readers read (a page checksum)
             raise TableUnreadable(table_line(self.dir / table, f"cannot be read ({' '.join(str(e).split())[:160]})")
                                   ) from None
