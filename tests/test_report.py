@@ -90,6 +90,7 @@ def test_report_sections_plots_and_absent_tables(run, tmp_path):
     assert "no cosine is available" in md and "[0.25, 0.75]" in md
     assert md.count("**sid ") == 5 and "| sid | anchor | paraphrase | negation |" in md
     assert "| sample |" in md and "| negate | 3.000 |" in md
+    assert_tables_stand_apart(md)
 
 
 def test_overlap_table_equals_direct_computation(run, tmp_path):
@@ -148,6 +149,16 @@ def test_empty_run_reports_everything_absent(tmp_path, capsys):
     md = index.read_text()
     assert all(f"| {t} | {ABSENT} |" in md for t in SCHEMAS)
     assert all(f"## {n}." in md for n in range(1, 8)) and "triplets: " + ABSENT in md
+    assert_tables_stand_apart(md)
+
+
+def assert_tables_stand_apart(md: str) -> None:
+    """Every Markdown table starts after a blank line or a heading: right under a list item or a paragraph line,
+    Markdown reads it as that item's or paragraph's text (a report of a run with some tables absent did so)."""
+    lines = md.splitlines()
+    for i in range(1, len(lines)):
+        if lines[i].startswith("|") and not lines[i - 1].startswith("|"):
+            assert lines[i - 1] == "" or lines[i - 1].startswith("#"), (i, lines[i - 1], lines[i])
 
 
 HOSTILE = ["<img src=x onerror=alert(1)> a | b", "**loud** _quiet_ `code` [link](http://example.com)",

@@ -86,6 +86,8 @@ def section_cosine(run: Run, out: Path, seed: int) -> list[str]:
         md.append(f"- candidates (chosen positives / negatives): {ABSENT}")
     if not run.present["embeddings"]:
         md.append(f"- embeddings (random pairs): {ABSENT}")
+    if md[-1]:  # a list above: a blank line, or Markdown reads the table as the list's last item
+        md.append("")
     lo, hi = run.cfg("lo", ("neighbours", "candidates")), run.cfg("hi", ("neighbours", "candidates"))
     rows = [[k, len(v), float(v.mean()) if len(v) else "—", float(np.median(v)) if len(v) else "—"]
             for k, v in series.items()]
