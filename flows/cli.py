@@ -167,11 +167,14 @@ def cmd_sql(args, cfg: Config) -> None:
 
     from .sql import open_run, query_error, repl
 
+    if args.query is not None and not args.query.strip():  # `-q ""` asks for a query, not the shell
+        raise QueryFailed("sql: the query is empty: give --query one SQL statement, or leave --query out for the "
+                          "shell")
     try:
         con, refused = open_run(cfg.run.dir)
     except FileNotFoundError as e:
         raise InputMissing(str(e)) from None
-    if args.query:
+    if args.query is not None:
         try:
             rel = con.sql(args.query)
             if rel is not None:
@@ -184,6 +187,17 @@ def cmd_sql(args, cfg: Config) -> None:
         for line in refused.values():
             print(f"warning: {line}", file=sys.stderr)
         repl(con, cfg.run.dir, refused)
+
+
+def rows_at_most(text: str) -> int:
+    """`--max-rows`: a whole number >= 1 (DuckDB's show() answered a negative one with a traceback)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a whole number >= 1, not {text!r}")
+    return n
 
 
 def cmd_report(args, cfg: Config) -> None:
@@ -279,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--dry-run", action="store_true", help="with --memo: move no pack")
         if name == "sql":
             s.add_argument("--query", "-q", default=None, help="one SQL statement (default: an interactive shell)")
-            s.add_argument("--max-rows", type=int, default=40, help="rows printed at most")
+            s.add_argument("--max-rows", type=rows_at_most, default=40, help="rows printed at most (>= 1)")
     for name, (module, what) in DELEGATED.items():
         sub.add_parser(name, help=f"{what}; options: contramine {name} --help", add_help=False, allow_abbrev=False)
     if argv and argv[0] in DELEGATED:

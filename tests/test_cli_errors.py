@@ -136,6 +136,20 @@ def test_an_unknown_stage_or_objective_is_one_line_naming_it_and_the_known_ones(
     assert "--force 'negate': this mine does not run that stage" in line and "pairs" in line
 
 
+def test_sql_refuses_an_empty_query_and_a_row_limit_below_one_in_one_line(capsys, tmp_path):
+    """`sql -q ""` is a query that is empty (not the interactive shell, which waited on stdin); `--max-rows -1`
+    reached DuckDB's show(), which answered with a traceback."""
+    from contramine.flows.cli import main
+
+    line = _cli_error(capsys, tmp_path / "runs", ["sql", "--run", "r", "--query", "  "])
+    assert line == "error: sql: the query is empty: give --query one SQL statement, or leave --query out for the shell"
+    for bad in ("-1", "0", "ten"):
+        with pytest.raises(SystemExit) as e:
+            main(["sql", "--run", "r", "--max-rows", bad, "--query", "SELECT 1"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and err[-1].endswith(f"argument --max-rows: a whole number >= 1, not '{bad}'"), err
+
+
 @pytest.mark.parametrize("argv", [["mine", "--forc", "negate"], ["mine", "--fo", "debcse"], ["stage", "noise", "--forc"],
                                   ["train", "--objec", "debcse"], ["sql", "--quer", "SELECT 1"]],
                          ids=lambda argv: " ".join(argv))
