@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from . import env  # Prefect settings before Prefect
+from contramine.pipeline.arguments import days, whole_number
 from contramine.pipeline.config import Config, ConfigError, configure, secrets_to_environment, split_overrides
 from contramine.pipeline.errors import ExpectedError, unwritable
 from contramine.pipeline.hints import command
@@ -189,17 +190,6 @@ def cmd_sql(args, cfg: Config) -> None:
         repl(con, cfg.run.dir, refused)
 
 
-def rows_at_most(text: str) -> int:
-    """`--max-rows`: a whole number >= 1 (DuckDB's show() answered a negative one with a traceback)."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"a whole number >= 1, not {text!r}")
-    return n
-
-
 def cmd_report(args, cfg: Config) -> None:
     from contramine.pipeline.report import write_report
 
@@ -279,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == "cache":
             s.add_argument("--prune", action="store_true", help="remove temp files of killed writes (an hour old), and shards "
                            "that commits replaced over runner.keep_replaced_s ago")
-            s.add_argument("--older-than", type=float, default=None, metavar="DAYS",
+            s.add_argument("--older-than", type=days, default=None, metavar="DAYS",
                            help="remove packs not used for this many days")
             s.add_argument("--unreferenced", action="store_true",
                            help="remove namespaces that no finished table under run.root names in its manifest")
@@ -293,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--dry-run", action="store_true", help="with --memo: move no pack")
         if name == "sql":
             s.add_argument("--query", "-q", default=None, help="one SQL statement (default: an interactive shell)")
-            s.add_argument("--max-rows", type=rows_at_most, default=40, help="rows printed at most (>= 1)")
+            s.add_argument("--max-rows", type=whole_number(1), default=40, help="rows printed at most (>= 1)")
     for name, (module, what) in DELEGATED.items():
         sub.add_parser(name, help=f"{what}; options: contramine {name} --help", add_help=False, allow_abbrev=False)
     if argv and argv[0] in DELEGATED:

@@ -150,6 +150,22 @@ def test_sql_refuses_an_empty_query_and_a_row_limit_below_one_in_one_line(capsys
         assert e.value.code == 2 and err[-1].endswith(f"argument --max-rows: a whole number >= 1, not '{bad}'"), err
 
 
+@pytest.mark.parametrize("argv, option, wanted", [
+    (["eval", "--batch-size", "0"], "--batch-size", "a whole number >= 1, not '0'"),  # ran one text a batch
+    (["eval", "--max-length", "-5"], "--max-length", "a whole number >= 0, not '-5'"),  # a tokenizer's OverflowError
+    (["compare", "--seeds", "0"], "--seeds", "a whole number >= 1, not '0'"),
+    (["cache", "--older-than", "-1"], "--older-than", "a number of days >= 0, not '-1'"),  # removed every pack
+    (["cache", "--older-than", "nan"], "--older-than", "a number of days >= 0, not 'nan'"),  # removed none
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_a_number_out_of_range_is_argparses_one_line(capsys, argv, option, wanted):
+    from contramine.flows.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1].endswith(f"argument {option}: {wanted}"), err
+
+
 @pytest.mark.parametrize("argv", [["mine", "--forc", "negate"], ["mine", "--fo", "debcse"], ["stage", "noise", "--forc"],
                                   ["train", "--objec", "debcse"], ["sql", "--quer", "SELECT 1"]],
                          ids=lambda argv: " ".join(argv))

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from contramine.pipeline.arguments import whole_number
 from contramine.pipeline.config import Config, ConfigError, load_config
 from contramine.pipeline.config.names import inside
 from contramine.pipeline.storage.atomic import atomic_write_bytes, atomic_write_json
@@ -381,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run", help="the mining run whose tables every objective trains on (artifacts/<run>)")
     ap.add_argument("--objectives", nargs="+", help="default: compare.objectives (all five); each brings its "
                     "compare.variants and its rows on compare.mined_runs; a variant's name: that row alone")
-    ap.add_argument("--seeds", type=int, help="default: compare.seeds")
+    ap.add_argument("--seeds", type=whole_number(1), help="default: compare.seeds")
     ap.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                     help="overrides for every run, e.g. compare.steps=200 train.lr=1e-5")
     a = ap.parse_args(argv)

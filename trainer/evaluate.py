@@ -20,6 +20,7 @@ from typing import get_args
 
 import numpy as np
 
+from contramine.pipeline.arguments import whole_number
 from contramine.pipeline.config import ARTIFACTS, DataCfg, Pooler
 from contramine.pipeline.config.names import check_name, inside
 from contramine.pipeline.storage.atomic import atomic_write_bytes
@@ -319,11 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pooler", default=None, choices=POOLERS,
                     help="default: the pooler a contramine checkpoint was trained with (train_config.json), else mean")
     ap.add_argument("--prompt", default=None, help="prompt template of pooler mask (default: the checkpoint's)")
-    ap.add_argument("--max-length", type=int, default=0,
+    ap.add_argument("--max-length", type=whole_number(0), default=0,
                     help="0 = the checkpoint's, else the model's sentence-transformers setting, else 512")
     ap.add_argument("--precision", default="float32", choices=("float32", "bf16", "fp16", "auto"),
                     help="autocast while encoding (float32: the exact numbers; bf16/fp16 faster on a GPU)")
-    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--batch-size", type=whole_number(1), default=128)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--name", default=None, help="results go to artifacts/eval/<name>/ (default: from --model)")
     ap.add_argument("--data-dir", default=str(DataCfg().senteval_dir), help="SentEval data folder")

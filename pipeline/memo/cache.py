@@ -3,6 +3,7 @@ and their sizes, the ones no run's manifest names, and every pack checked as a l
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import stat
@@ -96,6 +97,9 @@ def prune(root: Path, runs_root: Path, older_than_days: float | None = None, unr
     `runs_root` names, and temp files of writes killed more than an hour ago. Only names the memo writes are ever
     removed (packs, their temp files, `_namespace.json`, then the folder if that left it empty); the quarantine is
     never touched. Returns (path, why) of each."""
+    if older_than_days is not None and not (math.isfinite(older_than_days) and older_than_days >= 0):
+        raise ValueError(f"memo prune: older_than_days must be a number of days >= 0, not {older_than_days!r} "
+                         f"(a negative one would remove every pack)")
     now, refs, gone = time.time(), referenced_namespaces(runs_root) if unreferenced else set(), []
 
     def remove(path: Path, why: str) -> None:

@@ -228,8 +228,7 @@ class RunTables:
         except TableMissing:  # its own line says which stage writes it; there is nothing to remove
             raise
         except (pa.ArrowInvalid, OSError) as e:  # not what Parquet readers read (a page checksum)
-            raise TableUnreadable(table_line(self.dir / table, f"cannot be read ({' '.join(str(e).split())[:160]})")
-                                  ) from None
+            raise TableUnreadable(table_line(self.dir / table, f"cannot be read ({' '.join(str(e).split())[:160]})")) from None
 
     def sql_source(self, table: str, con) -> str:
         """A DuckDB expression for the table in connection `con`: its checked files through /proc/self/fd paths of
