@@ -71,3 +71,44 @@ def test_unquoted_paths_and_hub_ids_in_a_list_are_strings():
     assert load_config("default", ["neighbours.lo=0.2"]).neighbours.lo == 0.2  # numbers stay numbers
     with pytest.raises(ConfigError, match="neighbours.pool_size"):
         load_config("default", ["neighbours.pool_size=[a, b]"])
+
+
+def _float_settings() -> list[str]:
+    """Every float setting of the config (train.<objective>.* are Sections too, checked when a run starts)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from contramine.pipeline.config import Config
+
+    keys = []
+
+    def walk(model, prefix):
+        for name, f in model.model_fields.items():
+            key = prefix + (f.alias or name)
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+                walk(f.annotation, key + ".")
+            elif float in (typing.get_args(f.annotation) or (f.annotation,)):
+                keys.append(key)
+
+    walk(Config, "")
+    return keys
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_no_float_setting_takes_nan_or_infinity(value):
+    """`ipw.absolute_margin=nan` silently dropped no negative, `backtranslate.max_new_tokens_factor=inf` crashed on
+    the first row, `train.lr=inf` trained NaNs: every float setting refuses them in one line naming the key."""
+    keys = _float_settings()
+    assert {"ipw.absolute_margin", "ipw.temperature", "train.lr", "backtranslate.max_new_tokens_factor"} <= set(keys)
+    for key in keys:
+        with pytest.raises(ConfigError, match=rf"{key}: Input should be a finite number"):
+            load_config("default", [f"{key}={value}"])
+
+
+@pytest.mark.parametrize("key", ["neighbours.nprobe", "neighbours.ef_search"])
+def test_an_index_searches_at_least_one_list_or_candidate(key):
+    for bad in (0, -3):
+        with pytest.raises(ConfigError, match=rf'{key} must be >= 1 or "auto", not {bad}'):
+            load_config("default", [f"{key}={bad}"])
+    assert getattr(load_config("default", [f"{key}=1"]).neighbours, key.split(".")[1]) == 1

@@ -28,7 +28,10 @@ class Section(BaseModel):
     - RESOLVED: settings whose resolved value a resource's plan records instead (`encoder.device = "auto"` becomes
       the device kind in the encoder's plan): the plan is in the key, the setting would only add a needless one.
     """
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    # no NaN or infinity in any setting (a section may allow them in a field of its own): `ipw.absolute_margin=nan`
+    # silently dropped no negative, `backtranslate.max_new_tokens_factor=inf` crashed on its first row, `train.lr=inf`
+    # trained NaNs
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
 
 
 def result_settings(section: Section) -> dict:

@@ -250,6 +250,13 @@ class NeighboursCfg(Section):
     # the index plan records where it searches (pipeline/search/index.py: index_plan)
     RESOLVED: ClassVar[frozenset[str]] = frozenset({"gpu", "engine"})
 
+    @field_validator("nprobe", "ef_search")
+    @classmethod
+    def _searched_at_least_one(cls, v, info):
+        if v != "auto" and v < 1:  # 0 lists probed finds nothing: every pool would come back empty
+            raise ValueError(f"neighbours.{info.field_name} must be >= 1 or \"auto\", not {v}")
+        return v
+
     @model_validator(mode="after")
     def _band(self):
         if self.lo > self.hi:
