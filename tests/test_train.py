@@ -128,6 +128,16 @@ def test_missing_table_names_it_and_its_stage(tmp_path, bert, senteval, capsys):
     assert str(tmp_path / "empty" / "sentences") in err
 
 
+def test_fewer_rows_than_a_batch_is_one_line(tmp_path, bert, senteval, capsys):
+    """A mine of an empty or tiny corpus: `train` says so in one line (it was a ValueError's traceback)."""
+    write_table(tmp_path / "tiny", "sentences", sentences_rows(3), parts=1)
+    profile = write_profile(tmp_path / "p.toml", tmp_path, "tiny", bert, senteval)
+    assert main(["--profile", str(profile)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: table 'sentences'") and "has 3 rows, fewer than one batch of 8" \
+        in err[0] and "train.batch_size" in err[0], err
+
+
 # ------------------------------------------------------------------------------------------------ the loop
 def test_loss_goes_down(tmp_path, bert, senteval):
     run = "r"

@@ -27,7 +27,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from contramine.pipeline.storage.tables import RunTables
+from contramine.pipeline.errors import ExpectedError
+from contramine.pipeline.storage.tables import RunTables, TableMissing
+from contramine.trainer.keys import named_missing
 
 # What the reader takes from each table: parquet column -> row key (METHODS / objectives/base.py row keys).
 COLUMNS: dict[str, dict[str, str]] = {
@@ -39,16 +41,24 @@ COLUMNS: dict[str, dict[str, str]] = {
 ROW_KEYS = ("sid", "text", "positives", "negatives", "paraphrase", "negation", "emb")
 
 
+class TableNotTrainable(ExpectedError, ValueError):
+    """A mined table without the columns the trainer reads (a table of another version, a hand-made one)."""
+
+
 def _read(run_dir: Path | str, table: str, source: bool) -> pa.Table:
     """sid + the table's row-key columns, sorted by sid. A joined table does not bring its own `text` (the
     triplets' anchor): the row source's text is the row's text."""
     if table not in COLUMNS:
         raise ValueError(f"the trainer cannot read table {table!r}; readable: {', '.join(COLUMNS)}")
-    dataset = RunTables(run_dir).dataset(table)
+    try:
+        dataset = RunTables(run_dir).dataset(table)
+    except TableMissing:  # the line names the stage that writes it, not "a mining stage"
+        raise named_missing(run_dir, table) from None
     mapping = {c: k for c, k in COLUMNS[table].items() if source or k != "text"}
     missing = [c for c in ["sid", *mapping] if c not in dataset.schema.names]
     if missing:
-        raise ValueError(f"mined table {table!r} under {run_dir} lacks column(s) {missing} (schema {dataset.schema.names})")
+        raise TableNotTrainable(f"mined table {table!r} under {run_dir} lacks column(s) {missing} (schema "
+                                f"{dataset.schema.names})")
     tbl = dataset.to_table(columns=["sid", *mapping]).sort_by("sid")
     return tbl.rename_columns(["sid", *mapping.values()])
 

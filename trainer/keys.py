@@ -66,7 +66,20 @@ def shard_hash(part: Path, table: str) -> str:
 
 def table_hash(run_dir: Path | str, table: str) -> str:
     """Content hash of a mined table: Store.table_hash's (the combined shard hashes, in shard order), verified."""
-    return combine(*(shard_hash(p, table) for p in RunTables(run_dir).files(table)))
+    try:
+        files = RunTables(run_dir).files(table)
+    except TableMissing:
+        raise named_missing(run_dir, table) from None
+    return combine(*(shard_hash(p, table) for p in files))
+
+
+def named_missing(run_dir: Path | str, table: str) -> TableMissing:
+    """The line for a table the run has not got, naming the stage that writes it (`contramine stage pairs --run
+    r`): the stages declare that, so they are loaded here, on this error's path only (the trainer needs none)."""
+    from contramine.pipeline.engine.discovery import load_stages
+
+    load_stages()
+    return RunTables(run_dir).missing(table)
 
 
 def fingerprint(run_dir: Path | str, tables: tuple[str, ...] | list[str]) -> list[list[str]]:

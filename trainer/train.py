@@ -54,6 +54,10 @@ rng_state, set_rng_state = ckpt.rng_state, ckpt.set_rng_state
 
 
 # ------------------------------------------------------------------------------------------------- training
+
+class TooFewRows(ExpectedError, ValueError):
+    """The mined table holds fewer rows than one batch (an empty or tiny corpus): one line, no traceback."""
+
 def train(cfg: Config, resume: bool = True) -> dict:
     """Train (see the module docstring); the caller's float32 matmul settings are back on return, TF32 included."""
     from contramine.trainer.precision import restored_float32_settings
@@ -112,8 +116,8 @@ def _train(cfg: Config, resume: bool, saver: "LastSaver") -> dict:
     rows = MinedRows(cfg.run.dir, objective_cls.tables)
     steps_per_epoch = batches_per_epoch(len(rows), tc.batch_size)
     if steps_per_epoch == 0:
-        raise ValueError(f"table {objective_cls.tables[0]!r} under {cfg.run.dir} has {len(rows)} rows, fewer than one "
-                         f"batch of {tc.batch_size}")
+        raise TooFewRows(f"table {objective_cls.tables[0]!r} under {cfg.run.dir} has {len(rows)} rows, fewer than one "
+                         f"batch of {tc.batch_size}: mine a larger corpus, or set a smaller train.batch_size")
     total = tc.max_steps or max(1, int(tc.epochs * steps_per_epoch))
 
     # --- model and objective ------------------------------------------------------------------------------------------
