@@ -1,4 +1,6 @@
 """One typed config: profiles, per-key overrides, and one-line errors that name the key."""
+import re
+
 import pytest
 
 from contramine.pipeline.config import ConfigError, load_config
@@ -112,3 +114,21 @@ def test_an_index_searches_at_least_one_list_or_candidate(key):
         with pytest.raises(ConfigError, match=rf'{key} must be >= 1 or "auto", not {bad}'):
             load_config("default", [f"{key}={bad}"])
     assert getattr(load_config("default", [f"{key}=1"]).neighbours, key.split(".")[1]) == 1
+
+
+@pytest.mark.parametrize("override, wanted", [
+    ("run.name=", "run.name '': a run name is one folder inside run.root"),
+    ("data.corpus=", "data.corpus is empty: name a file, a folder, a glob or hf:<dataset id>"),
+    ("data.candidates=  ", "data.candidates is empty"),
+])
+def test_an_empty_name_is_refused_not_taken_as_the_default_or_the_working_folder(override, wanted):
+    """`--run ""` mined into the profile's run (`default`), `--corpus ""` read the working directory as a folder
+    corpus: each is one line now, from the CLI's options as from --set."""
+    from contramine.pipeline.config import configure
+
+    with pytest.raises(ConfigError, match=re.escape(wanted)):
+        load_config("default", [override])
+    key, value = override.split("=", 1)
+    if key in ("run.name", "data.corpus"):
+        with pytest.raises(ConfigError, match=re.escape(wanted)):
+            configure("default", **{"run" if key == "run.name" else "corpus": value})

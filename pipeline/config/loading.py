@@ -193,9 +193,9 @@ def configure(profile: str = "default", run: str | None = None, corpus: str | No
               overrides: list[str] | None = None) -> Config:
     """The config of a CLI call or flow run: a profile, the run name and corpus as given, per-key overrides."""
     sets = list(overrides or [])
-    if run:
+    if run is not None:  # "" too: `--run ""` is a name (refused in one line), not the profile's run
         sets.append(f"run.name={run}")
-    if corpus:
+    if corpus is not None:
         sets.append(f"data.corpus={corpus}")
     cfg = load_config(profile, sets)
     needed = shards_for(cfg.data.corpus, cfg.run.max_shard_rows, cfg.data)

@@ -116,6 +116,13 @@ class DataCfg(Section):
                                "(one sentence a line), a Parquet or JSON Lines file (.jsonl, .ndjson, .json), any of "
                                "them .gz or .zst, a folder or a glob of such files (read in sorted order), or "
                                "hf:<dataset id> (streamed); unset in an installed package: --corpus names it")
+    @field_validator("corpus", "candidates")
+    @classmethod
+    def _not_blank(cls, v, info):
+        if v is not None and not v.strip():  # "" was the working directory as a folder corpus
+            raise ValueError(f"data.{info.field_name} is empty: name a file, a folder, a glob or hf:<dataset id>")
+        return v
+
     text_field: str = Field("text", min_length=1, description="the field of a JSON line, the column of a Parquet "
                             "file or a hub dataset, that holds the text (data.corpus and data.candidates)")
     hf_split: str = Field("train", min_length=1, description="the split of an hf:<dataset id> corpus")
