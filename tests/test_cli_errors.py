@@ -79,6 +79,7 @@ def test_input_errors_name_the_path_or_model(capsys, tmp_path):
         (["encoder.model=/nonexistent/path"], "encoder /nonexistent/path: no such directory"),
         (["encoder.model=contramine-test/no-such-model"], "encoder 'contramine-test/no-such-model' is not available"),
         ([f"encoder.model={tmp_path / 'not-a-model'}"], "not-a-model: directory has no config.json"),
+        ([f"encoder.model={corpus}"], f"encoder {corpus}: a file, not a model directory"),
         (["negate.model=xx_no_such_pipeline"], "spaCy pipeline 'xx_no_such_pipeline' is not installed"),
         (['backtranslate.chains=[["contramine-test/no-mt", "contramine-test/no-mt-back"]]',
           "backtranslate.fallback=false"],

@@ -266,7 +266,8 @@ def _resolve(name: str, what: str, endpoint: str, offline: bool, cache: str) -> 
             raise ModelUnavailable(f"{what} {name}: directory has no weights (model.safetensors or pytorch_model.bin)")
         return str(path.resolve())
     if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
-        raise ModelUnavailable(f"{what} {name}: no such directory")
+        raise ModelUnavailable(f"{what} {name}: " + ("a file, not a model directory (the folder that holds its "
+                                                      "config.json)" if path.exists() else "no such directory"))
     snapshot, lacks = _cached_snapshot(name, Path(cache))
     if snapshot is not None:
         return str(snapshot)
