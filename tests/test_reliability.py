@@ -98,8 +98,6 @@ from mining_helpers import (ORDER, ROOT, SMALL, STAGES, TABLES, _brute_force, _c
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
-
-
 def _assert_same_tables(got: dict, want: dict, what: str) -> None:
     for table, data in want.items():
         assert got[table].equals(data), f"table {table} differs: {what}"
@@ -250,35 +248,37 @@ def _killed_mine(corpus: Path, root: Path, tmp: Path, *sets: str, pause_at: str 
 def test_kill_9_anywhere_then_resume(reference, corpus, tmp_path):
     """Four kill -9 of a graph-scheduled mine (stages that do not read each other run at once, two jobs at a time,
     so what else had finished at each kill is not fixed), then a run to the end: no shard intact at a kill is
-    rewritten, no temp file is left, and every table equals a clean run's."""
+    rewritten, no temp file is left, and every table equals a clean run's. Each kill point is downstream of the one
+    before, so each run reaches it (a kill at negate's shards was passed by runs that had finished negate)."""
     root, run_dir, memo = tmp_path / "runs", tmp_path / "runs" / "faulty", _memo_of(reference)
     _killed_mine(corpus, root, tmp_path, memo, pause_at="compute:embeddings:1")
     assert _manifest(run_dir, "sentences") is not None and not (run_dir / "embeddings" / "_manifest.json").exists()
     assert not list((run_dir / "embeddings").glob("part-00001-of-00002.*"))
     snap1 = _intact_shards(run_dir)
 
-    _killed_mine(corpus, root, tmp_path, memo, kill_when="negations/part-0000*-of-00002.*.json")
-    _assert_untouched(snap1, "the run after the kill during embeddings")
-    snap2 = _intact_shards(run_dir)
-    assert sum(1 for s in snap2 if s.parent.name == "negations") >= 1
-
     _killed_mine(corpus, root, tmp_path, memo, pause_at="tmp:neighbours:1")
-    _assert_untouched(snap2, "the run after a kill at a random point of negate")
+    _assert_untouched(snap1, "the run after the kill during embeddings")
     assert len(list((run_dir / "neighbours").glob(".part-00001-of-00002.*.parquet.*.tmp"))) == 1
     assert not list((run_dir / "neighbours").glob("part-00001-of-00002.*.parquet"))
-    snap3 = _intact_shards(run_dir)
+    snap2 = _intact_shards(run_dir)
 
     _killed_mine(corpus, root, tmp_path, memo, pause_at="sidecar:candidates:0")
-    _assert_untouched(snap3, "the run after the kill during a neighbours shard write")
+    _assert_untouched(snap2, "the run after the kill during a neighbours shard write")
     assert not list((run_dir / "neighbours").glob("*.tmp"))  # the killed writer's temp file collected
     [cand0] = (run_dir / "candidates").glob("part-00000-of-00002.*.parquet")
     assert not cand0.with_suffix(".json").exists()
+    snap3 = _intact_shards(run_dir)
+
+    # a moment the test does not choose: one pairs shard whole, and whatever else the graph was running then
+    _killed_mine(corpus, root, tmp_path, memo, kill_when="pairs/part-0000*-of-00002.*.json")
+    _assert_untouched(snap3, "the run after the kill during a candidates shard's sidecar")
     snap4 = _intact_shards(run_dir)
+    assert sum(1 for s in snap4 if s.parent.name == "pairs") >= 1
 
     _mine(corpus, root, "faulty", memo)
     for snap in (snap1, snap2, snap3, snap4):
         _assert_untouched(snap, "the completing run")
-    assert _counts(run_dir)["scores"] == (0, 2)  # finished before ipw started, in the killed run: reused
+    assert _counts(run_dir)["scores"] == (0, 2)  # finished before ipw started, in a killed run: reused
     _assert_all_intact(run_dir)
     _assert_same_tables(_tables(run_dir), reference[1], "after four kill -9 and a resume")
 
