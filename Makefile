@@ -44,8 +44,12 @@ N       ?= 1000000
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?= -q
 
-# Everything passed on to the CLI, only when set.
-ARGS = --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(CORPUS),--corpus $(CORPUS)) $(if $(SET),--set $(SET)) $(if $(FORCE),--force)
+# A value as one shell word, whatever it holds (spaces, a glob's *, $, quotes): CORPUS='data/*.txt' reaches the
+# CLI's own glob (the shell expanded it into extra arguments), a path with spaces stays one path.
+q = '$(subst ','\'',$(1))'
+# Everything passed on to the CLI, only when set. SET, FOR, FORMAT, OBJECTIVES and PRUNE are split into words on
+# purpose (SET="a=1 b=2", FOR="debcse osscse").
+ARGS = --profile $(call q,$(PROFILE)) $(if $(RUN),--run $(call q,$(RUN))) $(if $(CORPUS),--corpus $(call q,$(CORPUS))) $(if $(SET),--set $(SET)) $(if $(FORCE),--force)
 
 .PHONY: install mine stage sql test typecheck eval report export cache verify train compare tensorboard bench gpu-check gpu-wheels gpu-rehearsal scale clean
 install: $(STAMP)
@@ -62,14 +66,14 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*; touch $@
 
 mine: $(STAMP)
-	$(BIN)/python -m contramine.flows.cli mine $(ARGS) $(if $(FROM),--reuse-from $(FROM)) $(if $(FOR),--for $(FOR))
+	$(BIN)/python -m contramine.flows.cli mine $(ARGS) $(if $(FROM),--reuse-from $(call q,$(FROM))) $(if $(FOR),--for $(FOR))
 
 stage: $(STAMP)
 	@test -n "$(STAGE)" || { echo "usage: make stage STAGE=<name> [RUN=..] [SET=..] [FORCE=1]"; exit 2; }
 	$(BIN)/python -m contramine.flows.cli stage $(STAGE) $(ARGS)
 
 sql: $(STAMP)
-	$(BIN)/python -m contramine.flows.cli sql $(ARGS) $(if $(Q),--query "$(Q)")
+	$(BIN)/python -m contramine.flows.cli sql $(ARGS) $(if $(Q),--query $(call q,$(Q)))
 
 report: $(STAMP)
 	$(BIN)/python -m contramine.flows.cli report $(ARGS)
@@ -88,19 +92,19 @@ export: $(STAMP)
 	$(BIN)/python -m contramine.flows.cli export $(ARGS) --format $(FORMAT)
 
 eval: $(STAMP)
-	$(BIN)/python -m contramine.flows.cli eval $(if $(MODEL),--model $(MODEL)) $(if $(POOLER),--pooler $(POOLER)) $(if $(NAME),--name $(NAME)) $(if $(COMPARE),--compare $(COMPARE))
+	$(BIN)/python -m contramine.flows.cli eval $(if $(MODEL),--model $(call q,$(MODEL))) $(if $(POOLER),--pooler $(POOLER)) $(if $(NAME),--name $(call q,$(NAME))) $(if $(COMPARE),--compare $(COMPARE))
 
 train: $(STAMP)
-	$(BIN)/python -m contramine.flows.cli train --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(OBJECTIVE),--objective $(OBJECTIVE)) $(if $(SET),--set $(SET))
+	$(BIN)/python -m contramine.flows.cli train --profile $(call q,$(PROFILE)) $(if $(RUN),--run $(call q,$(RUN))) $(if $(OBJECTIVE),--objective $(OBJECTIVE)) $(if $(SET),--set $(SET))
 
 # every objective from the same start on RUN's tables, same budget, SEEDS seeds: table, paired bootstrap, plots
 compare: $(STAMP)
-	$(BIN)/python -m contramine.flows.cli compare --profile $(PROFILE) $(if $(RUN),--run $(RUN)) $(if $(OBJECTIVES),--objectives $(OBJECTIVES)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(SET),--set $(SET))
+	$(BIN)/python -m contramine.flows.cli compare --profile $(call q,$(PROFILE)) $(if $(RUN),--run $(call q,$(RUN))) $(if $(OBJECTIVES),--objectives $(OBJECTIVES)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(SET),--set $(SET))
 
 # TensorBoard over artifacts/<RUN>'s training curves (every train/ and compare/ run in it); RUN must name a run folder
 tensorboard: $(STAMP)
 	@test -n "$(RUN)" || { echo "usage: make tensorboard RUN=<run> [PORT=6006]"; exit 2; }
-	$(BIN)/python -m contramine.trainer.curves --profile $(PROFILE) --run $(RUN) $(if $(PORT),--port $(PORT))
+	$(BIN)/python -m contramine.trainer.curves --profile $(call q,$(PROFILE)) --run $(call q,$(RUN)) $(if $(PORT),--port $(PORT))
 
 # every bench module (bench/run.py); `python -m bench.run --smoke` runs them at toy size (bench/smoke.py)
 bench: $(STAMP)

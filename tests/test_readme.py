@@ -163,3 +163,22 @@ def test_cheap_commands_through_the_makefile(small_run):
                        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert (small_run / "readme" / "report" / "index.md").is_file()
+
+
+def test_the_makefile_passes_a_path_glob_or_query_as_one_word():
+    """CORPUS='data/*.txt' reached the shell unquoted (expanded into extra arguments: `unrecognized arguments`), a
+    path with spaces became several words, and a query's backquotes were the shell's: each variable that holds one
+    value is one word of the command make runs (`make -n` prints it; the shell splits it as it would run it)."""
+    import shlex
+
+    values = {"CORPUS": "/data/my corpus/*.txt", "PROFILE": "/profiles/it's mine.toml", "RUN": "r1",
+              "Q": "SELECT `date` AS \"h\", 'it''s' AS s"}
+    r = subprocess.run(["make", "--no-print-directory", "-n", "-o", ".venv/.installed-x", "sql",
+                        *(f"{k}={v}" for k, v in values.items())], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    argv = shlex.split(r.stdout.strip().splitlines()[-1])
+    for option, key in (("--corpus", "CORPUS"), ("--profile", "PROFILE"), ("--run", "RUN"), ("--query", "Q")):
+        assert argv[argv.index(option) + 1] == values[key], (option, argv)
+    r = subprocess.run(["make", "--no-print-directory", "-n", "eval", "MODEL=/models/My Model"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    argv = shlex.split(r.stdout.strip().splitlines()[-1])
+    assert argv[argv.index("--model") + 1] == "/models/My Model"
