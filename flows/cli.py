@@ -193,14 +193,19 @@ def cmd_sql(args, cfg: Config) -> None:
 def cmd_report(args, cfg: Config) -> None:
     from contramine.pipeline.report import write_report
 
-    if not cfg.run.dir.is_dir():  # a typo'd run name gets one line, not an empty run folder with a report in it
-        raise InputMissing(f"{cfg.run.dir}: no such run (`{command('mine', run=cfg.run.name)}` first)")
+    must_exist(cfg)  # a typo'd run name gets one line, not an empty run folder with a report in it
     print(write_report(cfg.run.dir))
+
+
+def must_exist(cfg: Config) -> None:
+    if not cfg.run.dir.is_dir():
+        raise InputMissing(f"{cfg.run.dir}: no such run (`{command('mine', run=cfg.run.name)}` first)")
 
 
 def cmd_export(args, cfg: Config) -> None:
     from contramine.pipeline.export import export_run
 
+    must_exist(cfg)  # a typo'd run name: this line, not "table pairs not found" under a folder that is not there
     for fmt in args.format:
         print(f"{fmt}: wrote {export_run(cfg.run.dir, fmt)} (load it with datasets.load_dataset(<that folder>))")
 

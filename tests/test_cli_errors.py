@@ -194,9 +194,10 @@ def test_every_parser_of_the_commands_takes_whole_option_names_only():
     assert not missing, missing
 
 
-def test_report_of_a_run_that_does_not_exist_is_one_line_and_creates_nothing(capsys, tmp_path):
+@pytest.mark.parametrize("command", ["report", "export", "verify", "sql"])
+def test_a_run_that_does_not_exist_is_one_line_and_creates_nothing(capsys, tmp_path, command):
     root = tmp_path / "runs"
-    line = _cli_error(capsys, root, ["report", "--run", "nosuchrun"])  # asserts nothing was written under root
+    line = _cli_error(capsys, root, [command, "--run", "nosuchrun"])  # asserts nothing was written under root
     assert f"{root / 'nosuchrun'}: no such run" in line and "contramine mine --run nosuchrun" in line
 
 
