@@ -314,6 +314,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         say_last(f"error: {args.cmd}: {unwritable(e, cfg.run.dir if 'cfg' in locals() else None)}")
         return 2
+    except RuntimeError as e:  # Prefect's client, where the server PREFECT_API_URL names does not answer
+        if not str(e).startswith("Failed to reach API at"):
+            raise
+        say_last(f"error: {args.cmd}: {e} (PREFECT_API_URL): start that Prefect server, or unset PREFECT_API_URL "
+                 f"and each command starts a temporary one")
+        return 2
     finally:
         # Arrow readers a failed command's frames still hold in reference cycles are freed now, while Arrow is whole:
         # freed in the interpreter's last collection, a reader's thread can outlive Arrow's pools and abort the exit

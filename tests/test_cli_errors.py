@@ -208,3 +208,17 @@ def test_terminal_escapes_in_a_corpus_name_reach_the_terminal_escaped(capsys, tm
     line = _cli_error(capsys, tmp_path / "runs", ["mine", "--corpus", str(missing)])
     assert not any(not c.isprintable() for c in line), ascii(line)
     assert "evil\\x1b]0;pwned\\x07\\x1b[2J\\u202etxt.c" in line
+
+
+def test_a_prefect_server_that_does_not_answer_is_one_line(tmp_path):
+    """PREFECT_API_URL naming a server that is down (a closed port here): Prefect's RuntimeError was a traceback."""
+    from processes import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/api"
+    corpus = write_corpus(tmp_path / "c.txt", plain_rows(wiki_lines(3)))
+    r = _run_cli(["stage", "sentences", "--run", "r", "--corpus", str(corpus), "--set", *SMALL,
+                  f"run.root={tmp_path / 'runs'}"], PREFECT_API_URL=url)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert lines[-1] == f"error: stage: Failed to reach API at {url}/ (PREFECT_API_URL): start that Prefect server, " \
+                        "or unset PREFECT_API_URL and each command starts a temporary one", lines[-3:]
