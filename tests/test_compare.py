@@ -222,6 +222,10 @@ def test_a_mined_run_of_other_sentences_or_without_pairs_stops_the_compare_befor
         cmp.compare(str(profile), None, ["compare.steps=1", "compare.mined_runs=elsewhere"], ["simcse", "debcse"], 1)
     with pytest.raises(TableMissing, match=r"'pairs' not found at .*unmined/pairs/ .* `pairs` stage"):
         cmp.compare(str(profile), None, ["compare.steps=1", "compare.mined_runs=unmined"], ["simcse", "debcse"], 1)
+    with pytest.raises(TableMissing, match=r"nosuch: no such run \(`contramine mine --run nosuch` first\)"):
+        cmp.compare(str(profile), "nosuch", ["compare.steps=1"], ["simcse"], 1)  # a typo'd run: not a table it lacks
+    with pytest.raises(TableMissing, match=r"'pairs' not found at .*unmined/pairs/ .* `pairs` stage"):
+        cmp.compare(str(profile), "unmined", [], ["simcse"], 1)  # budget_steps reads its pairs first
     assert calls == []
     # the same sentences mined otherwise (other positives): accepted
     write_table(tmp_path / "same", "sentences", sents)

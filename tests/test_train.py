@@ -119,6 +119,8 @@ def test_reader_joins_tables_by_sid(tmp_path):
 
 
 def test_missing_table_names_it_and_its_stage(tmp_path, bert, senteval, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "empty").mkdir()  # runs that exist (one that does not: the next test)
     with pytest.raises(TableMissing, match=r"'pairs'.*contramine stage pairs --run run"):
         MinedRows(tmp_path / "run", ("pairs",))
     profile = write_profile(tmp_path / "p.toml", tmp_path, "empty", bert, senteval)
@@ -126,6 +128,12 @@ def test_missing_table_names_it_and_its_stage(tmp_path, bert, senteval, capsys):
     err = capsys.readouterr().err
     assert "'sentences'" in err and "contramine mine --run empty" in err
     assert str(tmp_path / "empty" / "sentences") in err
+
+
+def test_a_run_that_does_not_exist_is_that_line(tmp_path, bert, senteval, capsys):
+    profile = write_profile(tmp_path / "p.toml", tmp_path, "typo", bert, senteval)
+    assert main(["--profile", str(profile)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'typo'}: no such run (`contramine mine --run typo` first)"
 
 
 def test_fewer_rows_than_a_batch_is_one_line(tmp_path, bert, senteval, capsys):

@@ -78,6 +78,8 @@ def named_missing(run_dir: Path | str, table: str) -> TableMissing:
     r`): the stages declare that, so they are loaded here, on this error's path only (the trainer needs none)."""
     from contramine.pipeline.engine.discovery import load_stages
 
+    if not Path(run_dir).is_dir():  # no run at all (a typo'd name): that, not the first table it lacks
+        return TableMissing(f"{run_dir}: no such run (`{command('mine', run=Path(run_dir).name)}` first)")
     load_stages()
     return RunTables(run_dir).missing(table)
 
