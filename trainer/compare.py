@@ -47,9 +47,9 @@ from contramine.pipeline.hints import command as hint_command, via_make
 from contramine.pipeline.storage.lock import run_lock
 from contramine.pipeline.storage.safe_paths import open_folder
 from contramine.pipeline.errors import ExpectedError
-from contramine.pipeline.storage.tables import RunTables, TableMissing
+from contramine.pipeline.storage.tables import RunTables
 from contramine.trainer.compare_report import bootstrap_markdown, paired_bootstrap, plots, summarise, table_markdown
-from contramine.trainer.keys import named_missing
+from contramine.trainer.keys import checked_dataset, checked_files
 
 KEEP_COSINES = ("STSBenchmark",)  # per-pair cosines kept for the paired bootstrap
 
@@ -59,10 +59,7 @@ def budget_steps(cfg: Config) -> int:
     """`compare.steps`, or one epoch of the run's mined pairs (DebCSE's rows) at `train.batch_size`."""
     if cfg.compare.steps:
         return cfg.compare.steps
-    try:
-        n = RunTables(cfg.run.dir).dataset("pairs").count_rows()
-    except TableMissing:  # the line names the stage that writes it
-        raise named_missing(cfg.run.dir, "pairs") from None
+    n = checked_dataset(cfg.run.dir, "pairs").count_rows()  # a missing run or table: one line naming its fix
     return max(1, n // cfg.train.batch_size)
 
 
@@ -99,10 +96,7 @@ def check_inputs(base: Config, cfgs: dict[str, Config], plan: list[dict]) -> Non
     for e in plan:
         tables = RunTables(cfgs[e["name"]].run.dir)
         for table in get_objective(e["objective"]).tables:
-            try:
-                tables.files(table)
-            except TableMissing:  # the line names the stage that writes it
-                raise named_missing(tables.dir, table) from None
+            checked_files(tables.dir, table)
         if e["run"] and ours is not None and tables.files_if_any("sentences"):
             theirs = tables.read("sentences", ["sid", "text"])
             if not ours.equals(theirs):
@@ -303,8 +297,6 @@ def compare(profile: str, run: str | None, user_sets: list[str], objectives: Seq
     objectives, seeds = objectives or cc.objectives, seeds or cc.seeds
     if cc.baseline not in objectives:
         objectives = [cc.baseline, *objectives]  # the paired test needs it
-    if not base.run.dir.is_dir():  # a typo'd run name: that, not the first table it lacks
-        raise named_missing(base.run.dir, "pairs")
     steps, out = budget_steps(base), base.run.dir / "compare"
     plan = entries(base, objectives)
     # each row's configuration (seed 0): which start it trains from, read under which pooler and prompt

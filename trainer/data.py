@@ -28,8 +28,7 @@ import pyarrow as pa
 import torch
 
 from contramine.pipeline.errors import ExpectedError
-from contramine.pipeline.storage.tables import RunTables, TableMissing
-from contramine.trainer.keys import named_missing
+from contramine.trainer.keys import checked_dataset
 
 # What the reader takes from each table: parquet column -> row key (METHODS / objectives/base.py row keys).
 COLUMNS: dict[str, dict[str, str]] = {
@@ -50,10 +49,7 @@ def _read(run_dir: Path | str, table: str, source: bool) -> pa.Table:
     triplets' anchor): the row source's text is the row's text."""
     if table not in COLUMNS:
         raise ValueError(f"the trainer cannot read table {table!r}; readable: {', '.join(COLUMNS)}")
-    try:
-        dataset = RunTables(run_dir).dataset(table)
-    except TableMissing:  # the line names the stage that writes it, not "a mining stage"
-        raise named_missing(run_dir, table) from None
+    dataset = checked_dataset(run_dir, table)  # a missing table's line names the stage that writes it
     mapping = {c: k for c, k in COLUMNS[table].items() if source or k != "text"}
     missing = [c for c in ["sid", *mapping] if c not in dataset.schema.names]
     if missing:

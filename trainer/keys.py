@@ -66,11 +66,23 @@ def shard_hash(part: Path, table: str) -> str:
 
 def table_hash(run_dir: Path | str, table: str) -> str:
     """Content hash of a mined table: Store.table_hash's (the combined shard hashes, in shard order), verified."""
+    return combine(*(shard_hash(p, table) for p in checked_files(run_dir, table)))
+
+
+def checked_files(run_dir: Path | str, table: str) -> list[Path]:
+    """RunTables.files, its TableMissing naming the stage that writes the table (named_missing)."""
     try:
-        files = RunTables(run_dir).files(table)
+        return RunTables(run_dir).files(table)
     except TableMissing:
         raise named_missing(run_dir, table) from None
-    return combine(*(shard_hash(p, table) for p in files))
+
+
+def checked_dataset(run_dir: Path | str, table: str):
+    """RunTables.dataset, its TableMissing naming the stage that writes the table (named_missing)."""
+    try:
+        return RunTables(run_dir).dataset(table)
+    except TableMissing:
+        raise named_missing(run_dir, table) from None
 
 
 def named_missing(run_dir: Path | str, table: str) -> TableMissing:
