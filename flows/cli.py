@@ -35,7 +35,7 @@ from . import env  # Prefect settings before Prefect
 from contramine.pipeline.arguments import days, whole_number
 from contramine.pipeline.config import Config, ConfigError, configure, secrets_to_environment, split_overrides
 from contramine.pipeline.errors import ExpectedError, unwritable
-from contramine.pipeline.hints import command
+from contramine.pipeline.hints import command, no_such_run
 
 from .help import COMMANDS, DELEGATED, DESCRIPTION, EXAMPLES
 from .upkeep import InputMissing, cmd_cache, cmd_verify
@@ -199,7 +199,7 @@ def cmd_report(args, cfg: Config) -> None:
 
 def must_exist(cfg: Config) -> None:
     if not cfg.run.dir.is_dir():
-        raise InputMissing(f"{cfg.run.dir}: no such run (`{command('mine', run=cfg.run.name)}` first)")
+        raise InputMissing(no_such_run(cfg.run.dir))
 
 
 def cmd_export(args, cfg: Config) -> None:

@@ -6,7 +6,7 @@ import time
 
 from contramine.pipeline.config import Config
 from contramine.pipeline.errors import ExpectedError
-from contramine.pipeline.hints import command
+from contramine.pipeline.hints import no_such_run
 
 
 class InputMissing(ExpectedError, RuntimeError):
@@ -22,7 +22,7 @@ def cmd_verify(args, cfg: Config) -> None:
     from contramine.pipeline.engine.upkeep import verify_run
 
     if not cfg.run.dir.is_dir():
-        raise InputMissing(f"{cfg.run.dir}: no such run (`{command('mine', run=cfg.run.name)}` first)")
+        raise InputMissing(no_such_run(cfg.run.dir))
     tables, checked, bad = verify_run(cfg.run.dir)
     for line in bad:
         print(f"damaged: {line}")

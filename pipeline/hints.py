@@ -42,3 +42,8 @@ def command(verb: str, **options) -> str:
 def corpus_option() -> str:
     """How the user names the corpus: CORPUS=... under make, --corpus elsewhere."""
     return "CORPUS=..." if via_make() else "--corpus"
+
+
+def no_such_run(run_dir) -> str:
+    """The one line for a run folder that is not there (a typo'd run name), whichever command looked for it."""
+    return f"{run_dir}: no such run (`{command('mine', run=os.path.basename(os.fspath(run_dir)))}` first)"

@@ -20,7 +20,7 @@ from pathlib import Path
 from contramine.pipeline.codeversion import imported_modules
 from contramine.pipeline.storage.store import combine, file_hash
 from contramine.pipeline.storage.tables import RunTables, TableMissing, writer_of
-from contramine.pipeline.hints import command
+from contramine.pipeline.hints import command, no_such_run
 from contramine.trainer.sts import SICK_FILES, STS_TASKS, STSB_FILES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +91,7 @@ def named_missing(run_dir: Path | str, table: str) -> TableMissing:
     from contramine.pipeline.engine.discovery import load_stages
 
     if not Path(run_dir).is_dir():  # no run at all (a typo'd name): that, not the first table it lacks
-        return TableMissing(f"{run_dir}: no such run (`{command('mine', run=Path(run_dir).name)}` first)")
+        return TableMissing(no_such_run(Path(run_dir)))
     load_stages()
     return RunTables(run_dir).missing(table)
 

@@ -18,6 +18,13 @@ MEMO_KEY_ENV = "CONTRAMINE_MEMO_KEY"  # where runner.memo_key comes from when no
 RUNS_ROOT = "run.root (artifacts/ unless set)"  # where a run name's folder is, in its refusal
 
 
+
+def auto_or_at_least_one(section: str, info, v):
+    """A setting that is "auto" or a whole number >= 1, else one line naming it."""
+    if v != "auto" and v < 1:
+        raise ValueError(f"{section}.{info.field_name} must be >= 1 or \"auto\", not {v}")
+    return v
+
 class RunCfg(Section):
     name: str = Field("default", description="the run's folder, <run.root>/<name>: letters, digits, '_', '-', '.', "
                                              "not starting with '.'")
@@ -259,10 +266,8 @@ class NeighboursCfg(Section):
 
     @field_validator("nprobe", "ef_search")
     @classmethod
-    def _searched_at_least_one(cls, v, info):
-        if v != "auto" and v < 1:  # 0 lists probed finds nothing: every pool would come back empty
-            raise ValueError(f"neighbours.{info.field_name} must be >= 1 or \"auto\", not {v}")
-        return v
+    def _searched_at_least_one(cls, v, info):  # 0 lists probed finds nothing: every pool would come back empty
+        return auto_or_at_least_one("neighbours", info, v)
 
     @model_validator(mode="after")
     def _band(self):
@@ -327,10 +332,8 @@ class NegateCfg(Section):
 
     @field_validator("n_process")
     @classmethod
-    def _at_least_one(cls, v):
-        if v != "auto" and v < 1:
-            raise ValueError(f"negate.n_process must be >= 1 or \"auto\", not {v}")
-        return v
+    def _at_least_one(cls, v, info):
+        return auto_or_at_least_one("negate", info, v)
 
     # spaCy parses each text on its own: batching and processes change how fast, never what
     EXECUTION: ClassVar[frozenset[str]] = frozenset({"batch_size", "n_process"})

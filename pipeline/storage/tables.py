@@ -40,7 +40,7 @@ from contramine.pipeline.storage.verify import WRITERS, Verified, damaged_line, 
 from contramine.pipeline.storage.reuse_files import NotBrought, link_or_copy as _link_or_copy, owned_here
 from contramine.pipeline.storage.served import close_all, dataset_of, fd_path, hold_for, read_checked, room_for
 from contramine.pipeline.errors import ExpectedError
-from contramine.pipeline.hints import command, via_make
+from contramine.pipeline.hints import command, via_make, no_such_run
 from contramine.pipeline.schema import SCHEMAS
 
 VIEW_NAME = re.compile(r"[A-Za-z0-9_]+")  # fullmatch  # a folder name that may become a SQL view name (then quoted)
@@ -260,7 +260,7 @@ class RunTables:
         import duckdb  # duckdb: only the SQL views need it; stages and the trainer read with pyarrow
 
         if not self.dir.is_dir():
-            raise FileNotFoundError(f"{self.dir}: no such run (`{command('mine', run=self.dir.name)}` first)")
+            raise FileNotFoundError(no_such_run(self.dir))
         con = con or duckdb.connect()
         self.refused: dict[str, str] = {}
         for table in self.names():  # names(): plain identifiers only, and quoted all the same
