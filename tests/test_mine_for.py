@@ -11,6 +11,7 @@ from contramine.flows.cli import main
 from contramine.flows.mine import stages_to_mine
 from contramine.pipeline.config import OBJECTIVE_NAMES, load_config
 from contramine.pipeline.engine.discovery import load_stages
+from contramine.pipeline.storage.verify import WRITERS
 from contramine.trainer.objectives import get_objective
 
 from train_helpers import read_metrics, write_profile
@@ -71,6 +72,16 @@ def test_mine_for_debcse_writes_no_negations_and_train_trains_on_what_it_wrote(s
     losses = [m["loss"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m]
     assert len(losses) == 3
     assert json.loads((out / "best" / "train_config.json").read_text())["objective"] == "debcse"
+
+    # OssCSE's export of that run: one line naming the stage that writes what it lacks, in a fresh `contramine
+    # export` process too, which has loaded no stage (was "written by a mining stage")
+    saved = dict(WRITERS)
+    WRITERS.clear()
+    try:
+        assert main(["export", "--run", "r", "--format", "osscse-triplet", "--set", f"run.root={root}"]) == 2
+    finally:
+        WRITERS.update(saved)
+    assert "it is written by the `triplets` stage" in capsys.readouterr().err
 
 
 def test_the_setting_in_a_profile_does_what_for_does(tmp_path):

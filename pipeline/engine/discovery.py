@@ -80,14 +80,14 @@ def run_order(declared: list[Stage]) -> list[Stage]:
 
 @functools.cache
 def _load(modules: tuple[str, ...]) -> dict[str, Stage]:
-    stages = {s.name: s for s in run_order([_declared(m) for m in modules])}
-    WRITERS.update({t: s.name for s in stages.values() for t in s.writes})  # the storage's errors name the writer
-    return stages
+    return {s.name: s for s in run_order([_declared(m) for m in modules])}
 
 
 def load_stages() -> dict[str, Stage]:
     """Every stage, in run order (derived from reads and writes; see the module docstring)."""
-    return _load(tuple(stage_modules(PACKAGES)))
+    stages = _load(tuple(stage_modules(PACKAGES)))
+    WRITERS.update({t: s.name for s in stages.values() for t in s.writes})  # the storage's errors name the writer
+    return stages
 
 
 def module_names() -> list[str]:
