@@ -55,14 +55,33 @@ def _writable(folder: Path) -> bool:
         return False
 
 
+# What a JSON document may hold before it is parsed: Python spends ~60 bytes on an empty `{}` and ~30 on a number, so
+# a 64 MiB file of `{},` or `0.5,` would take ~2 GB to parse; bounded so, any of them takes ~200 MB at most. The
+# files the pipeline writes hold thousands (a manifest of 1,000 shards: ~10k values).
+JSON_CONTAINERS_MAX = 1_000_000
+JSON_VALUES_MAX = 4_000_000
+
+
 def json_loads(raw: bytes | str):
-    """json.loads, where nesting too deep for the parser (100,000 `[`) is a ValueError like any other malformed JSON
-    (json.JSONDecodeError), never a RecursionError: every reader of a file it did not write itself (a manifest, a
-    sidecar, a memo record, a cache) catches ValueError and says one line."""
+    """json.loads of a file it did not write itself (a manifest, a sidecar, a memo record, a cache), where every
+    failure is a json.JSONDecodeError (a ValueError) that its reader says in one line: invalid JSON; nesting too
+    deep for the parser (100,000 `[`: never a RecursionError); more containers or values than any file of ours holds
+    (counted before the parse, which would cost far more memory than the bytes); a number of more digits than
+    Python converts (its own ValueError)."""
+    def count(c: str) -> int:
+        return raw.count(c.encode() if isinstance(raw, bytes) else c)
+
+    if count("{") + count("[") > JSON_CONTAINERS_MAX or count(",") > JSON_VALUES_MAX:
+        raise json.JSONDecodeError(f"more than {JSON_CONTAINERS_MAX:,} objects and lists or {JSON_VALUES_MAX:,} "
+                                   f"values (no file of ours holds that many)", "", 0)
     try:
         return json.loads(raw)
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply to parse", "", 0) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as e:  # a number of more than 4,300 digits (sys.get_int_max_str_digits)
+        raise json.JSONDecodeError(" ".join(str(e).split()[:8]), "", 0) from None
 
 
 def is_expected(exc: BaseException | None) -> bool:

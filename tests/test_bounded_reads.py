@@ -27,11 +27,14 @@ from test_manifest_shapes import _command, _mined
 
 # `contramine <args>` in a child that prints its own peak RSS (MiB) last: a command's memory, not the test's
 MEASURED = """
-import resource, sys
+import sys
 from contramine.flows.cli import main
 code = main(sys.argv[1:])
-print("peak_mib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, "code", code)
+hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print("peak_mib", int(hwm.split()[1]) // 1024, "code", code)
 """
+# (VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork and exec, so a child of a test
+# process that grew reported the test's peak)
 
 
 def _measured(args: list[str]) -> tuple[int, int, str, float]:
@@ -49,7 +52,7 @@ def _entries(run: Path, table: str) -> list[dict]:
 
 
 def test_a_sparse_1_gib_manifest_is_one_line_at_once(tmp_path):
-    """`sql`'s peak memory is what it takes on an intact run (its imports: ~530 MiB here), not 1.5 GB more."""
+    """`sql`'s peak memory is what it takes on an intact run (~170 MiB here), not 1.5 GB more."""
     root = tmp_path / "runs"
     run = _mined(root)
     _, intact, _, intact_s = _measured(_command("sql", root))
@@ -112,6 +115,26 @@ def test_json_nested_100000_deep_is_one_line_or_ignored(tmp_path, capsys):
     assert "Traceback" not in err and "not a manifest (invalid JSON)" in err.strip().splitlines()[-1]
     with pytest.raises(TableCorrupt, match="invalid JSON"):
         Store(run).read_shard("sentences", 0, 2)
+
+
+@pytest.mark.parametrize("pad", ["{}", "0.5", "9" * 5000], ids=["22M-empty-objects", "16M-numbers", "5000-digits"])
+def test_a_manifest_cheap_in_bytes_but_dear_to_parse_is_one_line(tmp_path, pad):
+    """Under the size limit, but 22M `{}` (~2 GB parsed, 3.5 GB in `report`), 16M numbers, or one number of more
+    digits than Python converts (its ValueError was a traceback in sql, verify, report and export): one line."""
+    root = tmp_path / "runs"
+    run = _mined(root)
+    man = run / "sentences" / MANIFEST
+    raw = man.read_text().rstrip()
+    intact = {cmd: _measured(args)[1] for cmd, args in (("sql", _command("sql", root)),
+                                                         ("verify", ["verify", "--run", "r", "--set", f"run.root={root}"]))}
+    n = 1 if len(pad) > 3 else (63 << 20) // (len(pad) + 1)
+    man.chmod(0o644)
+    man.write_text(raw[:-1] + ', "extra_pad": [' + pad + ("," + pad) * (n - 1) + "]}")
+    for args in (_command("sql", root), ["verify", "--run", "r", "--set", f"run.root={root}"]):
+        code, peak, err, _ = _measured(args)
+        assert code == 2 and "Traceback" not in err, err[-2000:]
+        assert peak < intact[args[0]] + 200, (peak, intact, err[-500:])
+        assert args[0] == "verify" or "sentences/_manifest.json" in err  # (verify names it on stdout)
 
 
 def _forged_same_size(shard: Path) -> bytes:
