@@ -69,7 +69,7 @@ def json_loads(raw: bytes | str):
     (counted before the parse, which would cost far more memory than the bytes); a number of more digits than
     Python converts (its own ValueError)."""
     def count(c: str) -> int:
-        return raw.count(c.encode() if isinstance(raw, bytes) else c)
+        return raw.count(c.encode()) if isinstance(raw, bytes) else raw.count(c)
 
     if count("{") + count("[") > JSON_CONTAINERS_MAX or count(",") > JSON_VALUES_MAX:
         raise json.JSONDecodeError(f"more than {JSON_CONTAINERS_MAX:,} objects and lists or {JSON_VALUES_MAX:,} "

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from contramine.pipeline.memo.footer import open_footer
 from contramine.pipeline.memo.packs import FORMAT, NAMESPACE, OWN, PACK, QUARANTINE, TEMP, Untrusted, namespace_facts, \
     open_pack, owner_of, own_files, read_pack, recorded_schema, schema_text, values_schema
 from contramine.pipeline.memo.store import log, quarantine, say_once
@@ -62,8 +62,9 @@ def namespaces(root: Path) -> list[NamespaceInfo]:
             try:
                 with os.fdopen(fd, "rb") as f:
                     st = os.fstat(f.fileno())
-                    rows += pq.ParquetFile(f).metadata.num_rows
-            except (OSError, pa.ArrowException):
+                    pf, _ = open_footer(f, st.st_size)  # a footer bounded before it is parsed, whoever wrote it
+                    rows += pf.metadata.num_rows if pf is not None else 0
+            except (OSError, pa.ArrowException, ValueError):
                 continue
             sizes.append(st.st_size)
             used.append(st.st_mtime)
@@ -161,27 +162,36 @@ def verify(root: Path, dry_run: bool = False, key: bytes | None = None) -> tuple
     who the filesystem says wrote it: owner uid, mtime)]). Recomputing rows needs the models and the
     rows' inputs, which a pack does not hold: a run does that (`runner.memo_verify = 1` on a new run name)."""
     checked, bad = 0, []
-    for ns in namespaces(root):
-        facts = namespace_facts(ns.path)
-        if facts.get("format") != FORMAT:  # an older version's namespace: never read now, pruned once unreferenced
-            log.info(f"memo: {ns.path} is of an older memo format: not read by this version, not verified "
+    # every folder that holds packs: also one whose `_namespace.json` is gone, forged or not this user's (a lookup
+    # reads its packs all the same, so a verify that skipped it would say "none failed" over a forged pack)
+    listed = {ns.path: ns.pack_files for ns in namespaces(root)}
+    for folder in sorted({p.parent for p in Path(root).glob("*/*/*.parquet")} - set(listed)):
+        if folder.parent.name != QUARANTINE and not folder.is_symlink() and not folder.parent.is_symlink():
+            listed[folder] = own_files(folder, PACK)
+    for folder, pack_files in listed.items():
+        facts = namespace_facts(folder, key)
+        if facts and facts.get("format") != FORMAT:  # an older version's namespace: never read now, pruned later
+            log.info(f"memo: {folder} is of an older memo format: not read by this version, not verified "
                      f"(`contramine cache --unreferenced` removes it once no run names it)")
             continue
-        expected = recorded_schema(ns.path)
-        if expected is None:  # no record: the schema most packs have
+        expected = recorded_schema(folder, key)
+        if expected is None:  # no record of ours: the schema most packs have
             seen: dict[str, int] = {}
-            for p in ns.pack_files:
+            for p in pack_files:
                 fd, _ = open_pack(p)
                 if fd is None:
                     continue
                 try:
                     with os.fdopen(fd, "rb") as f:
-                        text = schema_text(values_schema(pq.read_schema(f)))
-                except (OSError, pa.ArrowException):
+                        pf, _ = open_footer(f, os.fstat(f.fileno()).st_size)  # bounded before it is parsed
+                        if pf is None:
+                            continue
+                        text = schema_text(values_schema(pf.schema_arrow))
+                except (OSError, pa.ArrowException, ValueError):
                     continue
                 seen[text] = seen.get(text, 0) + 1
             expected = max(seen, key=seen.get) if seen else None  # type: ignore[arg-type]  # each key is in seen
-        for p in ns.pack_files:
+        for p in pack_files:
             checked += 1
             table, st, problem = read_pack(p, expected, key)
             if problem is None:

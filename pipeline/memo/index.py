@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from contramine.pipeline.memo.packs import PACK, file_signature, footer_problem, name_problem, open_pack, \
+from contramine.pipeline.memo.footer import open_footer
+from contramine.pipeline.memo.packs import PACK, file_signature, name_problem, open_pack, \
     pack_problem, pack_record, trust_problem
 from contramine.pipeline.memo.store import say_once
 
@@ -120,16 +120,14 @@ def index_new_packs(index: NamespaceIndex, folder: Path, expected: str | None, k
             problem: str | None = trust_problem(st, key)
             record = None
             try:
-                if problem is None:
-                    pf = pq.ParquetFile(f, page_checksum_verification=True)
-                    problem = footer_problem(pf.metadata, st.st_size)
-                if problem is None:
+                pf, problem = open_footer(f, st.st_size) if problem is None else (None, problem)  # footer.py
+                if pf is not None:
                     problem, record = pack_problem(pf.schema_arrow, expected), pack_record(pf.schema_arrow)
-                keys = pf.read(columns=["key"]).column("key").combine_chunks() if problem is None else None
+                keys = pf.read(columns=["key"]).column("key").combine_chunks() if pf and problem is None else None
                 if keys is not None:  # read: the pack's name must be the hash of its keys
                     problem = name_problem(path, keys.buffers()[1].to_pybytes()[16 * keys.offset:
                                                                                 16 * (keys.offset + len(keys))])
-            except (OSError, pa.ArrowException) as e:
+            except (OSError, pa.ArrowException, ValueError, IndexError) as e:
                 problem, record = f"does not read ({type(e).__name__}: {e})", None
         if problem is not None:
             bad.append((path, problem, record, st))

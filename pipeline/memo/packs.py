@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from contramine.pipeline.errors import json_loads
-from contramine.pipeline.storage.safe_paths import UnsafePath, kind_of, open_regular, read_regular
+from contramine.pipeline.memo.footer import open_footer, read_values
+from contramine.pipeline.storage.safe_paths import UnsafePath, kind_of, open_regular
 
 # 2: packs carry their writer and values hash; 3: the MAC covers namespace, pack name and keys, the record names its
 # namespace, keys are written plain and uncompressed. In every namespace's facts, so an older format is never read.
@@ -164,30 +164,6 @@ def trust_problem(st: os.stat_result, key: bytes | None) -> Untrusted | None:
     return None
 
 
-def footer_problem(meta: pq.FileMetaData, size: int) -> str | None:
-    """Why a pack's footer (read before any column is decoded) promises more than its bytes hold, or None: every key
-    is 16 bytes, written plain and uncompressed (write_pack), so the key column's chunks hold at least 16 bytes a
-    row and the rows fit the file. A dictionary-encoded or compressed key column (228 KiB claiming 30M rows would
-    decode to 480 MB and more) is refused here."""
-    if meta.num_rows < 0 or meta.num_rows * 16 > size:
-        return f"claims {meta.num_rows:,} rows in {size:,} bytes (a key alone is 16 bytes)"
-    if meta.num_columns < 1:
-        return "no columns"
-    for g in range(meta.num_row_groups):
-        group = meta.row_group(g)
-        col = group.column(0)
-        if col.path_in_schema != "key":
-            return "no key column first"
-        if col.has_dictionary_page or any("DICTIONARY" in e for e in col.encodings):
-            return "a dictionary-encoded key column (this memo writes keys plain)"
-        if col.compression != "UNCOMPRESSED":
-            return f"a {col.compression}-compressed key column (this memo writes keys uncompressed)"
-        if col.total_compressed_size < 16 * group.num_rows:
-            return (f"a key column of {col.total_compressed_size:,} bytes for {group.num_rows:,} rows of 16-byte "
-                    f"keys")
-    return None
-
-
 def schema_text(schema: pa.Schema) -> str:
     """A value schema as one comparable line: names and types, no metadata, no list item names (Parquet reads a
     list<item> back as list<element>: the same values)."""
@@ -271,23 +247,51 @@ def own_files(folder: Path, pattern: re.Pattern) -> list[Path]:
         return []
 
 
-def recorded_schema(folder: Path) -> str | None:
-    """The value schema a namespace folder's `_namespace.json` records, or None (no such plain file, or unreadable:
-    a link, a FIFO or a device there is never opened for long, safe_paths.open_regular)."""
-    try:
-        recorded = json_loads(read_regular(folder / NAMESPACE, limit=1 << 20)).get("values")
-        return recorded if isinstance(recorded, str) else None
-    except (OSError, ValueError, AttributeError, UnsafePath):  # ValueError: also JSON nested too deep
-        return None
+def namespace_mac(key: bytes, folder: Path, record: dict) -> str:
+    """The team key's HMAC of what a namespace folder's `_namespace.json` records, bound to the folder's name."""
+    body = json.dumps({k: record.get(k) for k in ("stage", "memo", "facts", "values")}, sort_keys=True)
+    bound = f"contramine.memo/{FORMAT}/namespace\0{Path(folder).parent.name}/{Path(folder).name}\0{body}"
+    return hmac.new(key, bound.encode(), hashlib.sha256).hexdigest()
 
 
-def namespace_facts(folder: Path) -> dict:
-    """The facts `_namespace.json` records ({} when it is no plain file or does not parse)."""
+def namespace_record(folder: Path, key: bytes | None = None) -> dict:
+    """What a namespace folder's `_namespace.json` records, or {}: no such plain file, unreadable (a link, a FIFO or
+    a device there is never opened for long, safe_paths.open_regular), or neither this user's own file that no one
+    else may write nor vouched for by the team `key` (its `mac`). Another account's, trusted as it was, could
+    record any value schema, and every keyed run then quarantined the honest packs: the packs decide then."""
     try:
-        facts = json_loads(read_regular(folder / NAMESPACE, limit=1 << 20)).get("facts")
-        return facts if isinstance(facts, dict) else {}
-    except (OSError, ValueError, AttributeError, UnsafePath):
+        with os.fdopen(open_regular(folder / NAMESPACE), "rb") as f:
+            st = os.fstat(f.fileno())
+            record = json_loads(f.read(1 << 20))
+        if not isinstance(record, dict):
+            return {}
+        if st.st_uid == os.getuid() and not st.st_mode & 0o022:
+            return record
+        mac = record.get("mac")
+        return record if key and isinstance(mac, str) and hmac.compare_digest(mac, namespace_mac(key, folder,
+                                                                                                 record)) else {}
+    except (OSError, ValueError, UnsafePath):  # ValueError: also JSON nested too deep
         return {}
+
+
+def recorded_schema(folder: Path, key: bytes | None = None) -> str | None:
+    """The value schema a namespace folder's `_namespace.json` records (namespace_record); with the team `key` and
+    no record to trust, the schema of its first pack whose MAC holds (a colleague's namespace of an older memo,
+    written before its record was keyed); else None."""
+    recorded = namespace_record(folder, key).get("values")
+    if isinstance(recorded, str) or not key:
+        return recorded if isinstance(recorded, str) else None
+    for pack in own_files(folder, PACK):
+        table, _, problem = read_pack(pack, None, key)
+        if table is not None and problem is None:
+            return schema_text(values_schema(table.schema))
+    return None
+
+
+def namespace_facts(folder: Path, key: bytes | None = None) -> dict:
+    """The facts `_namespace.json` records (namespace_record), or {}."""
+    facts = namespace_record(folder, key).get("facts")
+    return facts if isinstance(facts, dict) else {}
 
 
 def open_pack(path: Path) -> tuple[int | None, str | None]:
@@ -318,16 +322,12 @@ def read_pack(path: Path, expected: str | None, key: bytes | None = None
         st = os.fstat(f.fileno())
         if (untrusted := trust_problem(st, key)) is not None:
             return None, st, untrusted
-        try:
-            # on this thread only (a pack is small): no CPU pool, and no IO pool pre-buffering reads of a Python
-            # file object: an Arrow thread still reading one when a short command exits aborts the process
-            # ("terminate called without an active exception", apache/arrow#34314)
-            pf = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=False)
-            if (problem := footer_problem(pf.metadata, st.st_size)) is not None:
-                return None, st, problem
-            table = pf.read(use_threads=False)
-        except (OSError, pa.ArrowException) as e:
-            return None, st, f"does not read ({type(e).__name__}: {e})"
+        pf, problem = open_footer(f, st.st_size)  # footer.py: bounded before it is parsed, then its promises
+        if pf is None:
+            return None, st, problem
+        table, problem = read_values(f, pf, st.st_size)  # and what its columns decode to, before they are decoded
+        if table is None:
+            return None, st, problem
     problem = (pack_problem(table.schema, expected) or name_problem(path, key_bytes(table)) or
                values_problem(table, key, path))
     return table, st, problem

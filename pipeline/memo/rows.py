@@ -138,7 +138,7 @@ class RowMemo:
         if schema is not None:
             self._schema = schema_text(schema)
         elif self._schema is None:
-            self._schema = recorded_schema(self.dir)
+            self._schema = recorded_schema(self.dir, self.key)
         return self._schema
 
     def _refuse(self, index: NamespaceIndex, path: Path, why: str, st: os.stat_result | None = None):

@@ -15,7 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contramine.pipeline.storage.atomic import atomic_file, atomic_write_json
-from contramine.pipeline.memo.packs import FORMAT, KEY, NAMESPACE, QUARANTINE, RECORD, mac_binding, namespace_of, \
+from contramine.pipeline.memo.packs import FORMAT, KEY, NAMESPACE, QUARANTINE, RECORD, mac_binding, namespace_mac, \
+    namespace_of, \
     pack_name, schema_text, values_hashes, writer_record
 from contramine.pipeline.storage.safe_paths import UnsafePath, make_dirs, open_folder
 
@@ -86,7 +87,7 @@ def quarantine(root: Path, pack: Path) -> Path | None:
 def write_pack_file(table: pa.Table, where) -> None:
     """A pack's Parquet bytes (its `key` column first, then the values) at `where`, with page checksums. Vectors
     (fixed-size binary) do not compress: written plain, they write and read at disk speed. Keys are always plain
-    and uncompressed: a reader checks from the footer alone that they hold 16 bytes a row (packs.footer_problem)."""
+    and uncompressed: a reader checks from the footer alone that they hold 16 bytes a row (footer.footer_problem)."""
     values = [c for c in table.column_names if c != "key"]
     raw = all(pa.types.is_fixed_size_binary(table.schema.field(c).type) for c in values)
     codecs = {"key": "none", **{c: "none" if raw else "zstd" for c in values}}
@@ -114,8 +115,10 @@ def write_pack(root: Path, folder: Path, stage: str, memo: str, facts: dict, key
     try:
         make_dirs(root, folder)
         if not (folder / NAMESPACE).is_file():
-            atomic_write_json(folder / NAMESPACE, {"stage": stage, "memo": memo, "facts": facts,
-                                                   "values": schema_text(values.schema)}, root=root, mode=0o444)
+            ns = {"stage": stage, "memo": memo, "facts": facts, "values": schema_text(values.schema)}
+            # keyed too: a colleague with the key trusts it, and no account without the key can forge one
+            atomic_write_json(folder / NAMESPACE, {**ns, **({"mac": namespace_mac(key, folder, ns)} if key else {})},
+                              root=root, mode=0o444)
         # written in the namespace folder as opened from the memo root (no link on the way is followed); a link
         # in the pack's place is replaced by the rename, never followed
         with atomic_file(folder / name, root=root, mode=0o444) as tmp:  # read-only: nobody edits a pack in place

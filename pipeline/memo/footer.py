@@ -1,0 +1,110 @@
+"""What a memo pack may cost before its hashes can be checked: a pack is read from a folder others may write, so its
+footer is bounded before it is parsed, and what its columns decode to before they are decoded.
+
+- The footer: at most FOOTER_MAX bytes (a pack's is a few KiB), read only when the file's last 8 bytes say so. A
+  sparse 5 GiB file whose footer length says 4 GB, or a real one of 450,000 row groups, is refused at once.
+- The footer's promises: every key is 16 bytes, written plain and uncompressed (store.write_pack_file), so the key
+  column's chunks hold at least 16 bytes a row and the rows fit the file; every row group has every column; the
+  column chunks decompress to at most `decoded_limit(size)`.
+- Dictionary pages: a text column may be dictionary-encoded (the memo writes them so), and one 64 MiB value that 64
+  rows point at decodes to 4 GiB from a pack of 4 KB. Such columns are read as dictionaries, their decoded size is
+  counted from the dictionary's lengths and the indices, and only a pack within the limit is decoded.
+Each is a reason (one line; the caller quarantines the pack, naming its owner), never an exception."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+FOOTER_MAX = 1 << 20
+DECODED_FLOOR = 128 << 20  # what any pack may decode to; more only in proportion to its bytes:
+DECODED_RATIO = 32         # zstd makes text 3-5x smaller, and a repeated value (a chain's name) more
+
+
+def decoded_limit(size: int) -> int:
+    return max(DECODED_FLOOR, DECODED_RATIO * size)
+
+
+def open_footer(f, size: int) -> tuple[pq.ParquetFile | None, str | None]:
+    """(the pack's ParquetFile, None) once its footer is checked (module doc), or (None, why not). `f`: the pack's
+    file as opened, `size` its fstat size."""
+    if size < 12:
+        return None, f"{size} bytes: no Parquet footer"
+    tail = os.pread(f.fileno(), 8, size - 8)
+    if len(tail) != 8 or tail[4:] != b"PAR1":
+        return None, "no Parquet footer at its end (cut short, or not a pack)"
+    n = int.from_bytes(tail[:4], "little")
+    if n > FOOTER_MAX or n + 12 > size:
+        return None, f"a footer of {n:,} bytes in {size:,} (a pack's is a few KiB; at most {FOOTER_MAX:,} are read)"
+    try:
+        # on this thread only (a pack is small): no IO pool pre-buffering reads of a Python file object (an Arrow
+        # thread still reading one when a short command exits aborts the process, apache/arrow#34314)
+        pf = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=False)
+        problem = footer_problem(pf.metadata, size)
+    except (OSError, pa.ArrowException, ValueError, IndexError) as e:
+        return None, f"does not read ({type(e).__name__}: {e})"
+    return (None, problem) if problem is not None else (pf, None)
+
+
+def footer_problem(meta: pq.FileMetaData, size: int) -> str | None:
+    """Why a pack's footer promises more than its bytes hold (module doc), or None. A dictionary-encoded or
+    compressed key column (228 KiB claiming 30M rows would decode to 480 MB and more) is refused here."""
+    if meta.num_rows < 0 or meta.num_rows * 16 > size:
+        return f"claims {meta.num_rows:,} rows in {size:,} bytes (a key alone is 16 bytes)"
+    if meta.num_columns < 1:
+        return "no columns"
+    inflated = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        if group.num_columns != meta.num_columns:
+            return f"a row group of {group.num_columns} columns where its schema has {meta.num_columns}"
+        col = group.column(0)
+        if col.path_in_schema != "key":
+            return "no key column first"
+        if col.has_dictionary_page or any("DICTIONARY" in e for e in col.encodings):
+            return "a dictionary-encoded key column (this memo writes keys plain)"
+        if col.compression != "UNCOMPRESSED":
+            return f"a {col.compression}-compressed key column (this memo writes keys uncompressed)"
+        if col.total_compressed_size < 16 * group.num_rows:
+            return (f"a key column of {col.total_compressed_size:,} bytes for {group.num_rows:,} rows of 16-byte "
+                    f"keys")
+        inflated += sum(max(group.column(i).total_uncompressed_size, 0) for i in range(group.num_columns))
+    if inflated > decoded_limit(size):
+        return f"columns that decompress to {inflated:,} bytes from {size:,} (at most {decoded_limit(size):,})"
+    return None
+
+
+def read_values(f, pf: pq.ParquetFile, size: int) -> tuple[pa.Table | None, str | None]:
+    """(the whole pack, None), or (None, why it is not decoded): its dictionary-encoded text columns are read as
+    dictionaries first and decoded only when what they decode to is within `decoded_limit(size)`."""
+    meta, schema = pf.metadata, pf.schema_arrow
+    texts = {n for n in schema.names if pa.types.is_string(schema.field(n).type) or
+             pa.types.is_binary(schema.field(n).type)}
+    encoded = sorted({meta.row_group(g).column(i).path_in_schema for g in range(meta.num_row_groups)
+                      for i in range(meta.num_columns)
+                      if meta.row_group(g).column(i).has_dictionary_page} & texts)
+    try:
+        if encoded:
+            pf = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=False, read_dictionary=encoded)
+        table = pf.read(use_threads=False)
+        if not encoded:
+            return table, None
+        decoded = sum(_decoded_bytes(chunk) for name in encoded for chunk in table.column(name).chunks)
+        if decoded > decoded_limit(size):
+            return None, (f"dictionary-encoded values that decode to {decoded:,} bytes from {size:,} (at most "
+                          f"{decoded_limit(size):,})")
+        return table.cast(pa.schema([schema.field(n) for n in table.column_names], metadata=table.schema.metadata)), None
+    except (OSError, pa.ArrowException, ValueError, IndexError) as e:
+        return None, f"does not read ({type(e).__name__}: {e})"
+
+
+def _decoded_bytes(chunk: pa.Array) -> int:
+    if not isinstance(chunk, pa.DictionaryArray):
+        return chunk.nbytes
+    lengths = pc.fill_null(pc.binary_length(chunk.dictionary), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if not len(lengths):
+        return 0
+    return int(lengths[pc.fill_null(chunk.indices, 0).to_numpy(zero_copy_only=False)].sum())
