@@ -271,7 +271,7 @@ class RunTables:
                 if say:
                     _say_once(self.dir, table, self.refused[table])
                 continue
-            con.execute(f'CREATE VIEW "{table}" AS SELECT * FROM {source}')
+            con.execute(f'CREATE TEMP VIEW "{table}" AS SELECT * FROM {source}')
         return con
 
 
