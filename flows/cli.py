@@ -164,9 +164,7 @@ class QueryFailed(ExpectedError, RuntimeError):
 
 
 def cmd_sql(args, cfg: Config) -> None:
-    import duckdb
-
-    from .sql import open_run, query_error, repl
+    from .sql import open_run, repl, run_query
 
     if args.query is not None and not args.query.strip():  # `-q ""` asks for a query, not the shell
         raise QueryFailed("sql: the query is empty: give --query one SQL statement, or leave --query out for the "
@@ -176,12 +174,8 @@ def cmd_sql(args, cfg: Config) -> None:
     except FileNotFoundError as e:
         raise InputMissing(str(e)) from None
     if args.query is not None:
-        try:
-            rel = con.sql(args.query)
-            if rel is not None:
-                rel.show(max_rows=args.max_rows, max_width=200)
-        except duckdb.Error as e:
-            raise QueryFailed(query_error(e, refused)) from None
+        if (why := run_query(con, args.query, refused, args.max_rows)) is not None:
+            raise QueryFailed(why)
         for line in refused.values():  # the query did not need them: each said once, after its answer
             print(f"warning: {line}", file=sys.stderr)
     else:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import duckdb
 
+from contramine.pipeline.storage.served import changed_since_checked
 from contramine.pipeline.storage.tables import RunTables
 
 
@@ -32,6 +33,28 @@ def query_error(e: duckdb.Error, refused: dict[str, str]) -> str:
     return f"sql: {text}"
 
 
+def changed_line(con: duckdb.DuckDBPyConnection) -> str | None:
+    """One line when a file the connection's views read has changed since it was checked (a rewrite in place by
+    whoever may write it: DuckDB reads the files again at every query), else None."""
+    path = changed_since_checked(con)
+    return None if path is None else (f"sql: {path} changed since it was checked when this connection opened: its "
+                                      f"answer is not served; run `sql` again (it checks the files anew)")
+
+
+def run_query(con: duckdb.DuckDBPyConnection, query: str, refused: dict[str, str], max_rows: int) -> str | None:
+    """Run and show one query; None, or the one line that says why it was not answered (or, where a file changed
+    while it ran, why its answer above is not to be trusted)."""
+    if (line := changed_line(con)) is not None:
+        return line
+    try:
+        rel = con.sql(query)
+        if rel is not None:
+            rel.show(max_rows=max_rows, max_width=200)
+    except duckdb.Error as e:
+        return query_error(e, refused)
+    return changed_line(con)
+
+
 def repl(con: duckdb.DuckDBPyConnection, run_dir: Path, refused: dict[str, str] | None = None) -> None:
     views = [r[0] for r in con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY 1").fetchall()]
     print(f"DuckDB over {run_dir}: views {', '.join(views)}. End a query with ';', quit with Ctrl-D or .quit")
@@ -46,10 +69,6 @@ def repl(con: duckdb.DuckDBPyConnection, run_dir: Path, refused: dict[str, str] 
             return
         buf += line + "\n"
         if buf.strip().endswith(";"):
-            try:
-                rel = con.sql(buf)
-                if rel is not None:
-                    rel.show(max_rows=40, max_width=200)
-            except duckdb.Error as e:
-                print(f"error: {query_error(e, refused or {})}", file=sys.stderr)
+            if (why := run_query(con, buf, refused or {}, 40)) is not None:
+                print(f"error: {why}", file=sys.stderr)
             buf = ""

@@ -182,3 +182,44 @@ def test_embeddings_are_float_arrays_in_sql_whether_held_or_in_memory(tmp_path, 
     monkeypatch.setattr("contramine.pipeline.storage.tables.room_for", lambda n: False)
     assert RunTables(run).connect(say=False).sql("SELECT typeof(emb), list_sum(emb::FLOAT[]) FROM embeddings "
                                                  "ORDER BY sid").fetchall() == held
+
+
+def test_a_cursor_or_a_database_file_never_reads_through_descriptors_it_does_not_hold(tmp_path):
+    """The views are the connection's own (TEMP): a cursor of it, which outlives the connection object whose
+    descriptors close when it goes, sees no view (it read another run's files through the reused descriptor
+    numbers), and a database file given to `connect` keeps no view over this process' /proc/self/fd paths."""
+    import duckdb
+
+    run = _mined(tmp_path / "runs")
+    cur = RunTables(run).connect(say=False).cursor()
+    gc.collect()
+    other = RunTables(_mined(tmp_path / "other")).connect(say=False)
+    with pytest.raises(duckdb.CatalogException, match="sentences"):
+        cur.sql(FIRST).fetchall()
+    db = tmp_path / "x.duckdb"
+    RunTables(run).connect(duckdb.connect(str(db)), say=False).close()
+    assert duckdb.connect(str(db)).sql("SELECT count(*) FROM duckdb_views() WHERE NOT internal").fetchall() == [(0,)]
+    assert other.sql("SELECT count(*) FROM sentences").fetchall() == [(12,)]
+
+
+def test_an_open_sql_connection_never_answers_from_a_shard_rewritten_in_place(tmp_path, monkeypatch, capsys):
+    """A rewrite of the very file (its owner made it writable; DuckDB reads the files again at every query): the
+    query is one line, not the rewritten rows; and a shard others may write is refused, by `verify` too."""
+    from contramine.flows import sql
+
+    root = tmp_path / "runs"
+    run = _mined(root)
+    con, refused = open_run(run)
+    shard = _shard(run)
+    assert sql.run_query(con, FIRST, refused, 5) is None
+    forged = _forged_same_size(shard)
+    shard.chmod(0o644)
+    shard.write_bytes(forged)  # the same inode
+    capsys.readouterr()
+    why = sql.run_query(con, FIRST, refused, 5)
+    assert why is not None and f"{shard} changed since it was checked" in why and "forged" not in capsys.readouterr().out
+    shard.chmod(0o666)
+    assert main(_command("sql", root)) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{shard.name} may be written by others (mode 0666)" in err, err
+    assert main(["verify", "--run", "r", "--set", f"run.root={root}"]) == 2

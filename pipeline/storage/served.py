@@ -16,6 +16,7 @@ that is short the caller reads the table into memory shard by shard, each from i
 from __future__ import annotations
 
 import os
+import weakref
 from pathlib import Path
 
 import pyarrow as pa
@@ -74,11 +75,34 @@ def close_all(fds: list[int]) -> None:
             pass
 
 
-def hold_for(owner: object, fds: list[int]) -> None:
-    """Keep `fds` open as long as `owner` (a DuckDB connection) lives, and close them when it goes."""
-    import weakref
+_HELD: "weakref.WeakKeyDictionary[object, list[tuple[int, Path, tuple]]]" = weakref.WeakKeyDictionary()
 
+
+def _stamp(fd: int) -> tuple:
+    st = os.fstat(fd)
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def hold_for(owner: object, fds: list[int], paths: list[Path] | None = None) -> None:
+    """Keep `fds` open as long as `owner` (a DuckDB connection) lives, and close them when it goes; remember what
+    each file was when it was checked (size, mtime, ctime), for `changed_since_checked`."""
     weakref.finalize(owner, close_all, list(fds))
+    held = _HELD.setdefault(owner, [])
+    for i, fd in enumerate(fds):
+        held.append((fd, paths[i] if paths else Path(f"{PROC}/{fd}"), _stamp(fd)))
+
+
+def changed_since_checked(owner: object) -> Path | None:
+    """The first file `owner` holds whose bytes may have changed since they were checked (its size, mtime or ctime
+    moved: a rewrite in place by whoever may write it), or None. DuckDB reads a view's files again at every query:
+    `sql` asks this before and after each one, so a query never answers from bytes that were not checked."""
+    for fd, path, stamp in _HELD.get(owner, ()):
+        try:
+            if _stamp(fd) != stamp:
+                return path
+        except OSError:
+            return path
+    return None
 
 
 def _in_use() -> int:

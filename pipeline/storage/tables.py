@@ -237,7 +237,7 @@ class RunTables:
         many open, the table read into memory from its checked descriptors and registered. `emb` back to FLOAT[d]."""
         if room_for(len(self._committed(table) or [])):
             paths, fds = self.held(table)
-            hold_for(con, fds)
+            hold_for(con, fds, paths)
             named = [fd_path(fd, p) for p, fd in zip(paths, fds)]
             source = "read_parquet([" + ", ".join("'" + f.replace("'", "''") + "'" for f in named) + "])"
             emb = pq.read_schema(named[0]).field("emb").type if table == "embeddings" else None

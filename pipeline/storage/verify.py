@@ -173,6 +173,9 @@ class Verified:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return "is not a plain file"
+        if st.st_mode & 0o022:  # every commit writes 0444: a file others may write can change after its check
+            return (f"may be written by others (mode {stat.S_IMODE(st.st_mode):04o}), so what is checked is not "
+                    f"what is read: `chmod go-w` it if you trust its writers")
         if not expected:
             return None
         if size is not None and st.st_size != size:
