@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 
 from . import env  # Prefect settings before Prefect
-from contramine.pipeline.arguments import days, whole_number
+from contramine.pipeline.arguments import ArgumentParser, days, whole_number
 from contramine.pipeline.config import Config, ConfigError, configure, secrets_to_environment, split_overrides
-from contramine.pipeline.errors import ExpectedError, unwritable
+from contramine.pipeline.errors import ExpectedError, printable, unwritable
 from contramine.pipeline.hints import command, no_such_run
 
 from .help import COMMANDS, DELEGATED, DESCRIPTION, EXAMPLES
@@ -237,7 +237,7 @@ def run_delegated(name: str, rest: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # allow_abbrev=False on every parser: argparse took `--for debcse` as `--force debcse`, an abbreviation
-    p = argparse.ArgumentParser(prog="contramine", description=DESCRIPTION, epilog=EXAMPLES, allow_abbrev=False,
+    p = ArgumentParser(prog="contramine", description=DESCRIPTION, epilog=EXAMPLES, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for name, (what, example) in COMMANDS.items():
@@ -340,7 +340,7 @@ def say_last(line: str) -> None:
     hooks run last-registered first, so it runs after Prefect's. Otherwise (a configured server, the user's or the
     tests' harness, logs nothing at exit; an in-process call returns first) it is printed now. Control characters
     (a corpus file named with terminal escapes) are shown as Python writes them in a string, never sent raw."""
-    line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in line)
+    line = printable(line)
     if __name__ == "__main__" and "prefect.server.api.server" in sys.modules:
         from prefect.settings import PREFECT_API_URL
 

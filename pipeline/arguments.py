@@ -7,6 +7,19 @@ import argparse
 import math
 from typing import Callable
 
+from contramine.pipeline.errors import printable
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's, without abbreviations (`--for debcse` was taken as `--force debcse`), its error line written
+    with control characters escaped (an unrecognised argument that holds terminal escapes reached the terminal)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+    def error(self, message: str):  # type: ignore[override]
+        super().error(printable(message))
+
 
 def whole_number(minimum: int) -> Callable[[str], int]:
     """A type for an int option that must be >= `minimum`."""

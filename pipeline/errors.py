@@ -84,6 +84,12 @@ def json_loads(raw: bytes | str):
         raise json.JSONDecodeError(" ".join(str(e).split()[:8]), "", 0) from None
 
 
+def printable(text: str) -> str:
+    """`text` with its control characters (a corpus file named with terminal escapes) as Python writes them in a
+    string, never sent raw to a terminal."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def is_expected(exc: BaseException | None) -> bool:
     """Whether `exc` is one of the errors the CLI reports as one line (no traceback wanted)."""
     return isinstance(exc, ExpectedError)

@@ -20,6 +20,7 @@ import stat
 from pathlib import Path
 
 from contramine.pipeline.corpus.forms import form_of, names
+from contramine.pipeline.errors import printable
 from contramine.pipeline.corpus.records import CorpusError, Part
 from contramine.pipeline.corpus.streams import kind_of
 
@@ -48,10 +49,12 @@ def _parts_below(base: Path, paths: list[Path], what: str, outside_links: bool) 
             if os.path.islink(path):  # a dangling link: nothing to read, but never silently (once a process: a
                 if (what, name) not in _WARNED:  # run lists its corpus for the check, the key and the reading)
                     _WARNED.add((what, name))
-                    log.warning("corpus %s: skipped %s, a link to %s, which does not exist", what, name,
-                                os.readlink(path))
+                    log.warning("corpus %s: skipped %s, a link to %s, which does not exist", printable(what),
+                                printable(name), printable(os.readlink(path)))
                 continue
             raise CorpusError(f"corpus {what}: {path} vanished while the corpus was listed") from None
+        except OSError as e:  # a link to itself (ELOOP), a folder it may not read: one line naming it
+            raise CorpusError(f"corpus {what}: {name}: cannot read it ({e.strerror})") from None
         if stat.S_ISDIR(mode):
             continue  # a glob matched a folder: its files are matched on their own
         real = os.path.realpath(path)
@@ -70,12 +73,20 @@ def _parts_below(base: Path, paths: list[Path], what: str, outside_links: bool) 
     return parts
 
 
+GLOB_DEPTH = 32  # folders below a glob's fixed head that `**` may descend
+
+
 def find_parts(spec: str, outside_links: bool = False) -> list[Part]:
     """The files of a local corpus, in reading order."""
     if any(c in spec for c in "*?["):
         head = re.split(r"[*?\[]", spec, maxsplit=1)[0]
         base = Path(head if head.endswith(os.sep) else os.path.dirname(head) or ".")
-        found = [Path(p) for p in glob.glob(spec, recursive=True)]
+        found = []
+        for p in glob.iglob(spec, recursive=True):  # `**` follows links to folders: a link to `.` never ends
+            if len(Path(p).parts) - len(base.parts) > GLOB_DEPTH:
+                raise CorpusError(f"corpus glob {spec}: it goes more than {GLOB_DEPTH} folders below {base} (at "
+                                  f"{p}): a link to a folder above it? Remove the link, or name the parts")
+            found.append(Path(p))
         return _parts_below(base, found, f"glob {spec}", outside_links)
     path = Path(spec)
     try:

@@ -9,8 +9,10 @@ page (pipeline/markdown.py): a sentence that holds Markdown or HTML reads as the
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
+
+from contramine.pipeline.arguments import ArgumentParser
+from contramine.pipeline.errors import printable
 
 from contramine.pipeline.storage.atomic import atomic_write_bytes
 from contramine.pipeline.storage.lock import RunBusy, run_lock
@@ -80,7 +82,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None, seed: int = 0) -> P
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m contramine.pipeline.report", description=DESCRIPTION, allow_abbrev=False)
+    ap = ArgumentParser(prog="python -m contramine.pipeline.report", description=DESCRIPTION)
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--out", type=Path, default=None, help="output folder (default RUN_DIR/report)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random-pair and example samples")
@@ -90,5 +92,5 @@ def main(argv: list[str] | None = None) -> None:
     try:
         print(write_report(a.run_dir, a.out, a.seed))
     except (UnsafePath, RunBusy) as e:  # a link in the run folder, a report being written: one line, as `make report`
-        ap.exit(2, f"error: {e}\n")
+        ap.exit(2, f"error: {printable(str(e))}\n")
 
