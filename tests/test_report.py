@@ -248,3 +248,21 @@ def test_the_mines_headline_does_not_load_the_plotting_library():
              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_hand_edited_settings_and_timeline_records_are_left_out_not_a_traceback(tmp_path):
+    """A manifest's `config` band as lists ([1, 2]) and timeline jobs with a string `began`, or none: the report is
+    written without them (was a TypeError in matplotlib's axvspan, and in the timeline's min())."""
+    run = tmp_path / "edited"
+    _write(run, "sentences", [{"sid": 0, "text": "a b c d", "n_words": 4, "line_no": 0}], "sentences", 0.1)
+    _write(run, "neighbours", [{"sid": 0, "cand_sid": 0, "cos": 0.5, "rank": 0}], "neighbours", 0.1,
+           {"neighbours": {"lo": [1, 2], "hi": [1, 2]}})
+    man = run / "sentences" / "_manifest.json"
+    record = json.loads(man.read_text())
+    record["timeline"] = {"jobs": [{"job": 0, "began": "x", "ended": 1.0}, {"job": 1, "ended": 2.0},
+                                   {"job": 2, "began": 1.0, "ended": 3.0, "worker": "w"}]}
+    man.write_text(json.dumps(record))
+    md = write_report(run).read_text()
+    assert "negative band" not in md and (run / "report" / "index.md").is_file()
+    from contramine.pipeline.report.timeline import run_timeline
+    assert [(s.job, s.ended - s.began) for s in run_timeline(run).spans] == [(2, 2.0)]

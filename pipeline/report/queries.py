@@ -2,6 +2,8 @@
 report's sections plot. Pure reads: nothing here writes."""
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 
 import duckdb
@@ -60,6 +62,12 @@ class Run:
             if hit is not None:
                 return hit
         return None
+
+
+    def number(self, key: str, prefer: tuple[str, ...] = ()) -> float | None:
+        """`cfg`, where it is a finite number (a hand-edited manifest's list or string there is not drawn)."""
+        v = self.cfg(key, prefer)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
 def _find(tree, key: str):

@@ -88,7 +88,7 @@ def section_cosine(run: Run, out: Path, seed: int) -> list[str]:
         md.append(f"- embeddings (random pairs): {ABSENT}")
     if md[-1]:  # a list above: a blank line, or Markdown reads the table as the list's last item
         md.append("")
-    lo, hi = run.cfg("lo", ("neighbours", "candidates")), run.cfg("hi", ("neighbours", "candidates"))
+    lo, hi = run.number("lo", ("neighbours", "candidates")), run.number("hi", ("neighbours", "candidates"))
     rows = [[k, len(v), float(v.mean()) if len(v) else "—", float(np.median(v)) if len(v) else "—"]
             for k, v in series.items()]
     md += table(["pairs", "n", "mean cos", "median cos"], rows)
@@ -189,7 +189,7 @@ def _triplet_mer(run: Run, out: Path, seed: int) -> list[str]:
            + (f"; max |recomputed MER − para_mer| = {max(drift):.4f}." if drift else "."), ""]
     if not (para or neg):
         return md
-    lo, hi = run.cfg("mer_lo", ("paraphrases", "triplets")), run.cfg("mer_hi", ("paraphrases", "triplets"))
+    lo, hi = run.number("mer_lo", ("paraphrases", "triplets")), run.number("mer_hi", ("paraphrases", "triplets"))
 
     def draw(ax):
         bins = np.linspace(0, 1, 41)

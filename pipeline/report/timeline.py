@@ -3,10 +3,19 @@ manifests (the runner records every job: pipeline/engine/runner.py), and drawn a
 bench/rehearsal.py). The same picture draws a simulated timeline (pipeline/engine/schedule.py)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from contramine.pipeline.engine.schedule import Span, Timeline
 from contramine.pipeline.storage.tables import RunTables
+
+
+def _job_record(j) -> bool:
+    """Whether `j` is a job's record as the runner writes it (a hand-edited one with a string `began`, or none, is
+    left out of the picture, never a traceback in `report`)."""
+    def real(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return isinstance(j, dict) and real(j.get("began")) and real(j.get("ended")) and isinstance(j.get("job"), int)
 
 
 def run_timeline(run_dir: Path) -> Timeline:
@@ -20,8 +29,7 @@ def run_timeline(run_dir: Path) -> Timeline:
         if not isinstance(timeline, dict) or not isinstance(stage, str) or stage in seen:
             continue
         seen.add(stage)
-        for j in timeline.get("jobs") or []:
-            jobs.append((stage, j))
+        jobs += [(stage, j) for j in (timeline.get("jobs") or []) if _job_record(j)]
     if not jobs:
         return Timeline()
     t0 = min(j["began"] for _, j in jobs)
