@@ -4,6 +4,7 @@ accounted for; a line is rejected for its length before it is normalised."""
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ import contramine.pipeline.corpus.streams as streams
 from contramine.pipeline.corpus import KEEP, split_sentences
 from contramine.pipeline.storage.tables import RunTables
 
+from child_env import CHILD_PYTHONPATH
 from mining_helpers import _cli_env
 
 GIB_KIB = 1 << 20  # VmHWM is in KiB
@@ -127,3 +129,30 @@ def test_long_lines_read_in_pieces_match_the_whole_line(tmp_path, monkeypatch):
     assert got[4]["reason"] == "undecodable" and got[4]["n_chars"] == 61 and got[4]["n_bytes"] == 61
     assert got[4]["blake2b"] == hashlib.blake2b(long_bad, digest_size=16).hexdigest()
     assert [got[no]["reason"] for no in (1, 3, 5)] == ["too_long", "empty", "too_long"]
+
+
+SPLIT_PEAK = ("import re, sys\nfrom contramine.pipeline.corpus import Corpus, split_sentences\n"
+              "kept, rejected = split_sentences(Corpus(sys.argv[1]), 3, 128, 2000)\n"
+              "print(kept.num_rows, sum(rejected.column('lines').to_pylist()),\n"
+              "      re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1))")
+
+
+def test_a_batch_holds_one_row_groups_dictionary_and_a_footer_is_bounded(tmp_path, monkeypatch):
+    """8 row groups, each a dictionary page of 32 distinct 1 MiB values (8 MiB of zstd in all): a record batch
+    across row groups held every group's page at once (1.45 GB at 16 groups of 60 MiB); a row group at a time holds
+    one. A footer over the reader's bound (a file of ~100,000 row groups) is one line before it is parsed."""
+    path = tmp_path / "dict8.parquet"
+    with pq.ParquetWriter(path, pa.schema([("text", pa.dictionary(pa.int32(), pa.string()))]), compression="zstd",
+                          dictionary_pagesize_limit=1 << 30) as w:
+        for g in range(8):
+            values = pa.array([f"{g:02d}-{i:02d} " + "x" * ((1 << 20) - 6) for i in range(32)])
+            w.write_table(pa.table({"text": values.dictionary_encode()}), row_group_size=32)
+    r = subprocess.run([sys.executable, "-c", SPLIT_PEAK, str(path)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": CHILD_PYTHONPATH})
+    kept, lines, peak_kib = map(int, r.stdout.split())
+    assert (kept, lines) == (0, 256), r.stderr[-2000:]  # every row accounted for: rejected as too long
+    assert peak_kib < 400 << 10, f"peak RSS {peak_kib >> 10} MiB"
+    import contramine.pipeline.corpus.parquet as parquet
+    monkeypatch.setattr(parquet, "FOOTER_BYTES", 100)
+    with pytest.raises(corpus.CorpusError, match="a Parquet footer of [0-9,]+ bytes, over 100 "):
+        split_sentences(corpus.Corpus(str(path)), 3, 128, 2000)

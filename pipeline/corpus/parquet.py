@@ -33,6 +33,7 @@ from contramine.pipeline.corpus.text import file_identity
 BATCH_BYTES = 16 << 20  # text bytes per Parquet record batch (from the column chunks' uncompressed sizes)
 BATCH_ROWS = 4096       # rows per Parquet record batch at most
 MAGIC = b"PAR1"
+FOOTER_BYTES = 8 << 20  # a Parquet footer read at most: a corpus file's is KiBs (a row group's metadata ~100 bytes)
 
 
 @form("parquet", suffixes=(".parquet",))
@@ -63,7 +64,15 @@ class ParquetReader:
                 yield f
 
     def _meta(self, f, column: bool = True) -> pq.FileMetaData:
-        """The footer, its row count checked against the file's size; the text column's type with `column`."""
+        """The footer (at most FOOTER_BYTES, from the file's last 8 bytes, before it is parsed), its row count checked
+        against the file's size; the text column's type with `column`."""
+        size = os.fstat(f.fileno()).st_size
+        tail = os.pread(f.fileno(), 8, max(0, size - 8))
+        footer = int.from_bytes(tail[:4], "little") if len(tail) == 8 and tail[4:] == MAGIC else None
+        if footer is not None and footer > FOOTER_BYTES:  # (no magic there: pyarrow's own line below)
+            raise CorpusError(f"corpus {self.part.path}: a Parquet footer of {footer:,} bytes, over {FOOTER_BYTES:,} "
+                              f"(~100,000 row groups; parsed, it would take ~10x that in memory): rewrite the file "
+                              f"with larger row groups")
         try:
             kind = pq.read_schema(f).field(self.field).type if column else None
             meta = pq.read_metadata(f)
@@ -73,7 +82,6 @@ class ParquetReader:
         value = kind.value_type if kind is not None and pa.types.is_dictionary(kind) else kind
         if column and not (pa.types.is_string(value) or pa.types.is_large_string(value)):
             raise CorpusError(f"corpus {self.part.path}: column `{self.field}` is {kind}, expected a string column")
-        size = os.fstat(f.fileno()).st_size
         if self.max_expansion and meta.num_rows > self.max_expansion * size:
             raise CorpusError(f"corpus {self.part.path}: {meta.num_rows} rows in {size} bytes, over "
                               f"data.max_expansion={self.max_expansion:g} rows a byte; raise data.max_expansion, or "
@@ -117,7 +125,10 @@ class ParquetReader:
                           or [1])
             rows = int(min(BATCH_ROWS, max(1, BATCH_BYTES // per_row)))
             parquet = pq.ParquetFile(f, read_dictionary=[self.field] if dictionary else None)
-            batches = parquet.iter_batches(batch_size=rows, columns=[self.field])
+            # a row group at a time: a batch across row groups held every one's dictionary page at once (16 pages
+            # of 60 MiB in 45 KB of zstd: 1.45 GB), one row group holds at most one page of data.parquet_page_bytes
+            batches = (b for r in range(meta.num_row_groups)
+                       for b in parquet.iter_batches(batch_size=rows, row_groups=[r], columns=[self.field]))
             while True:
                 try:
                     batch = next(batches, None)
