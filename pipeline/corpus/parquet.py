@@ -2,7 +2,9 @@
 read in record batches of about BATCH_BYTES of text, a dictionary-encoded column as its dictionary (pyarrow would
 expand it into every row), a value over the long bound read as a LongLine from Arrow's buffer.
 
-Bounded: a file's rows may number at most `data.max_expansion` times its bytes (a row read as text is at least its
+Bounded: its footer is at most FOOTER_BYTES (8 MiB), from the file's last 8 bytes before it is parsed; a batch
+lies in one row group (so it holds one dictionary page at most); a file's rows may number at most
+`data.max_expansion` times its bytes (a row read as text is at least its
 line end; 1 GB of null rows fits in a few KB of Parquet), checked from its footer before a row is read. Each page of
 the text column may decompress to at most `data.parquet_page_bytes` (64 MiB; a value lies in one page), checked from
 its header (pages.py) before any page is decoded: 16 KB of zstd hold a 512 MB page. The batch's rows follow the
