@@ -7,7 +7,7 @@ from pathlib import Path
 
 import duckdb
 
-from contramine.pipeline.storage.served import changed_since_checked
+from contramine.pipeline.storage.served import changed_since_checked, with_paths
 from contramine.pipeline.storage.tables import RunTables
 
 
@@ -51,7 +51,7 @@ def run_query(con: duckdb.DuckDBPyConnection, query: str, refused: dict[str, str
         if rel is not None:
             rel.show(max_rows=max_rows, max_width=200)
     except duckdb.Error as e:
-        return query_error(e, refused)
+        return with_paths(con, query_error(e, refused))  # the shard's own path, not /proc/self/fd/N
     return changed_line(con)
 
 

@@ -212,6 +212,8 @@ def test_an_open_sql_connection_never_answers_from_a_shard_rewritten_in_place(tm
     con, refused = open_run(run)
     shard = _shard(run)
     assert sql.run_query(con, FIRST, refused, 5) is None
+    fd = next(fd for fd, path, _ in served._HELD[con] if path == shard)  # a DuckDB error names the file, not the fd
+    assert served.with_paths(con, f'Parquet file "{served.PROC}/{fd}"') == f'Parquet file "{shard}"'
     forged = _forged_same_size(shard)
     shard.chmod(0o644)
     shard.write_bytes(forged)  # the same inode

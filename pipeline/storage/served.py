@@ -92,6 +92,13 @@ def hold_for(owner: object, fds: list[int], paths: list[Path] | None = None) -> 
         held.append((fd, paths[i] if paths else Path(f"{PROC}/{fd}"), _stamp(fd)))
 
 
+def with_paths(owner: object, text: str) -> str:
+    """`text` (a DuckDB error) with the /proc/self/fd paths of files `owner` holds written as the files' own."""
+    for fd, path, _ in sorted(_HELD.get(owner, ()), key=lambda h: -h[0]):  # fd 12 before fd 1
+        text = text.replace(f"{PROC}/{fd}", str(path))
+    return text
+
+
 def changed_since_checked(owner: object) -> Path | None:
     """The first file `owner` holds whose bytes may have changed since they were checked (its size, mtime or ctime
     moved: a rewrite in place by whoever may write it), or None. DuckDB reads a view's files again at every query:
