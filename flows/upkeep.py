@@ -50,9 +50,13 @@ def cmd_cache(args, cfg: Config) -> None:
             print(f"bad {path}: {why}")
         print(f"{checked} packs verified, " + (f"{len(bad)} failed" if bad else "none failed"))
         if bad:
-            raise MemoUnverified(f"memo: {len(bad)} of {checked} packs failed verification ("
-                                 f"{'would be moved' if args.dry_run else 'moved'} to {root / '.quarantine'}/, "
-                                 f"never served); their files' owners are named above")
+            left = sum(1 for _, why in bad if "vouches for it" in why or "not a pack file" in why)  # named, left
+            what = ([f"{len(bad) - left} {'would be moved' if args.dry_run else 'moved'} to "
+                     f"{root / '.quarantine'}/"] if len(bad) > left else []) + \
+                   ([f"{left} left in place (another account's or others may write it, without the key; or not a "
+                     f"pack file)"] if left else [])
+            raise MemoUnverified(f"memo: {len(bad)} of {checked} packs failed verification ({'; '.join(what)}; "
+                                 f"none is served); their files' owners are named above")
         return
     if args.prune or args.older_than is not None or args.unreferenced:
         gone = prune(root, runs, args.older_than, args.unreferenced, args.dry_run)

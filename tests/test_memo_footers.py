@@ -181,3 +181,14 @@ def test_verify_checks_the_packs_of_a_folder_whose_namespace_record_is_gone_or_f
         checked, bad = verify(tmp_path, dry_run=True, key=KEY)
         assert checked == 1 and [p for p, _ in bad] == [pack] and "no keyed values hash" in bad[0][1]
         _plant(ns, b"[" * 100_000)
+
+
+def test_verify_names_what_lies_in_a_packs_place(tmp_path):
+    """A FIFO and a link named like packs: named by `cache --verify`, never opened (it said "none failed")."""
+    memo_rows(_memo(tmp_path), TEXTS, [])
+    folder = _memo(tmp_path).dir
+    os.mkfifo(folder / f"{'ab' * 16}.parquet")
+    (folder / f"{'cd' * 16}.parquet").symlink_to(next(folder.glob("*.parquet")).name)
+    checked, bad = verify(tmp_path, dry_run=True, key=KEY)
+    assert checked == 3 and sorted((p.name[:2], why.split(",")[0]) for p, why in bad) == [
+        ("ab", "is a FIFO"), ("cd", "is a symbolic link")], bad

@@ -17,7 +17,8 @@ from contramine.pipeline.memo.footer import open_footer
 from contramine.pipeline.memo.packs import FORMAT, NAMESPACE, OWN, PACK, QUARANTINE, TEMP, Untrusted, namespace_facts, \
     open_pack, owner_of, own_files, read_pack, recorded_schema, schema_text, values_schema
 from contramine.pipeline.memo.store import log, quarantine, say_once
-from contramine.pipeline.storage.safe_paths import UnsafePath, check_below, not_regular, open_folder, read_regular
+from contramine.pipeline.storage.safe_paths import UnsafePath, check_below, kind_of, not_regular, open_folder, \
+    read_regular
 from contramine.pipeline.errors import ExpectedError, json_loads
 from contramine.pipeline.storage.manifest import MANIFEST_MAX
 
@@ -191,6 +192,14 @@ def verify(root: Path, dry_run: bool = False, key: bytes | None = None) -> tuple
                     continue
                 seen[text] = seen.get(text, 0) + 1
             expected = max(seen, key=seen.get) if seen else None  # type: ignore[arg-type]  # each key is in seen
+        try:  # a link, FIFO, socket or folder named like a pack: never read, named (a lookup skips it too)
+            odd = sorted(folder / e.name for e in os.scandir(folder) if PACK.fullmatch(e.name) and
+                         not e.is_file(follow_symlinks=False))
+        except OSError:
+            odd = []
+        for p in odd:
+            checked += 1
+            bad.append((p, f"is {kind_of(os.lstat(p).st_mode)}, not a pack file: never read (remove it)"))
         for p in pack_files:
             checked += 1
             table, st, problem = read_pack(p, expected, key)
