@@ -163,8 +163,8 @@ class SentencesCfg(Section):
     max_words: int = Field(128, ge=1)
     max_chars: int = Field(2000, ge=10)
     rejected_chars: int = Field(2000, ge=0, description="characters of a rejected record kept in `rejected.text` "
-                                "(its full length and hash are kept whatever this is): bounds what a corpus of long "
-                                "paragraphs costs in memory")
+                                "(its full length and hash are kept whatever this is), and 64 MiB of them in all (past that, a "
+                                "row keeps its first 80): bounds what a corpus of long paragraphs costs in memory")
     rejected_rows: int = Field(50_000, ge=0, description="rows of `rejected` each standing for one record or a "
                                "run of it back to back; past them, a record rejected again in the same part is "
                                "counted in its last row (`lines`) wherever it repeats, so lines repeated in any "
