@@ -66,3 +66,27 @@ def test_the_miners_own_maps_and_task_runner_hold_the_certificate(cluster, tmp_p
     assert runner.client_kwargs["security"] is cluster.security
     with runner:  # what a stage flow enters: a client connected over the cluster's TLS
         assert runner.client.run(os.getpid) == {w: pids[0] for w in cluster.scheduler_info["workers"]}
+
+
+def test_no_port_of_the_cluster_serves_plain_http(cluster):
+    """distributed starts HTTP servers whatever the dashboard setting: the scheduler's on 127.0.0.1:8787 served the
+    workers' logs, call stacks and identity to any local account. None of the cluster's processes serves a page."""
+    import subprocess
+    import urllib.error
+    import urllib.request
+
+    pids = {os.getpid(), *dask_map(cluster.scheduler_address, os.getpid)([{}])}
+    listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
+    ports = {int(line.split()[3].rsplit(":", 1)[1]) for line in listening
+             if any(f"pid={pid}," in line for pid in pids) and "127.0.0.1:" in line}
+    tls = {urlsplit(cluster.scheduler_address).port, *(urlsplit(w).port for w in cluster.scheduler_info["workers"])}
+    assert ports and 8787 not in ports
+    for port in ports - tls:
+        for path in ("/health", "/json/identity.json", "/info/main/logs.html", "/metrics"):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5)
+                raise AssertionError(f"port {port} served {path}")
+            except urllib.error.HTTPError as e:
+                assert e.code == 404, (port, path, e.code)
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass  # not HTTP, or closed: nothing served

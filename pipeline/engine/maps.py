@@ -96,6 +96,10 @@ def dask_map(address: str, call: Callable, cfg=None) -> Callable[[list[dict]], l
     return run
 
 
+async def _stop_http(server) -> None:
+    server.http_server.stop()  # on the cluster's loop, where tornado's server lives
+
+
 def local_cluster(workers: int, leased: Sequence[str] = (), leases: int = 1, **_):
     """A LocalCluster of one-thread worker processes that may start processes of their own: spaCy's
     `negate.n_process` pool, which a daemonic Dask worker could not start. It speaks TLS only, with a certificate
@@ -110,9 +114,15 @@ def local_cluster(workers: int, leased: Sequence[str] = (), leases: int = 1, **_
     from distributed import LocalCluster
     from distributed.security import Security
 
-    with dask.config.set({"distributed.worker.daemon": False}):
+    # no HTTP routes on the scheduler or the workers: distributed starts their HTTP servers whatever the dashboard
+    # setting, plain http on 127.0.0.1 beside the TLS ports, where another account read the workers' logs and call
+    # stacks (the scheduler's own, in this process, is also stopped once it runs)
+    with dask.config.set({"distributed.worker.daemon": False, "distributed.scheduler.http.routes": [],
+                          "distributed.worker.http.routes": []}):
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
                                host="127.0.0.1", security=Security.temporary(), resources={CPU_SLOT: 1})
+        if cluster.scheduler.http_server is not None:
+            cluster.sync(_stop_http, cluster.scheduler)
         if leased:
             options = {**cluster.new_spec["options"], "nthreads": leases * len(leased),
                        "resources": {kind: leases for kind in leased}}
