@@ -300,7 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "for_objective", None):  # its setting, as a TOML list
         args.set += ["mine.for=[" + ", ".join(json.dumps(name) for name in args.for_objective) + "]"]
     # a secret (runner.memo_key) travels in the environment: the overrides become Prefect's flow-run parameters
+    given = len(args.set)
     args.set = secrets_to_environment(args.set)
+    if len(args.set) < given:  # it works, but the command line is no place for a secret
+        print("warning: a secret setting (runner.memo_key) on the command line can be read by every local account "
+              "(ps, /proc/<pid>/cmdline) and `make` prints its commands: set $CONTRAMINE_MEMO_KEY, or put it in a "
+              "profile only you can read", file=sys.stderr)
     try:
         cfg = configure(args.profile, args.run, args.corpus, args.set)
         {"mine": cmd_mine, "stage": cmd_stage, "sql": cmd_sql, "report": cmd_report,

@@ -57,3 +57,23 @@ def test_a_memo_key_on_the_command_line_keys_the_memo_and_stays_out_of_prefect(t
         assert KEY.encode() not in path.read_bytes(), path
     out = capsys.readouterr()
     assert KEY not in out.out + out.err + caplog.text
+    assert out.err.count("on the command line can be read by every local account") == 2  # each command warns
+
+
+def test_a_memo_key_in_a_profile_keys_every_pack(tmp_path, capsys, monkeypatch):
+    """`[runner] memo_key = ...` in a profile file: the jobs get the config without its secrets and read the key from
+    the environment, so it goes there too (it was dropped: every pack was written without its keyed hash)."""
+    monkeypatch.setenv(MEMO_KEY_ENV, "set by the CLI below, removed after the test")
+    monkeypatch.delenv(MEMO_KEY_ENV)
+    corpus, root = tmp_path / "c30.txt", tmp_path / "runs"
+    corpus.write_text("\n".join(WIKI.read_text(encoding="utf-8").splitlines()[:30]) + "\n", encoding="utf-8")
+    profile = tmp_path / "keyed.toml"
+    profile.write_text(f'inherit = "default"\n[runner]\nmemo_key = "{KEY}"\nmemo = "on"\n', encoding="utf-8")
+    profile.chmod(0o600)
+    sets = [*SMALL, f"run.root={root}", "encoder.model=standin:encoder-32"]
+    for stage in ("sentences", "embeddings"):
+        assert main(["stage", stage, "--profile", str(profile), "--run", "k", "--corpus", str(corpus), "--set",
+                     *sets]) == 0, capsys.readouterr().err
+    checked, bad = verify(root / ".memo", dry_run=True, key=KEY.encode())
+    assert checked >= 1 and bad == []
+    assert all(KEY.encode() not in p.read_bytes() for p in root.rglob("*") if p.is_file())

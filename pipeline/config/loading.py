@@ -203,7 +203,19 @@ def configure(profile: str = "default", run: str | None = None, corpus: str | No
         # it must not depend on runner.workers either: it is part of every key (a rerun with 3 workers instead of 2
         # would recompute every stage). Workers idle in a last round cost less than that.
         cfg = load_config(profile, [*sets, f"run.shards={needed}"])
+    profile_secrets_to_environment(cfg)
     return cfg
+
+
+def profile_secrets_to_environment(cfg: Config) -> None:
+    """A secret a profile file gives (`[runner] memo_key = ...`), into its environment variable where that is unset:
+    the jobs get the config without its secrets (they are never serialised), and read them from the environment, as
+    they do a `--set` one. A profile's key was silently dropped: every pack was written without its keyed hash."""
+    for key, var in secret_settings().items():
+        section, _, leaf = key.rpartition(".")
+        value = getattr(getattr(cfg, section), leaf) if section else getattr(cfg, leaf)
+        if value is not None and not os.environ.get(var):
+            os.environ[var] = value.get_secret_value()
 
 
 def shards_for(corpus, max_shard_rows: int, data=None) -> int:

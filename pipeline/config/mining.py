@@ -92,9 +92,10 @@ class RunnerCfg(Section):
                                        "of its namespace, name, keys and values, and a pack without the keyed hash "
                                        "is refused, so a writer without the key cannot forge, re-key or copy one "
                                        "others accept; without it, only this user's own packs are served; unset, "
-                                       f"it is taken from ${MEMO_KEY_ENV}; `--set runner.memo_key=...` is moved there "
-                                       "by the command line before Prefect starts (a flow's overrides are kept in "
-                                       "Prefect's database); never written into a run's config record, manifests or "
+                                       f"it is taken from ${MEMO_KEY_ENV} (the way to give it); a profile's, or "
+                                       "`--set runner.memo_key=...` (with a warning: other local accounts read a "
+                                       "command line), is moved there before Prefect starts (a flow's overrides are "
+                                       "kept in Prefect's database); never written into a run's config record, manifests or "
                                        "logs (docs/mining.md, \"Whom a shared memo trusts\")")
 
     @field_validator("memo_key", mode="after")
