@@ -57,7 +57,10 @@ def _parts_below(base: Path, paths: list[Path], what: str, outside_links: bool) 
             raise CorpusError(f"corpus {what}: {name}: cannot read it ({e.strerror})") from None
         if stat.S_ISDIR(mode):
             continue  # a glob matched a folder: its files are matched on their own
-        real = os.path.realpath(path)
+        try:
+            real = os.path.realpath(path)
+        except OSError as e:  # swapped between a link and a file as it was resolved (readlink's EINVAL)
+            raise CorpusError(f"corpus {what}: {name} changed while the corpus was listed ({e.strerror})") from None
         if not _inside(real, root) and not outside_links:
             raise CorpusError(f"corpus {what}: {name} leads outside the corpus (to {real}); remove the link, or set "
                               f"data.outside_links=true to read it")
