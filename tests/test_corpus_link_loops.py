@@ -62,3 +62,20 @@ def test_escapes_in_names_never_reach_the_terminal_raw(tmp_path, capsys, caplog)
     p = subprocess.run([sys.executable, "-m", "contramine.pipeline.report", f"/tmp/no{ESC}"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": CHILD_PYTHONPATH})
     assert p.returncode == 2 and "\x1b" not in p.stderr and "\\x1b[31mRED" in p.stderr, p.stderr
+
+
+def test_a_part_swapped_between_link_and_file_while_resolved_is_one_line(tmp_path, monkeypatch):
+    """realpath lstat's, then readlink's: a part that stops being a link in between raised EINVAL (a traceback)."""
+    import errno
+
+    import contramine.pipeline.corpus.parts as parts
+
+    folder, resolve = _corpus(tmp_path), os.path.realpath
+
+    def swapped(path, *args, **kwargs):
+        if str(path).endswith("ok.txt"):
+            raise OSError(errno.EINVAL, "Invalid argument", str(path))
+        return resolve(path, *args, **kwargs)
+    monkeypatch.setattr(parts.os.path, "realpath", swapped)
+    with pytest.raises(CorpusError, match=r"ok.txt changed while the corpus was listed \(Invalid argument\)"):
+        find_parts(str(folder))
