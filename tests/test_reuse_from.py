@@ -215,3 +215,24 @@ def test_a_faiss_index_is_brought_only_from_a_folder_only_this_user_writes(tmp_p
     os.chmod(tmp_path / "own", 0o755)
     assert reuse_tables(tmp_path / "own", tmp_path / "again") == ["neighbours"]
     assert not (tmp_path / "again" / "neighbours" / "_index" / index).exists()
+
+
+def test_another_accounts_run_is_neither_brought_nor_mined_into(tmp_path):
+    """Its owner can rewrite a shard and the hashes its sidecar and manifest record: `--reuse-from` brought such a
+    shard whole, and a run folder another account made first under a shared run.root was mined into, reusing it."""
+    import os
+    import pwd
+
+    from contramine.pipeline.storage.lock import RunBusy, run_lock
+    from contramine.pipeline.storage.tables import TableUnreadable
+
+    nobody = pwd.getpwnam("nobody").pw_uid
+    src = tmp_path / "theirs"
+    _table(src, "sentences")
+    os.chown(src, nobody, -1)
+    with pytest.raises(TableUnreadable, match=f"is another account's \\(uid {nobody}\\): only runs of your own"):
+        reuse_tables(src, tmp_path / "mine")
+    assert not (tmp_path / "mine" / "sentences").exists()
+    with pytest.raises(RunBusy, match=f"run folder {src} is another account's \\(uid {nobody}\\)"):
+        with run_lock(src, "mine"):
+            pass

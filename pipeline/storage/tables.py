@@ -5,25 +5,23 @@
     tables.read("pairs", ["anchor"])     # an Arrow table, rows in sid order
     tables.connect()                     # DuckDB with every finished table as a view
 
-A table is the file list its manifest names (store.py): exactly those files are read, so shards that a rerun wrote
-and did not commit (it was killed, or is still running) are never read, and the previous computation is served
-whole until the next commit. Readers take no lock. A commit keeps the files the previous manifest named for
-runner.keep_replaced_s (grace.py), so a read that listed them finishes; one that finds a file gone all the same
-reads the new manifest once more. Every listed file is checked against the hash its manifest records before it
-is served (verify.py): a damaged one is one line naming it and the stage run that rewrites it. What is served is read
-from the very descriptors that were checked (served.py): by pyarrow (`read`, `dataset`), and by DuckDB through
-/proc/self/fd paths of descriptors each connection holds until it goes, so a shard renamed over a checked one is not
-served, not even by a connection that was open before. Imports neither torch nor Prefect, and discovers no stage (a
-missing table's error names its writer: that path alone looks the stages up).
+A table is the file list its manifest names (store.py): shards a rerun wrote and did not commit are never read; the
+previous computation is served whole until the next commit. Readers take no lock. A commit keeps the files the
+previous manifest named for runner.keep_replaced_s (grace.py); a read that finds a file gone reads the new manifest
+once more. Every listed file is checked against the hash its manifest records before it is served (verify.py): a
+damaged one is one line naming it and the stage run that rewrites it. What is served is read from the very
+descriptors that were checked (served.py): by pyarrow (`read`, `dataset`), and by DuckDB through /proc/self/fd paths
+of descriptors each connection holds until it goes (its own TEMP views). Imports neither torch nor Prefect, and
+discovers no stage (a missing table's error names its writer: that path alone looks the stages up).
 
-Folder names become SQL view names only when they are plain identifiers (`[A-Za-z0-9_]+`), and are quoted: a run
-folder received from someone else is data, never SQL. A manifest is data too: its shape is checked
-(manifest.py: check_manifest) before anything it names is read, and a wrong one is one line naming the table, its run and
-the `make stage ... FORCE=1` that rewrites it (TableUnreadable).
+Folder names become SQL view names only when they are plain identifiers (`[A-Za-z0-9_]+`), and are quoted. A
+manifest is data too: its shape is checked (manifest.py: check_manifest) before anything it names is read, and a
+wrong one is one line naming the table, its run and the `make stage ... FORCE=1` that rewrites it (TableUnreadable).
 """
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -231,10 +229,9 @@ class RunTables:
             raise TableUnreadable(table_line(self.dir / table, f"cannot be read ({' '.join(str(e).split())[:160]})")) from None
 
     def sql_source(self, table: str, con) -> str:
-        """A DuckDB expression for the table in connection `con`: its checked files through /proc/self/fd paths of
-        descriptors held as long as `con` lives (DuckDB opens them again at every query: the file checked, whatever
-        was renamed over its path since; without /proc, the paths themselves); where the process may not hold that
-        many open, the table read into memory from its checked descriptors and registered. `emb` back to FLOAT[d]."""
+        """A DuckDB expression for the table in `con`: its checked files through /proc/self/fd paths of descriptors
+        held as long as `con` lives (without /proc, the paths); or, where the process may not hold that many open,
+        read into memory from its checked descriptors and registered. `emb` back to FLOAT[d]."""
         if room_for(len(self._committed(table) or [])):
             paths, fds = self.held(table)
             hold_for(con, fds, paths)
@@ -295,6 +292,9 @@ def reuse_tables(src: Path | str, dst: Path | str) -> list[str]:
     if not source.names():
         raise TableMissing(f"--reuse-from: {source.dir}/ holds no finished table (no */_manifest.json): mine that run "
                            f"first, or name another")
+    if (owner := source.dir.stat().st_uid) != os.getuid():  # its manifests vouch for its shards
+        raise TableUnreadable(f"--reuse-from: {source.dir} is another account's (uid {owner}): only runs of your own "
+                              f"are brought (a run's manifests vouch for its shards); copy it once you trust it")
 
     with run_lock(dst, "--reuse-from"):  # it writes into dst: as any writer, alone
         return _bring(source, dst)
