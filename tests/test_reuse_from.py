@@ -230,9 +230,15 @@ def test_another_accounts_run_is_neither_brought_nor_mined_into(tmp_path):
     src = tmp_path / "theirs"
     _table(src, "sentences")
     os.chown(src, nobody, -1)
-    with pytest.raises(TableUnreadable, match=f"is another account's \\(uid {nobody}\\): only runs of your own"):
-        reuse_tables(src, tmp_path / "mine")
+    assert reuse_tables(src, tmp_path / "as-root") == ["sentences"]  # root is exempt (a container over a host folder)
+    real = os.getuid
+    try:
+        os.getuid = lambda: 4242  # a miner who is not root
+        with pytest.raises(TableUnreadable, match=f"is another account's \\(uid {nobody}\\): only runs of your own"):
+            reuse_tables(src, tmp_path / "mine")
+        with pytest.raises(RunBusy, match=f"run folder {src} is another account's \\(uid {nobody}\\)"):
+            with run_lock(src, "mine"):
+                pass
+    finally:
+        os.getuid = real
     assert not (tmp_path / "mine" / "sentences").exists()
-    with pytest.raises(RunBusy, match=f"run folder {src} is another account's \\(uid {nobody}\\)"):
-        with run_lock(src, "mine"):
-            pass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import pwd
 import resource
 from pathlib import Path
 
@@ -212,16 +213,24 @@ def test_an_open_sql_connection_never_answers_from_a_shard_rewritten_in_place(tm
     con, refused = open_run(run)
     shard = _shard(run)
     assert sql.run_query(con, FIRST, refused, 5) is None
-    fd = next(fd for fd, path, _ in served._HELD[con] if path == shard)  # a DuckDB error names the file, not the fd
+    fd = next(fd for fd, path, *_ in served._HELD[con] if path == shard)  # a DuckDB error names the file, not the fd
     assert served.with_paths(con, f'Parquet file "{served.PROC}/{fd}"') == f'Parquet file "{shard}"'
+    os.link(shard, tmp_path / "a-hard-link")  # moves its ctime alone (`--reuse-from`, a grace collection): the
+    assert sql.run_query(con, FIRST, refused, 5) is None  # same bytes, hashed again, still answered
+    (tmp_path / "a-hard-link").unlink()
     forged = _forged_same_size(shard)
     shard.chmod(0o644)
     shard.write_bytes(forged)  # the same inode
     capsys.readouterr()
     why = sql.run_query(con, FIRST, refused, 5)
     assert why is not None and f"{shard} changed since it was checked" in why and "forged" not in capsys.readouterr().out
+    nobody = pwd.getpwnam("nobody").pw_uid
     shard.chmod(0o666)
+    os.chown(shard, nobody, -1)  # another account's, that others may write: refused, by `verify` too
     assert main(_command("sql", root)) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert f"{shard.name} may be written by others (mode 0666)" in err, err
+    assert f"{shard.name} may be written by others (mode 0666, owned by uid {nobody})" in err, err
     assert main(["verify", "--run", "r", "--set", f"run.root={root}"]) == 2
+    ours = run / "triplets" / _entries(run, "triplets")[0]["file"]
+    ours.chmod(0o666)  # ours (a run mined before 0444 under a umask of 002): made read-only at its check, served
+    assert RunTables(run).read("triplets").num_rows > 0 and (ours.stat().st_mode & 0o777) == 0o444

@@ -88,9 +88,10 @@ def _take(folder: Path, what: str, root: Path | str | None, name: str, hint: str
     lock is held, so a hard link planted at the name, or shared by a `cp -al` copy of the run, is never written."""
     where = folder / name
     with open_folder(folder if root is None else root, folder) as d:
-        if root is None and (owner := os.fstat(d.fd).st_uid) != os.getuid():  # made by another account first (a
-            raise RunBusy(f"run folder {os.path.abspath(folder)} is another account's (uid {owner}): a stage "  # shared
-                          f"would reuse whatever its tables hold; {hint}")  # run.root): never mined into
+        if root is None and (owner := os.fstat(d.fd).st_uid) != os.getuid() and os.getuid() != 0:  # made by
+            raise RunBusy(f"run folder {os.path.abspath(folder)} is another account's (uid {owner}): a stage "  # another
+                          f"would reuse whatever its tables hold; {hint}")  # account first: never mined into (root
+            # is exempt: a container's root over a folder its host user made)
         for _ in range(50):  # a racing taker replaced the file between our open and our flock: look again
             try:
                 old = os.open(name, _OPEN, dir_fd=d.fd)

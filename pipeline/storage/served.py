@@ -75,7 +75,7 @@ def close_all(fds: list[int]) -> None:
             pass
 
 
-_HELD: "weakref.WeakKeyDictionary[object, list[tuple[int, Path, tuple]]]" = weakref.WeakKeyDictionary()
+_HELD: "weakref.WeakKeyDictionary[object, list[list]]" = weakref.WeakKeyDictionary()
 
 
 def _stamp(fd: int) -> tuple:
@@ -83,30 +83,41 @@ def _stamp(fd: int) -> tuple:
     return st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
-def hold_for(owner: object, fds: list[int], paths: list[Path] | None = None) -> None:
+def hold_for(owner: object, fds: list[int], paths: list[Path] | None = None,
+             hashes: list[str | None] | None = None) -> None:
     """Keep `fds` open as long as `owner` (a DuckDB connection) lives, and close them when it goes; remember what
-    each file was when it was checked (size, mtime, ctime), for `changed_since_checked`."""
+    each file was when it was checked (size, mtime, ctime, the hash it was checked against), for
+    `changed_since_checked`."""
     weakref.finalize(owner, close_all, list(fds))
     held = _HELD.setdefault(owner, [])
     for i, fd in enumerate(fds):
-        held.append((fd, paths[i] if paths else Path(f"{PROC}/{fd}"), _stamp(fd)))
+        held.append([fd, paths[i] if paths else Path(f"{PROC}/{fd}"), _stamp(fd), hashes[i] if hashes else None])
 
 
 def with_paths(owner: object, text: str) -> str:
     """`text` (a DuckDB error) with the /proc/self/fd paths of files `owner` holds written as the files' own."""
-    for fd, path, _ in sorted(_HELD.get(owner, ()), key=lambda h: -h[0]):  # fd 12 before fd 1
+    for fd, path, _, _ in sorted(_HELD.get(owner, ()), key=lambda h: -h[0]):  # fd 12 before fd 1
         text = text.replace(f"{PROC}/{fd}", str(path))
     return text
 
 
 def changed_since_checked(owner: object) -> Path | None:
-    """The first file `owner` holds whose bytes may have changed since they were checked (its size, mtime or ctime
-    moved: a rewrite in place by whoever may write it), or None. DuckDB reads a view's files again at every query:
-    `sql` asks this before and after each one, so a query never answers from bytes that were not checked."""
-    for fd, path, stamp in _HELD.get(owner, ()):
+    """The first file `owner` holds whose bytes may have changed since they were checked, or None. DuckDB reads a
+    view's files again at every query: `sql` asks this before and after each one, so a query never answers from
+    bytes that were not checked. A size or mtime that moved is a change (a rewrite in place by whoever may write
+    it); a ctime alone moves also when a hard link to the file is made or removed (`--reuse-from`, a commit's grace
+    collection), so then the file is hashed again, and kept where it still hashes to what it was checked against."""
+    from contramine.pipeline.storage.verify import hash_open
+
+    for held in _HELD.get(owner, ()):
+        fd, path, stamp, expected = held
         try:
-            if _stamp(fd) != stamp:
+            now = _stamp(fd)
+            if now == stamp:
+                continue
+            if now[:2] != stamp[:2] or not expected or hash_open(fd)[1] != expected:
                 return path
+            held[2] = _stamp(fd)
         except OSError:
             return path
     return None

@@ -234,7 +234,7 @@ class RunTables:
         read into memory from its checked descriptors and registered. `emb` back to FLOAT[d]."""
         if room_for(len(self._committed(table) or [])):
             paths, fds = self.held(table)
-            hold_for(con, fds, paths)
+            hold_for(con, fds, paths, [e.get("hash") for e in self._committed(table) or []])
             named = [fd_path(fd, p) for p, fd in zip(paths, fds)]
             source = "read_parquet([" + ", ".join("'" + f.replace("'", "''") + "'" for f in named) + "])"
             emb = pq.read_schema(named[0]).field("emb").type if table == "embeddings" else None
@@ -292,7 +292,7 @@ def reuse_tables(src: Path | str, dst: Path | str) -> list[str]:
     if not source.names():
         raise TableMissing(f"--reuse-from: {source.dir}/ holds no finished table (no */_manifest.json): mine that run "
                            f"first, or name another")
-    if (owner := source.dir.stat().st_uid) != os.getuid():  # its manifests vouch for its shards
+    if (owner := source.dir.stat().st_uid) != os.getuid() and os.getuid() != 0:  # its manifests vouch for it
         raise TableUnreadable(f"--reuse-from: {source.dir} is another account's (uid {owner}): only runs of your own "
                               f"are brought (a run's manifests vouch for its shards); copy it once you trust it")
 

@@ -174,8 +174,17 @@ class Verified:
         if not stat.S_ISREG(st.st_mode):
             return "is not a plain file"
         if st.st_mode & 0o022:  # every commit writes 0444: a file others may write can change after its check
-            return (f"may be written by others (mode {stat.S_IMODE(st.st_mode):04o}), so what is checked is not "
-                    f"what is read: `chmod go-w` it if you trust its writers")
+            if st.st_uid == os.getuid():  # ours (a run mined before 0444 under a umask of 002): made read-only
+                try:
+                    os.fchmod(fd, 0o444)
+                    st = os.fstat(fd)
+                except OSError:
+                    pass
+            # still writable by others: another account's file, or a file system whose modes are not kept (WSL's
+            # /mnt/c, CIFS): only another account's is refused
+            if st.st_mode & 0o022 and st.st_uid != os.getuid():
+                return (f"may be written by others (mode {stat.S_IMODE(st.st_mode):04o}, owned by uid {st.st_uid}), "
+                        f"so what is checked is not what is read: `chmod go-w` it if you trust its writers")
         if not expected:
             return None
         if size is not None and st.st_size != size:
