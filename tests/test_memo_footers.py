@@ -192,3 +192,32 @@ def test_verify_names_what_lies_in_a_packs_place(tmp_path):
     checked, bad = verify(tmp_path, dry_run=True, key=KEY)
     assert checked == 3 and sorted((p.name[:2], why.split(",")[0]) for p, why in bad) == [
         ("ab", "is a FIFO"), ("cd", "is a symbolic link")], bad
+
+
+def test_what_pages_decompress_to_is_read_from_their_headers_and_nested_dictionaries_are_refused(tmp_path, monkeypatch):
+    """The footer's totals are the writer's word (a varint rewritten to 1 still reads): each page's header says what
+    Arrow allocates, and is what is bounded. A dictionary page inside a list (`texts: list<string>`; this memo writes
+    none) would decode unbounded: refused."""
+    import contramine.pipeline.memo.footer as footer
+
+    def pack(table, name, **options):
+        path = tmp_path / name
+        pq.write_table(table, path, compression="zstd", **options)
+        return path
+
+    big = pack(pa.table({"key": pa.array([b"k" * 16] * 4, pa.binary(16)), "text": ["x" * 100_000] * 4}), "big.parquet",
+               use_dictionary=False)
+    with open(big, "rb") as f:
+        meta = pq.ParquetFile(f).metadata
+        assert footer._pages_problem(f, meta, big.stat().st_size) is None
+        monkeypatch.setattr(footer, "DECODED_FLOOR", 300_000)
+        monkeypatch.setattr(footer, "DECODED_RATIO", 1)
+        assert "pages whose headers say they decompress to over 300,000 bytes" in footer._pages_problem(
+            f, meta, big.stat().st_size)
+    nested = pack(pa.table({"key": pa.array([b"k" * 16] * 2, pa.binary(16)),
+                            "texts": pa.array([["a", "b"], ["a"]], pa.list_(pa.string()))}), "nested.parquet",
+                  use_dictionary=["texts.list.element"])
+    with open(nested, "rb") as f:
+        pf = pq.ParquetFile(f)
+        assert footer.read_values(f, pf, nested.stat().st_size) == (
+            None, "a dictionary-encoded nested column `texts.list.element` (this memo writes none)")

@@ -19,6 +19,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from contramine.pipeline.corpus.pages import chunk_pages
+from contramine.pipeline.corpus.records import CorpusError
+
 FOOTER_MAX = 1 << 20
 DECODED_FLOOR = 128 << 20  # what any pack may decode to; more only in proportion to its bytes:
 DECODED_RATIO = 32         # zstd makes text 3-5x smaller, and a repeated value (a chain's name) more
@@ -78,33 +81,49 @@ def footer_problem(meta: pq.FileMetaData, size: int) -> str | None:
 
 
 def read_values(f, pf: pq.ParquetFile, size: int) -> tuple[pa.Table | None, str | None]:
-    """(the whole pack, None), or (None, why it is not decoded): its dictionary-encoded text columns are read as
-    dictionaries first and decoded only when what they decode to is within `decoded_limit(size)`."""
-    meta, schema = pf.metadata, pf.schema_arrow
-    texts = {n for n in schema.names if pa.types.is_string(schema.field(n).type) or
-             pa.types.is_binary(schema.field(n).type)}
-    encoded = sorted({meta.row_group(g).column(i).path_in_schema for g in range(meta.num_row_groups)
-                      for i in range(meta.num_columns)
-                      if meta.row_group(g).column(i).has_dictionary_page} & texts)
+    """(the whole pack, None), or (None, why it is not decoded): every page's size is read from its header first (the
+    footer's totals are the writer's word: Arrow allocates what a page header says); every dictionary-encoded text
+    column is read as a dictionary and decoded only when what it decodes to is within `decoded_limit(size)`; a
+    dictionary-encoded leaf inside a list (`texts: list<string>`), which this memo never writes, is refused."""
+    meta, limit, schema = pf.metadata, decoded_limit(size), pf.schema_arrow
     try:
+        if (problem := _pages_problem(f, meta, size)) is not None:
+            return None, problem
+        chunks = [meta.row_group(g).column(i) for g in range(meta.num_row_groups) for i in range(meta.num_columns)]
+        if nested := next((c.path_in_schema for c in chunks if c.has_dictionary_page and "." in c.path_in_schema), None):
+            return None, f"a dictionary-encoded nested column `{nested}` (this memo writes none)"
+        encoded = sorted({c.path_in_schema for c in chunks if c.has_dictionary_page and c.physical_type == "BYTE_ARRAY"})
         if encoded:
             pf = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=False, read_dictionary=encoded)
         table = pf.read(use_threads=False)
         if not encoded:
             return table, None
-        decoded = sum(_decoded_bytes(chunk) for name in encoded for chunk in table.column(name).chunks)
-        if decoded > decoded_limit(size):
-            return None, (f"dictionary-encoded values that decode to {decoded:,} bytes from {size:,} (at most "
-                          f"{decoded_limit(size):,})")
-        return table.cast(pa.schema([schema.field(n) for n in table.column_names], metadata=table.schema.metadata)), None
-    except (OSError, pa.ArrowException, ValueError, IndexError) as e:
+        decoded = sum(_decoded_bytes(chunk) for col in table.columns for chunk in col.chunks)
+        if decoded > limit:
+            return None, f"dictionary-encoded values that decode to {decoded:,} bytes from {size:,} (at most {limit:,})"
+        return table.cast(pa.schema(list(schema), metadata=table.schema.metadata)), None
+    except (OSError, pa.ArrowException, ValueError, IndexError, CorpusError) as e:
         return None, f"does not read ({type(e).__name__}: {e})"
 
 
+def _pages_problem(f, meta: pq.FileMetaData, size: int) -> str | None:
+    """Why the pages' own headers promise more than `decoded_limit(size)`, or None."""
+    total, limit = 0, decoded_limit(size)
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for i in range(group.num_columns):
+            for page in chunk_pages(f, group.column(i), "memo pack"):
+                total += page.size
+                if total > limit:
+                    return f"pages whose headers say they decompress to over {limit:,} bytes, from {size:,}"
+    return None
+
+
 def _decoded_bytes(chunk: pa.Array) -> int:
-    if not isinstance(chunk, pa.DictionaryArray):
-        return chunk.nbytes
-    lengths = pc.fill_null(pc.binary_length(chunk.dictionary), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    if not len(lengths):
-        return 0
-    return int(lengths[pc.fill_null(chunk.indices, 0).to_numpy(zero_copy_only=False)].sum())
+    """What `chunk` decodes to, where it is a dictionary array (0 else: plain pages are bounded by their headers)."""
+    if isinstance(chunk, pa.DictionaryArray):
+        lengths = pc.fill_null(pc.binary_length(chunk.dictionary), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        if not len(lengths):
+            return 0
+        return int(lengths[pc.fill_null(chunk.indices, 0).to_numpy(zero_copy_only=False)].sum())
+    return 0
