@@ -40,9 +40,13 @@ def test_a_recursive_glob_through_links_to_its_own_folder_stops_in_one_line(tmp_
     folder = _corpus(tmp_path)
     (folder / "a").symlink_to(".")
     (folder / "b").symlink_to(".")
+    (folder / "sub").mkdir()  # and a loop in a folder with nothing the glob matches (it yielded nothing to check)
+    (folder / "sub" / "l1").symlink_to(".")
+    (folder / "sub" / "l2").symlink_to(".")
     t0 = time.perf_counter()
-    with pytest.raises(CorpusError, match="more than 32 folders below"):
-        find_parts(f"{folder}/**/*.txt")
+    for spec in (f"{folder}/**/*.txt", f"{folder}/**/*.jsonl"):
+        with pytest.raises(CorpusError, match="is a folder reached twice through links"):
+            find_parts(spec)
     assert time.perf_counter() - t0 < 10
     (tmp_path / "plain").mkdir()
     assert [p.name for p in find_parts(f"{_corpus(tmp_path / 'plain')}/**/*.txt")] == ["ok.txt"]  # no link: as before

@@ -76,7 +76,22 @@ def _parts_below(base: Path, paths: list[Path], what: str, outside_links: bool) 
     return parts
 
 
-GLOB_DEPTH = 32  # folders below a glob's fixed head that `**` may descend
+def _folder_reached_twice(base: Path) -> Path | None:
+    """The first folder below `base` that following links reaches a second time (a loop, or two ways in), or None:
+    what `**` would walk, each folder once."""
+    seen, todo = set(), [str(base)]
+    while todo:
+        folder = todo.pop()
+        try:
+            st = os.stat(folder)
+            if (st.st_dev, st.st_ino) in seen:
+                return Path(folder)
+            seen.add((st.st_dev, st.st_ino))
+            with os.scandir(folder) as entries:
+                todo += [e.path for e in entries if e.is_dir(follow_symlinks=True) and not e.name.startswith(".")]
+        except OSError:
+            continue  # unreadable or gone: glob skips it too
+    return None
 
 
 def find_parts(spec: str, outside_links: bool = False) -> list[Part]:
@@ -84,12 +99,10 @@ def find_parts(spec: str, outside_links: bool = False) -> list[Part]:
     if any(c in spec for c in "*?["):
         head = re.split(r"[*?\[]", spec, maxsplit=1)[0]
         base = Path(head if head.endswith(os.sep) else os.path.dirname(head) or ".")
-        found = []
-        for p in glob.iglob(spec, recursive=True):  # `**` follows links to folders: a link to `.` never ends
-            if len(Path(p).parts) - len(base.parts) > GLOB_DEPTH:
-                raise CorpusError(f"corpus glob {spec}: it goes more than {GLOB_DEPTH} folders below {base} (at "
-                                  f"{p}): a link to a folder above it? Remove the link, or name the parts")
-            found.append(Path(p))
+        if "**" in spec and (again := _folder_reached_twice(base)) is not None:  # `**` follows links to
+            raise CorpusError(f"corpus glob {spec}: {again} is a folder reached twice through links (a link to a "  # folders:
+                              f"folder above it never ends): remove the link, or name the parts")  # a loop never ends
+        found = [Path(p) for p in glob.glob(spec, recursive=True)]
         return _parts_below(base, found, f"glob {spec}", outside_links)
     path = Path(spec)
     try:
