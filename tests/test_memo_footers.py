@@ -221,3 +221,20 @@ def test_what_pages_decompress_to_is_read_from_their_headers_and_nested_dictiona
         pf = pq.ParquetFile(f)
         assert footer.read_values(f, pf, nested.stat().st_size) == (
             None, "a dictionary-encoded nested column `texts.list.element` (this memo writes none)")
+
+
+def test_a_colleagues_namespace_of_an_older_format_is_left_to_them(tmp_path):
+    """Their `_namespace.json` carries no keyed hash (no older format wrote one), but its facts hash to the folder's
+    name: it is known as an older format's and not verified (its packs were moved away as bad ones), while a record
+    whose facts do not hash to its folder's name decides nothing."""
+    from contramine.pipeline.memo.packs import namespace_facts, namespace_hash
+
+    facts = {"format": 2, "code": "v1"}
+    for name, moved in ((f"encode-{namespace_hash(facts)}", False), ("encode-0123456789abcdef", True)):
+        folder = tmp_path / "embeddings" / name
+        folder.mkdir(parents=True)
+        _plant(folder / NAMESPACE, json.dumps({"stage": "embeddings", "memo": "encode", "facts": facts}).encode())
+        _plant(folder / f"{'ab' * 16}.parquet", b"PAR1 an older format's pack PAR1")
+        assert namespace_facts(folder, KEY) == ({} if moved else facts)
+        checked, bad = verify(tmp_path, key=KEY)
+        assert (folder / f"{'ab' * 16}.parquet").exists() != moved and bool(bad) == moved, (name, bad)

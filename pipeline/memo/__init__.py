@@ -40,7 +40,7 @@ _HOME = {
     "values_hash": "contramine.pipeline.memo.packs",
     "NoMemo": "contramine.pipeline.memo.rows",
     "RowMemo": "contramine.pipeline.memo.rows",
-    "namespace_hash": "contramine.pipeline.memo.rows",
+    "namespace_hash": "contramine.pipeline.memo.packs",
     "row_key": "contramine.pipeline.memo.rows",
     "memo_manifest": "contramine.pipeline.memo.run",
     "memo_root": "contramine.pipeline.memo.run",

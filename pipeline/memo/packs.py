@@ -254,24 +254,36 @@ def namespace_mac(key: bytes, folder: Path, record: dict) -> str:
     return hmac.new(key, bound.encode(), hashlib.sha256).hexdigest()
 
 
+def namespace_hash(facts: dict) -> str:
+    """What a namespace folder's name ends in (`<memo>-<hash>`): its facts' hash."""
+    return hashlib.blake2b(json.dumps(facts, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
+
+
+def _read_record(folder: Path) -> tuple[dict, os.stat_result | None]:
+    """A namespace folder's `_namespace.json` as it says ({} where it is no plain file or does not parse), and its
+    fstat."""
+    try:
+        with os.fdopen(open_regular(folder / NAMESPACE), "rb") as f:
+            st = os.fstat(f.fileno())
+            record = json_loads(f.read(1 << 20))
+        return (record if isinstance(record, dict) else {}), st
+    except (OSError, ValueError, UnsafePath):  # ValueError: also JSON nested too deep
+        return {}, None
+
+
 def namespace_record(folder: Path, key: bytes | None = None) -> dict:
     """What a namespace folder's `_namespace.json` records, or {}: no such plain file, unreadable (a link, a FIFO or
     a device there is never opened for long, safe_paths.open_regular), or neither this user's own file that no one
     else may write nor vouched for by the team `key` (its `mac`). Another account's, trusted as it was, could
     record any value schema, and every keyed run then quarantined the honest packs: the packs decide then."""
-    try:
-        with os.fdopen(open_regular(folder / NAMESPACE), "rb") as f:
-            st = os.fstat(f.fileno())
-            record = json_loads(f.read(1 << 20))
-        if not isinstance(record, dict):
-            return {}
-        if st.st_uid == os.getuid() and not st.st_mode & 0o022:
-            return record
-        mac = record.get("mac")
-        return record if key and isinstance(mac, str) and hmac.compare_digest(mac, namespace_mac(key, folder,
-                                                                                                 record)) else {}
-    except (OSError, ValueError, UnsafePath):  # ValueError: also JSON nested too deep
+    record, st = _read_record(folder)
+    if st is None or not record:
         return {}
+    if st.st_uid == os.getuid() and not st.st_mode & 0o022:
+        return record
+    mac = record.get("mac")
+    return record if key and isinstance(mac, str) and hmac.compare_digest(mac, namespace_mac(key, folder,
+                                                                                             record)) else {}
 
 
 def recorded_schema(folder: Path, key: bytes | None = None) -> str | None:
@@ -289,9 +301,14 @@ def recorded_schema(folder: Path, key: bytes | None = None) -> str | None:
 
 
 def namespace_facts(folder: Path, key: bytes | None = None) -> dict:
-    """The facts `_namespace.json` records (namespace_record), or {}."""
+    """The facts `_namespace.json` records (namespace_record), or {}; a record not vouched for still gives its facts
+    where they hash to the folder's own name (a colleague's namespace of an older memo format is known as such)."""
     facts = namespace_record(folder, key).get("facts")
-    return facts if isinstance(facts, dict) else {}
+    if not isinstance(facts, dict):
+        facts = _read_record(folder)[0].get("facts")
+        if not isinstance(facts, dict) or not Path(folder).name.endswith("-" + namespace_hash(facts)):
+            return {}
+    return facts
 
 
 def open_pack(path: Path) -> tuple[int | None, str | None]:

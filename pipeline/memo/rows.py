@@ -71,7 +71,7 @@ import pyarrow as pa
 from contramine.pipeline.memo.audit import audit_rows, same_rows
 from contramine.pipeline.memo.index import NamespaceIndex, index_new_packs, key_prefixes, namespace_index
 from contramine.pipeline.memo.packs import NAMESPACE, PACK, Untrusted, file_signature, owner_of, own_files, \
-    read_pack, recorded_schema, schema_text
+    namespace_hash, read_pack, recorded_schema, schema_text
 from contramine.pipeline.memo.store import quarantine, say_once, write_pack
 from contramine.pipeline.storage.safe_paths import UnsafePath, check_below
 
@@ -92,8 +92,6 @@ def row_key(*parts) -> bytes:
     return h.digest()
 
 
-def namespace_hash(facts: dict) -> str:
-    return hashlib.blake2b(json.dumps(facts, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
 
 
 
