@@ -77,3 +77,14 @@ def test_a_memo_key_in_a_profile_keys_every_pack(tmp_path, capsys, monkeypatch):
     checked, bad = verify(root / ".memo", dry_run=True, key=KEY.encode())
     assert checked >= 1 and bad == []
     assert all(KEY.encode() not in p.read_bytes() for p in root.rglob("*") if p.is_file())
+
+
+def test_a_profiles_key_and_another_in_the_environment_are_one_line(tmp_path, capsys, monkeypatch):
+    """The parent would key with the profile's and the jobs with the environment's: every pack then failed."""
+    monkeypatch.setenv(MEMO_KEY_ENV, "an-older-key-of-32-characters-xx")
+    profile = tmp_path / "keyed.toml"
+    profile.write_text(f'inherit = "default"\n[runner]\nmemo_key = "{KEY}"\n', encoding="utf-8")
+    assert main(["stage", "sentences", "--profile", str(profile), "--run", "k", "--corpus", str(tmp_path / "c.txt"),
+                 "--set", f"run.root={tmp_path / 'runs'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "runner.memo_key: the profile gives one and $CONTRAMINE_MEMO_KEY another" in err and KEY not in err

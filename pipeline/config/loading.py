@@ -214,8 +214,12 @@ def profile_secrets_to_environment(cfg: Config) -> None:
     for key, var in secret_settings().items():
         section, _, leaf = key.rpartition(".")
         value = getattr(getattr(cfg, section), leaf) if section else getattr(cfg, leaf)
-        if value is not None and not os.environ.get(var):
-            os.environ[var] = value.get_secret_value()
+        if value is None:
+            continue
+        if os.environ.get(var) and os.environ[var] != value.get_secret_value():  # the jobs would take the other
+            raise ConfigError(f"{key}: the profile gives one and ${var} another (the jobs would take ${var}): "
+                              f"give it once")
+        os.environ[var] = value.get_secret_value()
 
 
 def shards_for(corpus, max_shard_rows: int, data=None) -> int:
