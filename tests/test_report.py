@@ -266,3 +266,6 @@ def test_hand_edited_settings_and_timeline_records_are_left_out_not_a_traceback(
     assert "negative band" not in md and (run / "report" / "index.md").is_file()
     from contramine.pipeline.report.timeline import run_timeline
     assert [(s.job, s.ended - s.began) for s in run_timeline(run).spans] == [(2, 2.0)]
+    record["timeline"] = {"jobs": 5}  # not a list
+    man.write_text(json.dumps(record))
+    assert run_timeline(run).spans == [] and write_report(run).is_file()

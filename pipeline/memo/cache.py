@@ -198,8 +198,12 @@ def verify(root: Path, dry_run: bool = False, key: bytes | None = None) -> tuple
         except OSError:
             odd = []
         for p in odd:
+            try:
+                what = kind_of(os.lstat(p).st_mode)
+            except OSError:  # gone meanwhile
+                continue
             checked += 1
-            bad.append((p, f"is {kind_of(os.lstat(p).st_mode)}, not a pack file: never read (remove it)"))
+            bad.append((p, f"is {what}, not a pack file: never read (remove it)"))
         for p in pack_files:
             checked += 1
             table, st, problem = read_pack(p, expected, key)

@@ -36,7 +36,7 @@ class Run:
             if views is not None and name not in views:
                 continue
             if listed:
-                self.con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM {self.tables.sql_source(name, self.con)}')
+                self.con.execute(f'CREATE TEMP VIEW "{name}" AS SELECT * FROM {self.tables.sql_source(name, self.con)}')
             elif self.present[name]:  # a stage that wrote a manifest but zero rows: an empty table, not absent
                 self.con.register(name, SCHEMAS[name].empty_table())
 

@@ -29,7 +29,8 @@ def run_timeline(run_dir: Path) -> Timeline:
         if not isinstance(timeline, dict) or not isinstance(stage, str) or stage in seen:
             continue
         seen.add(stage)
-        jobs += [(stage, j) for j in (timeline.get("jobs") or []) if _job_record(j)]
+        listed = timeline.get("jobs")
+        jobs += [(stage, j) for j in (listed if isinstance(listed, list) else []) if _job_record(j)]
     if not jobs:
         return Timeline()
     t0 = min(j["began"] for _, j in jobs)
