@@ -31,7 +31,13 @@ class Run:
         self.connection = connect(folder)
 
     def sql(self, query: str):
-        """A DuckDB relation (`.fetchall()`, `.df()`, `.arrow()`) of `query` over the run's tables."""
+        """A DuckDB relation (`.fetchall()`, `.df()`, `.arrow()`) of `query` over the run's tables; a file of them
+        changed since it was checked (rewritten in place) is one line here (as `contramine sql` says it)."""
+        from contramine.flows.sql import changed_line
+        from contramine.pipeline.errors import ExpectedError
+
+        if (line := changed_line(self.connection)) is not None:
+            raise ExpectedError(line)
         return self.connection.sql(query)
 
     def table(self, name: str):
