@@ -197,18 +197,11 @@ def must_exist(cfg: Config) -> None:
 
 
 def cmd_export(args, cfg: Config) -> None:
-    from contramine.pipeline.engine.discovery import load_stages
     from contramine.pipeline.export import export_run
-    from contramine.pipeline.storage.tables import TableMissing
 
     must_exist(cfg)  # a typo'd run name: this line, not "table pairs not found" under a folder that is not there
     for fmt in args.format:
-        try:
-            out = export_run(cfg.run.dir, fmt)
-        except TableMissing:  # a table the run never mined: the stages say which one writes it (loaded on this
-            load_stages()     # error's path only), so the line names that stage's command, not "a mining stage"
-            out = export_run(cfg.run.dir, fmt)
-        print(f"{fmt}: wrote {out} (load it with datasets.load_dataset(<that folder>))")
+        print(f"{fmt}: wrote {export_run(cfg.run.dir, fmt)} (load it with datasets.load_dataset(<that folder>))")
 
 
 def run_delegated(name: str, rest: list[str]) -> int:

@@ -46,7 +46,7 @@ from contramine.pipeline.hints import command
 from contramine.pipeline.prompts import OSSCSE_TEMPLATES, fill
 from contramine.pipeline.schema import table_vectors
 from contramine.pipeline.storage.safe_paths import check_below
-from contramine.pipeline.storage.tables import RunTables
+from contramine.pipeline.storage.tables import RunTables, TableMissing
 
 ROWS_PER_FILE = 500_000
 DIGEST_CHARS = 16  # 64 bits of sha256: two different exports of one folder name never share a cache entry
@@ -272,9 +272,9 @@ def export_run(run_dir: Path | str, fmt: str, dst: Path | str | None = None) -> 
     dst = Path(dst) if dst else inside(run_dir / "export", fmt, setting="export format")
     root = run_dir if os.path.abspath(dst).startswith(os.path.abspath(run_dir) + os.sep) else dst.parent
     check_below(root, dst, final=True)  # a linked export/ is one line before anything is read
-    src = RunTables(run_dir).read(table)
+    src = _read(run_dir, table)
     if fmt in JOINS:
-        src = with_embeddings(src, RunTables(run_dir).read(JOINS[fmt]))
+        src = with_embeddings(src, _read(run_dir, JOINS[fmt]))
     src = src.sort_by("sid")
     out = build(src)
     # one export of a format at a time (export/.<format>.lock; other formats export beside it)
@@ -285,6 +285,18 @@ def export_run(run_dir: Path | str, fmt: str, dst: Path | str | None = None) -> 
             (tmp / "README.md").write_text(dataset_card(run_dir, fmt, out, src.num_rows, files, digest),
                                            encoding="utf-8")
     return dst
+
+
+def _read(run_dir: Path, table: str) -> pa.Table:
+    """RunTables.read; for a table the run never mined, the line naming the stage that writes it (the stages are
+    loaded on this error's path only: a fresh `contramine export` has loaded none, and said "a mining stage")."""
+    try:
+        return RunTables(run_dir).read(table)
+    except TableMissing:
+        from contramine.pipeline.engine.discovery import load_stages
+
+        load_stages()
+        raise RunTables(run_dir).missing(table) from None
 
 
 def write_data(out: pa.Table, folder: Path) -> tuple[list[str], str]:
