@@ -43,10 +43,13 @@ def open_footer(f, size: int) -> tuple[pq.ParquetFile | None, str | None]:
     if n > FOOTER_MAX or n + 12 > size:
         return None, f"a footer of {n:,} bytes in {size:,} (a pack's is a few KiB; at most {FOOTER_MAX:,} are read)"
     try:
-        # on this thread only (a pack is small): no IO pool pre-buffering reads of a Python file object (an Arrow
-        # thread still reading one when a short command exits aborts the process, apache/arrow#34314)
-        pf = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=False)
-        problem = footer_problem(pf.metadata, size)
+        # the footer's bytes read once, here, and parsed from them: the pack is never asked for its footer again (its
+        # writer could rewrite the file's tail between a check and a second parse). On this thread only (a pack is
+        # small): no IO pool pre-buffering reads of a Python file object (an Arrow thread still reading one when a
+        # short command exits aborts the process, apache/arrow#34314)
+        meta = pq.read_metadata(pa.BufferReader(os.pread(f.fileno(), n + 8, size - 8 - n)))
+        pf = pq.ParquetFile(f, metadata=meta, page_checksum_verification=True, pre_buffer=False)
+        problem = footer_problem(meta, size)
     except (OSError, pa.ArrowException, ValueError, IndexError) as e:
         return None, f"does not read ({type(e).__name__}: {e})"
     return (None, problem) if problem is not None else (pf, None)
@@ -94,7 +97,8 @@ def read_values(f, pf: pq.ParquetFile, size: int) -> tuple[pa.Table | None, str 
             return None, f"a dictionary-encoded nested column `{nested}` (this memo writes none)"
         encoded = sorted({c.path_in_schema for c in chunks if c.has_dictionary_page and c.physical_type == "BYTE_ARRAY"})
         if encoded:
-            pf = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=False, read_dictionary=encoded)
+            pf = pq.ParquetFile(f, metadata=meta, page_checksum_verification=True, pre_buffer=False,
+                                read_dictionary=encoded)
         table = pf.read(use_threads=False)
         if not encoded:
             return table, None
