@@ -31,14 +31,19 @@ class Run:
         self.connection = connect(folder)
 
     def sql(self, query: str):
-        """A DuckDB relation (`.fetchall()`, `.df()`, `.arrow()`) of `query` over the run's tables; a file of them
-        changed since it was checked (rewritten in place) is one line here (as `contramine sql` says it)."""
+        """A DuckDB relation (`.fetchall()`, `.df()`, `.arrow()`) of `query` over the run's tables, its rows read now,
+        between two looks at the files (DuckDB would read them again whenever the relation runs): a file changed
+        since it was checked (rewritten in place) is one line here, as `contramine sql` says it."""
         from contramine.flows.sql import changed_line
         from contramine.pipeline.errors import ExpectedError
 
         if (line := changed_line(self.connection)) is not None:
             raise ExpectedError(line)
-        return self.connection.sql(query)
+        rel = self.connection.sql(query)
+        rows = rel.to_arrow_table() if rel is not None else None
+        if (line := changed_line(self.connection, rehash=False)) is not None:
+            raise ExpectedError(line)
+        return self.connection.from_arrow(rows) if rows is not None else None
 
     def table(self, name: str):
         """The table `name` (e.g. "triplets") as one pyarrow.Table."""

@@ -33,10 +33,10 @@ def query_error(e: duckdb.Error, refused: dict[str, str]) -> str:
     return f"sql: {text}"
 
 
-def changed_line(con: duckdb.DuckDBPyConnection) -> str | None:
+def changed_line(con: duckdb.DuckDBPyConnection, rehash: bool = True) -> str | None:
     """One line when a file the connection's views read has changed since it was checked (a rewrite in place by
-    whoever may write it: DuckDB reads the files again at every query), else None."""
-    path = changed_since_checked(con)
+    whoever may write it: DuckDB reads the files again at every query), else None (served.changed_since_checked)."""
+    path = changed_since_checked(con, rehash)
     return None if path is None else (f"sql: {path} changed since it was checked when this connection opened: its "
                                       f"answer is not served; run `sql` again (it checks the files anew)")
 
@@ -52,7 +52,7 @@ def run_query(con: duckdb.DuckDBPyConnection, query: str, refused: dict[str, str
             rel.show(max_rows=max_rows, max_width=200)
     except duckdb.Error as e:
         return with_paths(con, query_error(e, refused))  # the shard's own path, not /proc/self/fd/N
-    return changed_line(con)
+    return changed_line(con, rehash=False)  # any change while it ran: its answer is not the checked bytes
 
 
 def repl(con: duckdb.DuckDBPyConnection, run_dir: Path, refused: dict[str, str] | None = None) -> None:

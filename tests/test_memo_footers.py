@@ -212,7 +212,7 @@ def test_what_pages_decompress_to_is_read_from_their_headers_and_nested_dictiona
         assert footer._pages_problem(f, meta, big.stat().st_size) is None
         monkeypatch.setattr(footer, "DECODED_FLOOR", 300_000)
         monkeypatch.setattr(footer, "DECODED_RATIO", 1)
-        assert "pages whose headers say they decompress to over 300,000 bytes" in footer._pages_problem(
+        assert "pages whose headers say they decode to over 300,000 bytes" in footer._pages_problem(
             f, meta, big.stat().st_size)
     nested = pack(pa.table({"key": pa.array([b"k" * 16] * 2, pa.binary(16)),
                             "texts": pa.array([["a", "b"], ["a"]], pa.list_(pa.string()))}), "nested.parquet",
@@ -238,3 +238,34 @@ def test_a_colleagues_namespace_of_an_older_format_is_left_to_them(tmp_path):
         assert namespace_facts(folder, KEY) == ({} if moved else facts)
         checked, bad = verify(tmp_path, key=KEY)
         assert (folder / f"{'ab' * 16}.parquet").exists() != moved and bool(bad) == moved, (name, bad)
+
+
+def test_null_values_non_ascii_macs_and_a_teammate_without_the_key(tmp_path, caplog):
+    """A pack of 20M null vectors (a few KB of levels; 320 MB decoded) is refused from its pages' value counts; a
+    non-ASCII `mac` (hmac.compare_digest's TypeError on str) is not vouched for, one line; and a run without the key
+    does not replace a colleague's keyed pack it cannot check (the next keyed run had lost it)."""
+    memo_rows(_memo(tmp_path), TEXTS, [])
+    folder = _memo(tmp_path).dir
+    keys = [f"null {i}".encode().ljust(16, b".") for i in range(20_000_000 // 1_000_000)]
+    nulls = pa.table({"key": pa.array(keys, pa.binary(16)), "vec": pa.nulls(len(keys), pa.binary(16_000_000))})
+    record = pack_record(pq.read_schema(next(folder.glob("*.parquet"))))
+    bomb = folder / pack_name(b"".join(keys))
+    write_pack_file(nulls.replace_schema_metadata({RECORD: json.dumps(record)}), bomb)
+    assert bomb.stat().st_size < 10_000
+    checked, bad = verify(tmp_path, dry_run=True, key=KEY)
+    assert [why.startswith("pages whose headers say they decode to over 134,217,728 bytes") for p, why in bad
+            if p == bomb] == [True], bad
+    bomb.unlink()
+    ns = folder / NAMESPACE
+    record = json.loads(ns.read_text())
+    record["mac"] = "\u00e9" * 64
+    ns.unlink()
+    _plant(ns, json.dumps(record).encode())
+    assert recorded_schema(folder, KEY) is not None  # not vouched for: the first keyed pack's schema, no TypeError
+    for pack in folder.glob("*.parquet"):
+        os.chown(pack, NOBODY, -1)
+    before = {p.name: p.stat().st_ino for p in folder.glob("*.parquet")}
+    memo_rows(_memo(tmp_path, key=None), TEXTS, [])  # a teammate without the key: computes, replaces nothing
+    assert {p.name: p.stat().st_ino for p in folder.glob("*.parquet")} == before
+    calls: list = []
+    assert memo_rows(_memo(tmp_path), TEXTS, calls).equals(vectors(TEXTS)) and calls == []

@@ -110,6 +110,9 @@ def test_a_table_left_as_only_its_manifest_is_not_the_runs_own(tmp_path):
 
 
 def test_a_malformed_source_manifest_is_one_line(tmp_path):
+    from contramine.pipeline.engine.discovery import load_stages
+
+    load_stages()  # the line names the writer's command, as the CLI's process (which loads the stages) says it
     from contramine.pipeline.storage.tables import TableUnreadable
 
     src, dst = tmp_path / "default", tmp_path / "other"

@@ -229,8 +229,38 @@ def test_an_open_sql_connection_never_answers_from_a_shard_rewritten_in_place(tm
     os.chown(shard, nobody, -1)  # another account's, that others may write: refused, by `verify` too
     assert main(_command("sql", root)) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert f"{shard.name} may be written by others (mode 0666, owned by uid {nobody})" in err, err
+    assert f"{shard.name} is owned by uid {nobody}, not by the run folder's owner" in err, err
     assert main(["verify", "--run", "r", "--set", f"run.root={root}"]) == 2
     ours = run / "triplets" / _entries(run, "triplets")[0]["file"]
     ours.chmod(0o666)  # ours (a run mined before 0444 under a umask of 002): made read-only at its check, served
     assert RunTables(run).read("triplets").num_rows > 0 and (ours.stat().st_mode & 0o777) == 0o444
+
+
+def test_another_accounts_files_in_our_run_and_relations_read_later(tmp_path):
+    """A table folder others may write (made under a umask of 002) let another account rename its own 0444 shard
+    and manifest over ours: refused, naming the owner. `open_run().sql()` reads its rows between two looks at the
+    files (a lazy relation read a rewrite made after the call). A held file hard-linked twice still answers (its
+    re-hash started at the end of the file, where the check's own hash had left the offset)."""
+    import contramine
+    from contramine.flows import sql
+
+    root = tmp_path / "runs"
+    run = _mined(root)
+    con, refused = open_run(run)
+    for i in range(2):
+        os.link(_shard(run), tmp_path / f"link-{i}")
+        assert sql.run_query(con, FIRST, refused, 5) is None, i
+    handle = contramine.open_run("r", root=root)
+    rel = handle.sql(FIRST)
+    shard = _shard(run)
+    forged = _forged_same_size(shard)
+    shard.chmod(0o644)
+    shard.write_bytes(forged)
+    assert rel.fetchall() != [("forged",)]  # the rows read at the call
+    with pytest.raises(Exception, match="changed since it was checked"):
+        handle.sql(FIRST)
+    nobody = pwd.getpwnam("nobody").pw_uid
+    man = run / "triplets" / "_manifest.json"
+    os.chown(man, nobody, -1)
+    with pytest.raises(TableUnreadable, match=f"is owned by uid {nobody}, not by the run folder.s owner"):
+        RunTables(run).read("triplets")

@@ -111,15 +111,22 @@ def read_values(f, pf: pq.ParquetFile, size: int) -> tuple[pa.Table | None, str 
 
 
 def _pages_problem(f, meta: pq.FileMetaData, size: int) -> str | None:
-    """Why the pages' own headers promise more than `decoded_limit(size)`, or None."""
+    """Why the pages' own headers promise more than `decoded_limit(size)`, or None: what they decompress to, and
+    what their values take once decoded (each value, null or not, its width: a fixed-size binary's bytes, else 8;
+    100M null strings are a few bytes of levels and 800 MB decoded)."""
     total, limit = 0, decoded_limit(size)
-    for g in range(meta.num_row_groups):
-        group = meta.row_group(g)
-        for i in range(group.num_columns):
-            for page in chunk_pages(f, group.column(i), "memo pack"):
+    for i in range(meta.num_columns):
+        leaf = meta.schema.column(i)
+        width = leaf.length if leaf.physical_type == "FIXED_LEN_BYTE_ARRAY" and leaf.length else 8
+        for g in range(meta.num_row_groups):
+            chunk = meta.row_group(g).column(i)
+            values = 0
+            for page in chunk_pages(f, chunk, "memo pack"):
                 total += page.size
-                if total > limit:
-                    return f"pages whose headers say they decompress to over {limit:,} bytes, from {size:,}"
+                values += page.values if page.kind == "data" else 0
+            total += max(values, chunk.num_values) * width
+            if total > limit:
+                return f"pages whose headers say they decode to over {limit:,} bytes, from {size:,}"
     return None
 
 

@@ -228,7 +228,7 @@ def values_problem(table: pa.Table, key: bytes | None = None, path: Path | None 
         return "values that do not hash to its record's hash (changed after they were written)"
     if key and not isinstance(record.get("mac"), str):
         return "no keyed values hash (written without the team's runner.memo_key)"
-    if key and not hmac.compare_digest(record["mac"], mac):
+    if key and not hmac.compare_digest(record["mac"].encode("utf-8", "surrogatepass"), (mac or "").encode()):
         return ("a keyed hash that is not the team key's for these keys, values, name and namespace (forged, keys "
                 "swapped, copied from elsewhere, or written with another runner.memo_key)")
     return None
@@ -282,8 +282,8 @@ def namespace_record(folder: Path, key: bytes | None = None) -> dict:
     if st.st_uid == os.getuid() and not st.st_mode & 0o022:
         return record
     mac = record.get("mac")
-    return record if key and isinstance(mac, str) and hmac.compare_digest(mac, namespace_mac(key, folder,
-                                                                                             record)) else {}
+    return record if key and isinstance(mac, str) and hmac.compare_digest(  # bytes: a non-ASCII str is a TypeError
+        mac.encode("utf-8", "surrogatepass"), namespace_mac(key, folder, record).encode()) else {}
 
 
 def recorded_schema(folder: Path, key: bytes | None = None) -> str | None:

@@ -168,8 +168,8 @@ class RowMemo:
         index, expected = self._index(), self._expected(schema)
         if expected is None:  # every namespace this format writes records its values' schema before its first pack
             if self.dir.is_dir() and own_files(self.dir, PACK):
-                say_once(("no schema", self.dir), f"memo: {self.dir} holds packs but no {NAMESPACE} recording "
-                                                  f"their schema (not written by this memo): not read")
+                say_once(("no schema", self.dir), f"memo: {self.dir} holds packs but no {NAMESPACE} of yours, or "
+                                                  f"vouched for by the team key, recording their schema: not read")
             return none
         with index.lock:
             bad = index_new_packs(index, self.dir, expected, self.key)

@@ -4,6 +4,8 @@ all of that says once per process.
 """
 from __future__ import annotations
 
+import os
+
 import errno
 import json
 import logging
@@ -95,6 +97,13 @@ def write_pack_file(table: pa.Table, where) -> None:
                    use_dictionary=False if raw else values)
 
 
+def _others(path: Path) -> bool:
+    try:
+        return os.lstat(path).st_uid != os.getuid()
+    except OSError:
+        return False
+
+
 def write_pack(root: Path, folder: Path, stage: str, memo: str, facts: dict, keys: list[bytes],
                values: pa.Table, key: bytes | None = None) -> Path | None:
     """Write one pack of rows into the namespace `folder` of the memo at `root` (atomically, with its writer record
@@ -119,6 +128,8 @@ def write_pack(root: Path, folder: Path, stage: str, memo: str, facts: dict, key
             # keyed too: a colleague with the key trusts it, and no account without the key can forge one
             atomic_write_json(folder / NAMESPACE, {**ns, **({"mac": namespace_mac(key, folder, ns)} if key else {})},
                               root=root, mode=0o444)
+        if not key and _others(folder / name):  # the same keys' pack, another account's: without the key this run
+            return None  # could not check it (a team's keyed pack), so it is not replaced
         # written in the namespace folder as opened from the memo root (no link on the way is followed); a link
         # in the pack's place is replaced by the rename, never followed
         with atomic_file(folder / name, root=root, mode=0o444) as tmp:  # read-only: nobody edits a pack in place

@@ -9,7 +9,8 @@ import os
 from pathlib import Path
 
 from contramine.pipeline.errors import ExpectedError, json_loads
-from contramine.pipeline.storage.safe_paths import TooLarge, UnsafePath, kind_of, read_regular
+from contramine.pipeline.storage.safe_paths import TooLarge, UnsafePath, foreign_owner, kind_of, open_regular, \
+    read_regular
 from contramine.pipeline.storage.shard_names import MANIFEST, OLD_PART, PART, shard_file
 from contramine.pipeline.storage.verify import table_line
 
@@ -23,7 +24,14 @@ def read_manifest(table_dir: Path) -> dict | None:
     """The table's committed manifest, checked (`check_manifest`), or None when the table has none."""
     p = Path(table_dir) / MANIFEST
     try:  # non-blocking, fstat-checked (safe_paths.open_regular): a FIFO or device there is one line, never a hang
-        raw = read_regular(p, follow=True, max_size=MANIFEST_MAX)
+        with os.fdopen(open_regular(p, follow=True), "rb") as f:
+            st = os.fstat(f.fileno())
+            if st.st_size > MANIFEST_MAX:
+                raise TooLarge(p, st.st_size, MANIFEST_MAX)
+            if (uid := foreign_owner(st.st_uid, Path(table_dir).parent)) is not None:
+                raise manifest_error(table_dir, f"is owned by uid {uid}, not by the run folder's owner: another "
+                                                f"account put it there")
+            raw = f.read()
     except (FileNotFoundError, NotADirectoryError):
         return None
     except TooLarge as e:

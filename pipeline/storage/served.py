@@ -101,12 +101,14 @@ def with_paths(owner: object, text: str) -> str:
     return text
 
 
-def changed_since_checked(owner: object) -> Path | None:
+def changed_since_checked(owner: object, rehash: bool = True) -> Path | None:
     """The first file `owner` holds whose bytes may have changed since they were checked, or None. DuckDB reads a
     view's files again at every query: `sql` asks this before and after each one, so a query never answers from
     bytes that were not checked. A size or mtime that moved is a change (a rewrite in place by whoever may write
     it); a ctime alone moves also when a hard link to the file is made or removed (`--reuse-from`, a commit's grace
-    collection), so then the file is hashed again, and kept where it still hashes to what it was checked against."""
+    collection), so then, with `rehash` (before a query), the file is hashed again and kept where it still hashes to
+    what it was checked against; after a query any change refuses its answer (a forged file restored meanwhile
+    would hash right again)."""
     from contramine.pipeline.storage.verify import hash_open
 
     for held in _HELD.get(owner, ()):
@@ -115,9 +117,12 @@ def changed_since_checked(owner: object) -> Path | None:
             now = _stamp(fd)
             if now == stamp:
                 continue
-            if now[:2] != stamp[:2] or not expected or hash_open(fd)[1] != expected:
+            if now[:2] != stamp[:2] or not rehash or not expected:
                 return path
-            held[2] = _stamp(fd)
+            os.lseek(fd, 0, os.SEEK_SET)  # (the check's own hash left the offset at the end)
+            if hash_open(fd)[1] != expected:
+                return path
+            held[2] = now
         except OSError:
             return path
     return None

@@ -34,6 +34,7 @@ from pathlib import Path
 from contramine.pipeline.errors import json_loads
 from contramine.pipeline.hints import command
 from contramine.pipeline.storage.atomic import atomic_write_json
+from contramine.pipeline.storage.safe_paths import foreign_owner
 from contramine.pipeline.storage.shard_names import MANIFEST
 
 CACHE = ".verified.json"
@@ -173,6 +174,8 @@ class Verified:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return "is not a plain file"
+        if (uid := foreign_owner(st.st_uid, self.run_dir)) is not None:
+            return f"is owned by uid {uid}, not by the run folder's owner: another account put it there"
         if st.st_mode & 0o022:  # every commit writes 0444: a file others may write can change after its check
             if st.st_uid == os.getuid():  # ours (a run mined before 0444 under a umask of 002): made read-only
                 try:
