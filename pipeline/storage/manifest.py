@@ -9,10 +9,9 @@ import os
 from pathlib import Path
 
 from contramine.pipeline.errors import ExpectedError, json_loads
-from contramine.pipeline.storage.safe_paths import TooLarge, UnsafePath, foreign_owner, kind_of, open_regular, \
-    read_regular
+from contramine.pipeline.storage.safe_paths import TooLarge, UnsafePath, kind_of, open_regular, read_regular
 from contramine.pipeline.storage.shard_names import MANIFEST, OLD_PART, PART, shard_file
-from contramine.pipeline.storage.verify import table_line
+from contramine.pipeline.storage.verify import foreign_owner, table_line
 
 # Sizes past which a file the project writes small is not read at all (fstat, before a byte is read): a manifest of
 # MAX_SHARDS entries is ~20 MB; a sidecar is ~150 bytes.

@@ -235,16 +235,6 @@ def open_regular(path: Path | str, follow: bool = False) -> int:
     return _regular(fd, path)
 
 
-def foreign_owner(uid: int, run_dir: Path | str) -> int | None:
-    """`uid`, where a file of it in `run_dir` is neither the run folder's owner's nor root's: another account put
-    it there (a table folder others may write, made under a umask of 002, lets them); None else."""
-    try:
-        owner = os.stat(run_dir).st_uid
-    except OSError:
-        return None
-    return uid if uid not in (owner, 0) else None
-
-
 class TooLarge(UnsafePath):
     """A file the project writes small (a manifest, a sidecar, a cache) that is larger than any it writes: refused
     from its fstat size before a byte is read (a sparse 1 GiB file costs nothing on disk and everything in memory)."""

@@ -34,7 +34,6 @@ from pathlib import Path
 from contramine.pipeline.errors import json_loads
 from contramine.pipeline.hints import command
 from contramine.pipeline.storage.atomic import atomic_write_json
-from contramine.pipeline.storage.safe_paths import foreign_owner
 from contramine.pipeline.storage.shard_names import MANIFEST
 
 CACHE = ".verified.json"
@@ -102,6 +101,16 @@ def small_json(path: Path, private: bool = False) -> dict:
 _HASHED: dict[tuple[int, int], list] = {}
 _HASHED_LOCK = threading.Lock()
 _HASHED_MAX = 100_000  # entries (~200 bytes each); past it, forgotten all at once (a long-lived Dask worker)
+
+
+def foreign_owner(uid: int, run_dir: Path | str) -> int | None:
+    """`uid`, where a file of it in `run_dir` is neither the run folder's owner's nor root's: another account put
+    it there (a table folder others may write, made under a umask of 002, lets them); None else."""
+    try:
+        owner = os.stat(run_dir).st_uid
+    except OSError:
+        return None
+    return uid if uid not in (owner, 0) else None
 
 
 def hash_open(fd: int) -> tuple[os.stat_result, str]:
