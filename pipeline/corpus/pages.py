@@ -8,6 +8,7 @@ A header that does not parse is one line naming the file, as any broken file is.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -17,6 +18,13 @@ FIRST_READ = 1 << 10    # bytes read for a header at first (grown x8, up to MAX_
 MAX_HEADER = 16 << 20   # a header over this is refused (Arrow's own reader stops at 16 MiB too)
 DEPTH = 32              # structs and lists nested deeper are refused (a page header nests three)
 PAGE_HEADERS = {5: "data", 7: "dictionary", 8: "data"}  # PageHeader's fields that hold a page kind's header
+
+
+def footer_length(fd: int, size: int) -> int | None:
+    """The length a Parquet file's last 8 bytes give its footer (read before the footer is: a reader bounds it
+    first), or None where they are no Parquet ending (cut short, or not Parquet)."""
+    tail = os.pread(fd, 8, max(0, size - 8))
+    return int.from_bytes(tail[:4], "little") if size >= 12 and len(tail) == 8 and tail[4:] == b"PAR1" else None
 
 
 class _Short(Exception):

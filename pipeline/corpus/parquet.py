@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from contramine.pipeline.corpus.forms import form
-from contramine.pipeline.corpus.pages import Page, chunk_pages
+from contramine.pipeline.corpus.pages import Page, chunk_pages, footer_length
 from contramine.pipeline.corpus.records import CorpusError, LongLine, Part, Value
 from contramine.pipeline.corpus.streams import CHUNK, open_file, open_part
 from contramine.pipeline.corpus.text import file_identity
@@ -69,8 +69,7 @@ class ParquetReader:
         """The footer (at most FOOTER_BYTES, from the file's last 8 bytes, before it is parsed), its row count checked
         against the file's size; the text column's type with `column`."""
         size = os.fstat(f.fileno()).st_size
-        tail = os.pread(f.fileno(), 8, max(0, size - 8))
-        footer = int.from_bytes(tail[:4], "little") if len(tail) == 8 and tail[4:] == MAGIC else None
+        footer = footer_length(f.fileno(), size)
         if footer is not None and footer > FOOTER_BYTES:  # (no magic there: pyarrow's own line below)
             raise CorpusError(f"corpus {self.part.path}: a Parquet footer of {footer:,} bytes, over {FOOTER_BYTES:,} "
                               f"(~100,000 row groups; parsed, it would take ~10x that in memory): rewrite the file "

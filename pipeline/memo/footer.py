@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from contramine.pipeline.corpus.pages import chunk_pages
+from contramine.pipeline.corpus.pages import chunk_pages, footer_length
 from contramine.pipeline.corpus.records import CorpusError
 
 FOOTER_MAX = 1 << 20
@@ -34,12 +34,8 @@ def decoded_limit(size: int) -> int:
 def open_footer(f, size: int) -> tuple[pq.ParquetFile | None, str | None]:
     """(the pack's ParquetFile, None) once its footer is checked (module doc), or (None, why not). `f`: the pack's
     file as opened, `size` its fstat size."""
-    if size < 12:
-        return None, f"{size} bytes: no Parquet footer"
-    tail = os.pread(f.fileno(), 8, size - 8)
-    if len(tail) != 8 or tail[4:] != b"PAR1":
-        return None, "no Parquet footer at its end (cut short, or not a pack)"
-    n = int.from_bytes(tail[:4], "little")
+    if (n := footer_length(f.fileno(), size)) is None:
+        return None, f"no Parquet footer at the end of its {size:,} bytes (cut short, or not a pack)"
     if n > FOOTER_MAX or n + 12 > size:
         return None, f"a footer of {n:,} bytes in {size:,} (a pack's is a few KiB; at most {FOOTER_MAX:,} are read)"
     try:
